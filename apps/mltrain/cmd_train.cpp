@@ -1,0 +1,66 @@
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <iostream>
+
+#include "commands.hpp"
+#include "mltrain/config/experiment.hpp"
+#include "mltrain/train/run.hpp"
+
+namespace mltrain::cli {
+
+namespace {
+struct TrainOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool print_config = false;
+  std::string run_name;
+  int threads = -1;
+};
+
+// Flags are the highest precedence: they replace an override of the same key.
+void set_flag(std::vector<std::string>& ov, const std::string& key, const std::string& value) {
+  ov.erase(std::remove_if(ov.begin(), ov.end(), [&](const std::string& s) { return s.rfind(key + "=", 0) == 0; }), ov.end());
+  ov.push_back(key + "=" + value);
+}
+}  // namespace
+
+void setup_train(CLI::App& app, Action& run) {
+  auto opt = std::make_shared<TrainOptions>();
+  auto* sub = app.add_subcommand("train", "train a model from a YAML config: mltrain train CONFIG.yaml [key.path=value ...]");
+  sub->add_option("config", opt->config, "experiment config (see configs/)")->required();
+  sub->add_option("overrides", opt->overrides, "key.path=value overrides, e.g. optim.lr=0.01 train.duration=2ep");
+  sub->add_flag("--print-config", opt->print_config, "print the resolved config and exit");
+  sub->add_option("--run-name", opt->run_name, "same as run.name=...");
+  sub->add_option("--threads", opt->threads, "same as runtime.threads=...");
+  sub->callback([opt, &run, &app] {
+    run = [opt, &app] {
+      auto ov = opt->overrides;
+      if (!opt->run_name.empty()) set_flag(ov, "run.name", opt->run_name);
+      if (opt->threads >= 0) set_flag(ov, "runtime.threads", std::to_string(opt->threads));
+      auto cfg = config::load_experiment(opt->config, ov);
+      if (opt->print_config) {
+        std::cout << config::to_yaml(cfg);
+        return 0;
+      }
+      train::RunOptions ro;
+      ro.config_path = opt->config;
+      ro.command_line = {"mltrain", "train", opt->config};
+      ro.command_line.insert(ro.command_line.end(), ov.begin(), ov.end());
+      ro.tty = ::isatty(STDERR_FILENO);
+      auto r = train::run_training(cfg, ro);
+      std::cout << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ") after " << r.steps
+                << " steps, " << r.train_seconds << " s of training\n";
+      if (cfg.train.target_accuracy > 0) {
+        if (r.time_to_target)
+          std::cout << "time to " << cfg.train.target_accuracy << " test accuracy: " << *r.time_to_target << " s\n";
+        else
+          std::cout << "target accuracy " << cfg.train.target_accuracy << " not reached\n";
+      }
+      std::cout << "run folder: " << r.run_dir.string() << "\n";
+      return 0;
+    };
+  });
+}
+
+}  // namespace mltrain::cli

@@ -1,0 +1,12 @@
+#pragma once
+// Each subcommand: setup_<name>(app) registers its options and sets `run` to the action.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace mltrain::cli {
+using Action = std::function<int()>;
+void setup_train(CLI::App& app, Action& run);
+void setup_config(CLI::App& app, Action& run);
+void setup_data(CLI::App& app, Action& run);
+}  // namespace mltrain::cli

@@ -1,0 +1,76 @@
+// mltrain: thin front over the engine. The only place that catches errors and maps them to exit
+// codes: 0 ok, 1 runtime failure, 2 usage/config error, 3 bad data or checkpoint, 128+N after a
+// clean stop on signal N (as bash reports signal deaths, so parent scripts can tell).
+#include <c10/util/Exception.h>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "commands.hpp"
+#include "mltrain/core/compat.hpp"
+#include "mltrain/core/error.hpp"
+#include "mltrain/core/runtime.hpp"
+
+#ifndef MLTRAIN_VERSION
+#define MLTRAIN_VERSION "0.1.0"
+#endif
+#ifndef MLTRAIN_BUILD_OPTIONS
+#define MLTRAIN_BUILD_OPTIONS ""
+#endif
+
+static void print_version() {
+  std::cout << "mltrain " << MLTRAIN_VERSION << "\n"
+            << "LibTorch " << mltrain::compat::torch_version() << " (mkldnn " << (mltrain::compat::mkldnn_available() ? "yes" : "no")
+            << ", cuda " << (mltrain::compat::cuda_available() ? "yes" : "no") << ")\n"
+            << "build: " << MLTRAIN_BUILD_OPTIONS << "\n"
+            << "runtime defaults: threads=auto (" << mltrain::runtime::usable_cores()
+            << " usable cores), kernel_route=onednn, allocator=retain\n";
+}
+
+int main(int argc, char** argv) {
+  spdlog::set_pattern("%H:%M:%S %^%l%$ %v");
+  CLI::App app{"mltrain: a training orchestrator on LibTorch.\nExit codes: 0 ok, 1 runtime failure, 2 usage or config error, "
+               "3 bad data or checkpoint, 128+N stopped cleanly by signal N."};
+  app.set_help_all_flag("--help-all", "help for every subcommand");
+  bool version = false;
+  app.add_flag("--version", version, "print mltrain, LibTorch and build options");
+  mltrain::cli::Action run;
+  mltrain::cli::setup_train(app, run);
+  mltrain::cli::setup_config(app, run);
+  mltrain::cli::setup_data(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::cout << app.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "error: " << e.what() << "\n  fix: see `mltrain --help`\n";
+    return mltrain::kExitUsage;
+  }
+  if (version) {
+    print_version();
+    return 0;
+  }
+  if (!run) {
+    std::cerr << app.help() << "error: name a subcommand\n";
+    return mltrain::kExitUsage;
+  }
+  try {
+    return run();
+  } catch (const mltrain::Interrupted& e) {
+    spdlog::warn("{}; checkpoint written, exiting with {}", e.what(), mltrain::kExitSignalBase + e.signal());
+    return mltrain::kExitSignalBase + e.signal();
+  } catch (const mltrain::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const c10::Error& e) {
+    std::cerr << "error: LibTorch: " << e.what_without_backtrace() << "\n";
+    return mltrain::kExitRuntime;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return mltrain::kExitRuntime;
+  }
+}

@@ -1,0 +1,193 @@
+#pragma once
+// The whole experiment config. Each setting is declared once, here, with its default, doc line
+// and check; `mltrain config schema` prints this table, `--print-config` the resolved values.
+//
+// Precedence (lowest to highest): these defaults < the YAML file < key.path=value overrides on
+// the command line < dedicated flags (e.g. `--run-name`, `--threads`).
+//
+//   auto cfg = mltrain::config::load_experiment("configs/fashion_mnist_cnn.yaml", {"optim.lr=0.01"});
+#include <string>
+#include <vector>
+
+#include "mltrain/config/schema.hpp"
+
+namespace mltrain::config {
+
+struct RunConfig {
+  std::string name = "";  // empty: the config file's stem
+  std::string dir = "runs";
+  int64_t seed = 0;
+  template <class V> void visit(V& v) {
+    v.field("name", name, "run name; the run lives in <dir>/<name>/v<N> (empty: config file stem)");
+    v.field("dir", dir, "root folder for runs");
+    v.field("seed", seed, "seed for init, shuffling and dropout", non_negative<int64_t>());
+  }
+};
+
+struct RuntimeConfig {
+  Count threads = Count::automatic();
+  std::string kernel_route = "onednn";
+  std::string allocator = "retain";
+  template <class V> void visit(V& v) {
+    v.field("threads", threads, "intra-op threads (auto: all usable cores)");
+    v.field("kernel_route", kernel_route, "kernel for fp32 Linear/matmul: oneDNN sgemm or LibTorch's BLAS call",
+            one_of({"onednn", "native"}));
+    v.field("allocator", allocator, "retain: keep freed memory (no page faults per step); system: glibc defaults",
+            one_of({"retain", "system"}));
+  }
+};
+
+struct DataConfig {
+  std::string dataset = "fashion_mnist";
+  std::string root = "/usr/share/datasets/fashion-mnist";
+  std::string train_images = "", train_labels = "", test_images = "", test_labels = "";
+  int64_t num_classes = 10;
+  int64_t limit_train = 0;
+  double val_fraction = 0.0;
+  int64_t batch_size = 128;
+  int64_t eval_batch_size = 1000;
+  Count workers = Count::automatic();
+  int64_t prefetch = 4;
+  bool shuffle = true;
+  bool drop_last = true;
+  double mean = 0.2860;  // Fashion-MNIST training-set pixel mean / std, in [0, 1] units
+  double std = 0.3530;
+  template <class V> void visit(V& v) {
+    v.field("dataset", dataset, "fashion_mnist (files under root) or files (the four paths below)",
+            one_of({"fashion_mnist", "files"}));
+    v.field("root", root, "folder holding the fashion_mnist IDX files");
+    v.field("train_images", train_images, "training images: IDX (.gz ok), .npy or .shard (dataset: files)");
+    v.field("train_labels", train_labels, "training labels (unused for .shard, which holds labels)");
+    v.field("test_images", test_images, "test images (dataset: files)");
+    v.field("test_labels", test_labels, "test labels");
+    v.field("num_classes", num_classes, "labels must lie in [0, num_classes)", positive<int64_t>());
+    v.field("limit_train", limit_train, "use only the first N training samples (0: all)", non_negative<int64_t>());
+    v.field("val_fraction", val_fraction, "hold out this fraction of training samples for validation",
+            in_range(0.0, 0.5));
+    v.field("batch_size", batch_size, "samples per optimizer step (per rank)", positive<int64_t>());
+    v.field("eval_batch_size", eval_batch_size, "samples per evaluation batch", positive<int64_t>());
+    v.field("workers", workers, "loader threads (auto: from cores; 0: load on the training thread)");
+    v.field("prefetch", prefetch, "batches prepared ahead (bounded queue)", positive<int64_t>());
+    v.field("shuffle", shuffle, "seeded shuffle, a pure function of (seed, epoch, rank, world)");
+    v.field("drop_last", drop_last, "drop the last incomplete training batch");
+    v.field("mean", mean, "normalisation mean (pixels scaled to [0,1] first)");
+    v.field("std", std, "normalisation std", positive<double>());
+  }
+};
+
+struct ModelConfig {
+  std::string name = "cnn";
+  std::vector<int64_t> hidden = {512, 256};
+  std::vector<int64_t> channels = {32, 64};
+  int64_t fc = 256;
+  std::vector<int64_t> widths = {32, 64, 128};
+  std::vector<int64_t> depths = {2, 2, 2};
+  bool batchnorm = true;
+  double dropout = 0.25;
+  std::string init = "default";
+  std::string path = "";
+  template <class V> void visit(V& v) {
+    v.field("name", name, "architecture", one_of({"mlp", "cnn", "resnet", "torchscript"}));
+    v.field("hidden", hidden, "mlp: hidden layer widths", each_positive());
+    v.field("channels", channels, "cnn: channels of its two 5x5 conv layers", each_positive());
+    v.field("fc", fc, "cnn: width of the hidden fully connected layer", positive<int64_t>());
+    v.field("widths", widths, "resnet: channels per stage", each_positive());
+    v.field("depths", depths, "resnet: basic blocks per stage", each_positive());
+    v.field("batchnorm", batchnorm, "mlp/cnn: BatchNorm after each hidden layer (resnet always has it)");
+    v.field("dropout", dropout, "dropout before the classifier", in_range(0.0, 0.95));
+    v.field("init", init, "weight init",
+            one_of({"default", "kaiming_normal", "kaiming_uniform", "xavier_normal", "xavier_uniform", "orthogonal"}));
+    v.field("path", path, "torchscript: the .pt file (torch.jit.save) to train");
+  }
+};
+
+struct ParamGroupConfig {
+  std::string pattern = "*";
+  double lr_mult = 1.0;
+  double weight_decay = -1.0;
+  template <class V> void visit(V& v) {
+    v.field("pattern", pattern, "glob over parameter names (e.g. *.bias, fc*.weight)");
+    v.field("lr_mult", lr_mult, "multiplies the learning rate", non_negative<double>());
+    v.field("weight_decay", weight_decay, "weight decay for this group (-1: optim.weight_decay)");
+  }
+};
+
+struct OptimConfig {
+  std::string name = "adam";
+  double lr = 1e-3;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::vector<ParamGroupConfig> param_groups;
+  template <class V> void visit(V& v) {
+    v.field("name", name, "optimizer", one_of({"sgd", "adam", "adamw"}));
+    v.field("lr", lr, "base learning rate", positive<double>());
+    v.field("momentum", momentum, "sgd: momentum (0: none)", in_range(0.0, 1.0));
+    v.field("nesterov", nesterov, "sgd: Nesterov momentum");
+    v.field("weight_decay", weight_decay, "L2 (sgd, adam) or decoupled (adamw) weight decay", non_negative<double>());
+    v.field("beta1", beta1, "adam/adamw: first-moment decay", in_range(0.0, 0.999999));
+    v.field("beta2", beta2, "adam/adamw: second-moment decay", in_range(0.0, 0.999999));
+    v.field("eps", eps, "adam/adamw: denominator epsilon", positive<double>());
+    v.list("param_groups", param_groups, "per-parameter-group overrides; the first matching pattern wins");
+  }
+};
+
+struct TrainConfig {
+  Period duration = Period::epochs(10);
+  Period eval_every = Period::epochs(1);
+  Period log_every = Period::steps(100);
+  double target_accuracy = 0.0;
+  template <class V> void visit(V& v) {
+    v.field("duration", duration, "how long to train (10ep, 5000u)", period_enabled());
+    v.field("eval_every", eval_every, "evaluate on the held-out split every period");
+    v.field("log_every", log_every, "log training metrics every period (non-terminal output)");
+    v.field("target_accuracy", target_accuracy, "report time-to-accuracy for this test accuracy (0: off)",
+            in_range(0.0, 1.0));
+  }
+};
+
+struct CheckpointConfig {
+  Period every = Period::epochs(1);
+  int64_t keep_last = 2;
+  int64_t keep_best = 1;
+  std::string monitor = "eval_accuracy";
+  std::string mode = "max";
+  std::string resume = "auto";
+  template <class V> void visit(V& v) {
+    v.field("every", every, "save a checkpoint every period (also at the end and on SIGTERM/SIGINT)");
+    v.field("keep_last", keep_last, "keep the newest N checkpoints", non_negative<int64_t>());
+    v.field("keep_best", keep_best, "also keep the best N by monitor", non_negative<int64_t>());
+    v.field("monitor", monitor, "metric for best-k", one_of({"eval_accuracy", "eval_loss"}));
+    v.field("mode", mode, "whether larger or smaller monitor values are better", one_of({"max", "min"}));
+    v.field("resume", resume,
+            "auto: continue the newest unfinished run of this name; never; or a checkpoint folder");
+  }
+};
+
+struct ExperimentConfig {
+  RunConfig run;
+  RuntimeConfig runtime;
+  DataConfig data;
+  ModelConfig model;
+  OptimConfig optim;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  template <class V> void visit(V& v) {
+    v.section("run", run, "naming, output folder and seed");
+    v.section("runtime", runtime, "threads, kernel route and allocator policy");
+    v.section("data", data, "data set and loader");
+    v.section("model", model, "architecture and init");
+    v.section("optim", optim, "optimizer");
+    v.section("train", train, "training loop");
+    v.section("checkpoint", checkpoint, "checkpoints and resume");
+  }
+};
+
+// Loads, applies overrides, validates (field checks and cross-field rules); throws one
+// ConfigError listing every problem. An empty path means defaults + overrides only.
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides);
+std::string to_yaml(const ExperimentConfig& cfg);
+std::string schema_text();
+
+}  // namespace mltrain::config

@@ -1,0 +1,34 @@
+#pragma once
+// A duration or period with a unit, parsed in one place (Composer `10ep`, Marian `500u`).
+//
+//   Period p = Period::parse("2ep");         // 2 epochs
+//   int64_t steps = p.to_steps(/*steps_per_epoch=*/468);   // 936
+//   Period::parse("500u").to_steps(468);      // 500
+//   Period::parse("never").enabled();         // false
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace mltrain::config {
+
+struct Period {
+  enum class Unit { kNever, kSteps, kEpochs };
+  Unit unit = Unit::kNever;
+  double value = 0;  // whole number for steps; may be fractional for epochs (0.5ep)
+
+  static Period steps(int64_t n) { return {Unit::kSteps, static_cast<double>(n)}; }
+  static Period epochs(double n) { return {Unit::kEpochs, n}; }
+  static Period never() { return {}; }
+
+  // Accepts "<n>u", "<n>steps", "<x>ep", "<x>e", "<x>epochs", "never". Returns nullopt and sets
+  // *why on anything else (a bare number is rejected: its unit would be a guess).
+  static std::optional<Period> try_parse(const std::string& text, std::string* why);
+  static Period parse(const std::string& text);  // throws ConfigError
+
+  bool enabled() const { return unit != Unit::kNever; }
+  int64_t to_steps(int64_t steps_per_epoch) const;  // at least 1 when enabled
+  std::string str() const;  // canonical text; parse(str()) == *this
+  bool operator==(const Period& o) const { return unit == o.unit && value == o.value; }
+};
+
+}  // namespace mltrain::config

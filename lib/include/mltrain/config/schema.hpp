@@ -1,0 +1,117 @@
+#pragma once
+// One declaration per setting. A config struct lists its fields once, in visit():
+//
+//   struct OptimConfig {
+//     std::string name = "sgd";
+//     double lr = 0.1;
+//     template <class V> void visit(V& v) {
+//       v.field("name", name, "optimizer", one_of({"sgd", "adam", "adamw"}));
+//       v.field("lr", lr, "base learning rate", positive<double>());
+//     }
+//   };
+//
+// Reading YAML (+ key=value overrides), writing the resolved YAML, and `mltrain config schema` are
+// visitors over that one declaration (config/reader.hpp, config/writer.hpp), so parsing, checks,
+// defaults and docs cannot drift apart.
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "mltrain/config/format.hpp"
+#include "mltrain/config/period.hpp"
+
+namespace mltrain::config {
+
+// "auto" or a non-negative count (data.workers, runtime.threads).
+struct Count {
+  int64_t value = -1;  // -1 = auto
+  bool is_auto() const { return value < 0; }
+  int64_t resolve(int64_t automatic) const { return is_auto() ? automatic : value; }
+  std::string str() const { return is_auto() ? "auto" : std::to_string(value); }
+  static Count automatic() { return {}; }
+  static Count of(int64_t n) { return {n}; }
+};
+
+// A check returns "" when the value is acceptable, else what is wrong. desc is shown in the schema.
+template <class T>
+struct Check {
+  std::string desc;
+  std::function<std::string(const T&)> fn;
+  std::string operator()(const T& v) const { return fn ? fn(v) : std::string(); }
+};
+
+template <class T>
+Check<T> any() { return {"", nullptr}; }
+
+template <class T>
+Check<T> positive() {
+  return {"> 0", [](const T& v) { return v > 0 ? "" : "must be > 0"; }};
+}
+template <class T>
+Check<T> non_negative() {
+  return {">= 0", [](const T& v) { return v >= 0 ? "" : "must be >= 0"; }};
+}
+template <class T>
+Check<T> in_range(T lo, T hi) {
+  auto s = [](T x) {
+    if constexpr (std::is_floating_point_v<T>) return format_double(x);
+    else return std::to_string(x);
+  };
+  std::string d = "in [" + s(lo) + ", " + s(hi) + "]";
+  return {d, [lo, hi, d](const T& v) { return (v >= lo && v <= hi) ? "" : "must be " + d; }};
+}
+inline Check<std::string> one_of(std::initializer_list<const char*> options) {
+  std::vector<std::string> opts(options.begin(), options.end());
+  std::string d = "one of";
+  for (auto& o : opts) d += " " + o;
+  return {d, [opts](const std::string& v) {
+            for (auto& o : opts)
+              if (o == v) return std::string();
+            std::string list;
+            for (auto& o : opts) list += (list.empty() ? "" : ", ") + o;
+            return "'" + v + "' is not one of: " + list;
+          }};
+}
+inline Check<std::vector<int64_t>> each_positive() {
+  return {"each > 0", [](const std::vector<int64_t>& v) {
+            for (auto x : v)
+              if (x <= 0) return std::string("every entry must be > 0");
+            return std::string();
+          }};
+}
+inline Check<Period> period_enabled() {
+  return {"not never", [](const Period& p) { return p.enabled() ? "" : "must not be 'never'"; }};
+}
+
+// Type names shown in the schema and in type errors.
+template <class T> const char* type_name();
+template <> inline const char* type_name<bool>() { return "bool"; }
+template <> inline const char* type_name<int64_t>() { return "int"; }
+template <> inline const char* type_name<double>() { return "float"; }
+template <> inline const char* type_name<std::string>() { return "string"; }
+template <> inline const char* type_name<std::vector<int64_t>>() { return "list of int"; }
+template <> inline const char* type_name<std::vector<double>>() { return "list of float"; }
+template <> inline const char* type_name<Period>() { return "period (10ep | 500u | never)"; }
+template <> inline const char* type_name<Count>() { return "int | auto"; }
+
+// Text form of a value, as print-config writes it and the schema shows it.
+inline std::string to_text(bool v) { return v ? "true" : "false"; }
+inline std::string to_text(int64_t v) { return std::to_string(v); }
+inline std::string to_text(double v) { return format_double(v); }
+inline std::string to_text(const std::string& v) { return yaml_quote(v); }
+inline std::string to_text(const Period& v) { return v.str(); }
+inline std::string to_text(const Count& v) { return v.str(); }
+template <class T>
+std::string to_text(const std::vector<T>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + to_text(v[i]);
+  return s + "]";
+}
+
+// Edit distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b);
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace mltrain::config

@@ -1,0 +1,48 @@
+#pragma once
+// File primitives every writer in mltrain uses: atomic replacement and read-only mappings.
+//
+//   AtomicFile f("runs/x/checkpoints/latest");   // writes "<path>.tmp.<pid>" beside it
+//   f.write("step_400\n");
+//   f.commit();        // fsync(file), rename over <path>, fsync(dir): all or nothing
+//
+//   MappedFile m("data/train.shard");   // PROT_READ mmap; m.data(), m.size()
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mltrain {
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();  // an uncommitted file is removed
+  void write(const void* data, size_t n);
+  void write(const std::string& s) { write(s.data(), s.size()); }
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+void write_file_atomic(const std::string& path, const std::string& content);
+void fsync_dir(const std::string& dir);
+std::string read_file(const std::string& path);  // throws DataError when unreadable
+
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);  // throws DataError
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace mltrain

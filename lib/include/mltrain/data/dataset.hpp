@@ -1,0 +1,62 @@
+#pragma once
+// Arrays and labelled data sets read from IDX (gzipped or not), .npy (v1-v3 headers) and the
+// memory-mapped shard format. Every malformed file raises DataError naming the file and reason.
+//
+//   Array images = read_array("train-images-idx3-ubyte.gz");   // u8 [60000, 28, 28]
+//   Dataset train = load_dataset("a.idx.gz", "b.idx.gz", /*num_classes=*/10);
+//   write_shard(train, "train.shard");  Dataset again = load_dataset("train.shard", "", 10);
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mltrain::data {
+
+enum class DType { kU8, kI8, kI16, kI32, kI64, kF32, kF64 };
+const char* dtype_name(DType t);
+size_t dtype_size(DType t);
+
+// A dense, C-ordered array whose bytes live in a buffer or a mapping that `storage` keeps alive.
+struct Array {
+  std::string source;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  std::shared_ptr<const void> storage;
+  int64_t numel() const;
+  std::string shape_text() const;  // "60000x28x28"
+};
+
+Array read_idx(const std::string& path);
+Array read_npy(const std::string& path);
+Array read_array(const std::string& path);  // by content (gzip / IDX / npy magic)
+
+// Images (u8 or f32, shape [N, ...]) with int64 labels in [0, num_classes).
+struct Dataset {
+  std::string source;
+  DType dtype = DType::kU8;
+  int64_t count = 0;
+  std::vector<int64_t> sample_shape;  // e.g. {1, 28, 28}: a channel dimension is added to [N,H,W]
+  const uint8_t* data = nullptr;
+  std::shared_ptr<const void> storage;
+  std::shared_ptr<const std::vector<int64_t>> labels;
+  int64_t label_offset = 0;  // first label of this view
+  int64_t num_classes = 0;
+
+  int64_t sample_elems() const;
+  size_t sample_bytes() const { return static_cast<size_t>(sample_elems()) * dtype_size(dtype); }
+  const uint8_t* sample(int64_t i) const { return data + static_cast<size_t>(i) * sample_bytes(); }
+  int64_t label(int64_t i) const { return (*labels)[static_cast<size_t>(label_offset + i)]; }
+  Dataset slice(int64_t begin, int64_t end) const;  // a view, no copy
+};
+
+// images: any readable array; labels: IDX/npy file, or "" when images is a shard.
+Dataset load_dataset(const std::string& images, const std::string& labels, int64_t num_classes);
+
+// Shard v1: a 4 KiB header, then fixed-size sample records, then int64 labels, each region
+// 4 KiB-aligned so readers can mmap it and gather samples straight from the page cache.
+Dataset read_shard(const std::string& path);
+void write_shard(const Dataset& ds, const std::string& path);  // atomic (temp + fsync + rename)
+bool is_shard(const std::string& path);
+
+}  // namespace mltrain::data

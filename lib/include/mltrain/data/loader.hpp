@@ -1,0 +1,73 @@
+#pragma once
+// Batches from a Dataset: worker threads gather samples straight into reused batch tensors
+// (normalised on the fly), handing them over through a bounded ring of `prefetch` slots.
+//
+//   Loader loader(train, {.batch_size = 128, .workers = 2, .seed = 0});
+//   loader.start_epoch(epoch, /*first_batch=*/0);
+//   Batch b;
+//   while (loader.next(b)) { train_step(b.x, b.y); }   // b's slot is reused once b is reset/reassigned
+//
+// The sample order is a pure function of (seed, epoch, rank, world) — see epoch_order() — so a
+// checkpoint needs only {epoch, batch index} to resume mid-epoch exactly.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mltrain/data/dataset.hpp"
+
+namespace mltrain::data {
+
+struct LoaderOptions {
+  int64_t batch_size = 128;
+  int64_t workers = 0;   // 0: gather on the calling thread
+  int64_t prefetch = 4;  // slots in the ring (>= workers)
+  bool shuffle = true;
+  bool drop_last = true;
+  uint64_t seed = 0;
+  int64_t rank = 0, world = 1;
+  float mean = 0.f, std = 1.f;  // x = (pixel/255 - mean) / std for u8; (x - mean) / std for f32
+};
+
+// Indices this rank visits in `epoch`. Every rank gets floor(N / world) samples of one global
+// permutation (strided by rank), so the union over ranks is a permutation without repeats.
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
+                                 bool shuffle);
+
+// Workers for `auto`: enough to keep one consumer fed without starving the compute threads.
+int64_t auto_workers(int64_t cores);
+
+struct Batch {
+  torch::Tensor x, y;  // x: float [B, sample_shape...], y: int64 [B]
+  int64_t index = -1;  // batch number within the epoch
+  std::shared_ptr<void> lease;  // releases the slot when the last copy goes away
+};
+
+class Loader {
+ public:
+  Loader(Dataset ds, LoaderOptions opt);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  int64_t batches_per_epoch() const;
+  int64_t samples_per_epoch() const;
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  bool next(Batch& out);        // false when the epoch is done
+  double wait_seconds() const;  // total time next() spent blocked on workers
+  const LoaderOptions& options() const { return opt_; }
+  const Dataset& dataset() const { return ds_; }
+
+ private:
+  struct State;
+  void stop_workers();
+  Dataset ds_;
+  LoaderOptions opt_;
+  std::shared_ptr<State> st_;
+};
+
+// Converts n u8 pixels to normalised floats (vectorised for the host CPU at run time).
+void normalize_u8(const uint8_t* src, float* dst, int64_t n, float scale, float shift);
+
+}  // namespace mltrain::data

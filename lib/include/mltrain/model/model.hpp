@@ -1,0 +1,39 @@
+#pragma once
+// The model registry: mlp, the classic 2-conv cnn, a small resnet, and TorchScript files, all
+// behind one interface the trainer, checkpoints and optimizers use.
+//
+//   auto model = build_model(cfg.model, /*sample_shape=*/{1, 28, 28}, /*num_classes=*/10);
+//   auto logits = model->forward(x);           // x: [B, 1, 28, 28]
+//   for (auto& [name, p] : model->named_parameters()) ...   // "conv1.weight", ...
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mltrain/config/experiment.hpp"
+
+namespace mltrain::model {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  virtual NamedTensors named_parameters() = 0;
+  virtual NamedTensors named_buffers() = 0;  // BatchNorm running stats, ...
+  virtual void set_training(bool on) = 0;
+  virtual std::string describe() const = 0;
+  int64_t num_parameters();
+};
+
+// Seeds LibTorch's generator with `seed` before building, so init is reproducible.
+std::unique_ptr<Model> build_model(const config::ModelConfig& cfg, const std::vector<int64_t>& sample_shape,
+                                   int64_t num_classes, uint64_t seed);
+
+// Applies cfg.init to every conv/linear weight (biases -> 0). "default" keeps LibTorch's init.
+void init_weights(const NamedTensors& params, const std::string& scheme);
+
+}  // namespace mltrain::model

@@ -1,0 +1,68 @@
+#pragma once
+// Observers the `train` command attaches to the Trainer.
+//   MetricsWriter     metrics.jsonl + metrics.csv (one record per log period and per evaluation)
+//   ConsoleReporter   a progress bar on a terminal; a log line per period when piped / under Slurm
+//   CheckpointWriter  periodic, final and on-signal checkpoints through CheckpointStore
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "mltrain/train/checkpoint.hpp"
+#include "mltrain/train/trainer.hpp"
+
+namespace mltrain::train {
+
+// Window accumulator shared by the writers.
+struct Window {
+  double loss = 0, step_s = 0, data_s = 0;
+  int64_t correct = 0, count = 0, steps = 0;
+  void add(const StepInfo& s) {
+    loss += s.loss; correct += s.correct; count += s.count; steps += 1; step_s += s.step_seconds; data_s += s.data_seconds;
+  }
+};
+
+class MetricsWriter : public Observer {
+ public:
+  explicit MetricsWriter(const std::filesystem::path& run_dir);
+  void on_step_end(Trainer& t, const StepInfo& s) override;
+  void on_eval_end(Trainer& t, const EvalResult& r) override;
+  static const char* csv_header();
+
+ private:
+  void write(const nlohmann::json& j);
+  std::ofstream jsonl_, csv_;
+  Window w_;
+};
+
+class ConsoleReporter : public Observer {
+ public:
+  explicit ConsoleReporter(bool tty);
+  void on_train_begin(Trainer& t) override;
+  void on_step_end(Trainer& t, const StepInfo& s) override;
+  void on_eval_end(Trainer& t, const EvalResult& r) override;
+  void on_train_end(Trainer& t) override;
+
+ private:
+  bool tty_;
+  Window w_;
+  double last_draw_ = -1;
+};
+
+class CheckpointWriter : public Observer {
+ public:
+  explicit CheckpointWriter(CheckpointStore& store) : store_(store) {}
+  void on_step_end(Trainer& t, const StepInfo& s) override;
+  void on_stop_request(Trainer& t, int signal) override;
+  void on_train_end(Trainer& t) override;
+  void save(Trainer& t);
+
+ private:
+  CheckpointStore& store_;
+  int64_t last_saved_ = -1;
+};
+
+// Restores weights, optimizer, RNG and progress from a verified checkpoint folder.
+void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t);
+
+}  // namespace mltrain::train

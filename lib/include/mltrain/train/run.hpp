@@ -1,0 +1,45 @@
+#pragma once
+// The engine entry point behind `mltrain train`: config in, a finished (or cleanly interrupted)
+// run directory out.
+//
+//   auto cfg = config::load_experiment(path, overrides);
+//   RunResult r = run_training(cfg, {.config_path = path});
+//   // runs/<name>/v<N>/{config.yaml, env.json, metrics.jsonl, metrics.csv, status.json, checkpoints/}
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mltrain/config/experiment.hpp"
+#include "mltrain/data/dataset.hpp"
+
+namespace mltrain::train {
+
+struct RunOptions {
+  std::string config_path;
+  std::vector<std::string> command_line;
+  bool tty = false;  // progress bar instead of log lines
+};
+
+struct RunResult {
+  std::filesystem::path run_dir;
+  int64_t steps = 0;
+  double test_accuracy = 0, test_loss = 0;
+  double train_seconds = 0;
+  std::optional<double> time_to_target;
+  bool resumed = false;
+};
+
+struct Splits {
+  data::Dataset train, eval, test;
+  std::string eval_name;  // "val" or "test"
+};
+Splits load_splits(const config::DataConfig& cfg);
+
+RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt);
+
+// runs/<name>/v<N>: the newest unfinished version when resume is auto and it has a checkpoint,
+// else a new version.
+std::filesystem::path choose_run_dir(const config::ExperimentConfig& cfg, bool* resuming);
+
+}  // namespace mltrain::train

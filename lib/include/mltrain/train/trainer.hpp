@@ -1,0 +1,85 @@
+#pragma once
+// The training loop: one flat function (Trainer::fit) you can read top to bottom. Everything
+// optional — metrics files, progress, checkpoints — hangs off Observer hooks.
+//
+//   Trainer t(cfg, *model, *optimizer, train_loader, eval_loader);
+//   t.add_observer(std::make_unique<MetricsWriter>(run_dir));
+//   t.fit();                                   // throws Interrupted after a clean checkpoint on SIGTERM
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "mltrain/config/experiment.hpp"
+#include "mltrain/data/loader.hpp"
+#include "mltrain/model/model.hpp"
+#include "mltrain/optim/optimizer.hpp"
+
+namespace mltrain::train {
+
+struct Progress {
+  int64_t step = 0;            // optimizer steps done
+  int64_t epoch = 0;           // epoch the next batch belongs to
+  int64_t batch_in_epoch = 0;  // next batch within that epoch
+  double train_seconds = 0;    // wall time spent in fit(), summed over resumes
+  std::optional<double> time_to_target;
+};
+
+struct StepInfo {
+  double loss = 0;
+  int64_t correct = 0, count = 0;
+  double lr = 0;
+  double step_seconds = 0, data_seconds = 0;
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t count = 0;
+  double seconds = 0;
+};
+
+class Trainer;
+
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void on_train_begin(Trainer&) {}
+  virtual void on_step_end(Trainer&, const StepInfo&) {}
+  virtual void on_eval_end(Trainer&, const EvalResult&) {}
+  virtual void on_stop_request(Trainer&, int /*signal*/) {}  // before fit() throws Interrupted
+  virtual void on_train_end(Trainer&) {}
+};
+
+class Trainer {
+ public:
+  Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
+          data::Loader& eval);
+  void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
+  void fit();
+  EvalResult evaluate(data::Loader& loader);
+
+  const config::ExperimentConfig& cfg() const { return cfg_; }
+  model::Model& model() { return model_; }
+  optim::Optimizer& optimizer() { return opt_; }
+  Progress& progress() { return progress_; }
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t total_steps() const { return total_steps_; }
+  double lr_at(int64_t step) const;
+  std::optional<EvalResult> last_eval() const { return last_eval_; }
+  double data_wait_seconds() const { return train_.wait_seconds(); }
+
+ private:
+  const config::ExperimentConfig& cfg_;
+  model::Model& model_;
+  optim::Optimizer& opt_;
+  data::Loader& train_;
+  data::Loader& eval_;
+  std::vector<std::unique_ptr<Observer>> observers_;
+  Progress progress_;
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
+  std::optional<EvalResult> last_eval_;
+};
+
+}  // namespace mltrain::train

@@ -1,0 +1,202 @@
+// fp32 mm/addmm on CPU -> oneDNN's sgemm.
+//
+// Why: Debian's LibTorch 1.13 sends these ops to libblas.so.3, which on a fresh Debian is the
+// reference BLAS (~2.5-6 GFLOP/s here). The same LibTorch links the system oneDNN (libdnnl.so.2),
+// whose sgemm reaches ~200 GFLOP/s on two AVX-512 cores with no layout conversion (measured:
+// scripts/bench/kernel_route.sh). Overriding the CPU kernels of aten::mm/addmm at the dispatcher
+// reroutes every consumer at once: nn::Linear, matmul, the autograd backward of both, and
+// TorchScript models, without touching model code. Anything the fast path does not cover
+// (other dtypes, odd strides, empty sizes) goes to LibTorch's own structured kernels.
+#include <ATen/ops/addmm_native.h>
+#include <ATen/ops/mm_native.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <mutex>
+
+#include "mltrain/core/error.hpp"
+#include "mltrain/core/runtime.hpp"
+
+extern "C" int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                          float* C, int64_t ldc);
+
+namespace mltrain::runtime {
+namespace {
+
+// Describes a 2-D fp32 matrix to sgemm without copying when its strides allow it.
+struct GemmOperand {
+  at::Tensor keep;  // owns a contiguous copy when one was needed
+  const float* data = nullptr;
+  char trans = 'N';
+  int64_t ld = 0;
+};
+
+GemmOperand operand(const at::Tensor& t) {
+  const int64_t rows = t.size(0), cols = t.size(1);
+  GemmOperand op;
+  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, cols)) {
+    op.data = t.data_ptr<float>();
+    op.trans = 'N';
+    op.ld = t.stride(0);
+  } else if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(1, rows)) {
+    op.data = t.data_ptr<float>();  // a transposed view of a row-major matrix
+    op.trans = 'T';
+    op.ld = t.stride(1);
+  } else {
+    op.keep = t.contiguous();
+    op.data = op.keep.data_ptr<float>();
+    op.trans = 'N';
+    op.ld = std::max<int64_t>(1, cols);
+  }
+  return op;
+}
+
+bool fast_path_ok(const at::Tensor& a, const at::Tensor& b) {
+  return a.dim() == 2 && b.dim() == 2 && a.scalar_type() == at::kFloat &&
+         b.scalar_type() == at::kFloat && a.layout() == at::kStrided &&
+         b.layout() == at::kStrided && a.numel() > 0 && b.numel() > 0 && a.size(1) == b.size(0) &&
+         !a.is_neg() && !b.is_neg();
+}
+
+// C[M,N] (row-major, contiguous) = alpha * A @ B + beta * C
+void sgemm_into(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float alpha, float beta) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  GemmOperand A = operand(a), B = operand(b);
+  int status = dnnl_sgemm(A.trans, B.trans, M, N, K, alpha, A.data, A.ld, B.data, B.ld, beta,
+                          c.data_ptr<float>(), N);
+  TORCH_CHECK(status == 0, "dnnl_sgemm failed with status ", status);
+}
+
+bool out_ok(const at::Tensor& out, int64_t M, int64_t N) {
+  return out.scalar_type() == at::kFloat && out.layout() == at::kStrided && out.dim() == 2 &&
+         out.size(0) == M && out.size(1) == N && out.is_contiguous();
+}
+
+// LibTorch's own structured CPU kernel, run with a caller-supplied output.
+template <class Kernel>
+struct NativeOut : Kernel {
+  explicit NativeOut(at::Tensor& out) : out_(out) {}
+  const at::Tensor& maybe_get_output(int64_t) override { return out_; }
+  void set_output_raw_strided(int64_t, at::IntArrayRef sizes, at::IntArrayRef, at::TensorOptions,
+                              at::DimnameList) override {
+    out_.resize_(sizes);
+  }
+  void set_output_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions o, at::DimnameList n) override {
+    set_output_raw_strided(i, sizes, strides, o, n);
+  }
+  at::Tensor& out_;
+};
+
+at::Tensor& native_mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
+  NativeOut<at::native::structured_mm_out_cpu> op(out);
+  op.meta(self, mat2);
+  op.impl(self, mat2, out);
+  return out;
+}
+
+at::Tensor& native_addmm_out(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
+                             const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
+  NativeOut<at::native::structured_addmm_out_cpu> op(out);
+  op.meta(self, m1, m2, beta, alpha);
+  op.impl(self, m1, m2, beta, alpha, out);
+  return out;
+}
+
+at::Tensor& route_mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
+  if (!fast_path_ok(self, mat2)) return native_mm_out(self, mat2, out);
+  const int64_t M = self.size(0), N = mat2.size(1);
+  if (!out_ok(out, M, N)) {
+    if (out.numel() == 0 && out.scalar_type() == at::kFloat) out.resize_({M, N});
+    if (!out_ok(out, M, N)) return native_mm_out(self, mat2, out);
+  }
+  sgemm_into(out, self, mat2, 1.0f, 0.0f);
+  return out;
+}
+
+at::Tensor route_mm(const at::Tensor& self, const at::Tensor& mat2) {
+  if (!fast_path_ok(self, mat2)) {
+    auto out = at::empty({0}, self.options());
+    return native_mm_out(self, mat2, out);
+  }
+  auto out = at::empty({self.size(0), mat2.size(1)}, self.options());
+  sgemm_into(out, self, mat2, 1.0f, 0.0f);
+  return out;
+}
+
+at::Tensor& route_addmm_out(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
+                            const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
+  const bool same = out.is_same(self);
+  if (!fast_path_ok(m1, m2) || self.scalar_type() != at::kFloat || same)
+    return native_addmm_out(self, m1, m2, beta, alpha, out);
+  const int64_t M = m1.size(0), N = m2.size(1);
+  if (!out_ok(out, M, N)) {
+    if (out.numel() == 0 && out.scalar_type() == at::kFloat) out.resize_({M, N});
+    if (!out_ok(out, M, N)) return native_addmm_out(self, m1, m2, beta, alpha, out);
+  }
+  const float b = beta.toFloat();
+  if (b != 0.0f) out.copy_(self.expand({M, N}));  // beta == 0: self is ignored, NaNs too (torch semantics)
+  sgemm_into(out, m1, m2, alpha.toFloat(), b);
+  return out;
+}
+
+at::Tensor route_addmm(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
+                       const at::Scalar& beta, const at::Scalar& alpha) {
+  auto out = at::empty({0}, m1.options());
+  return route_addmm_out(self, m1, m2, beta, alpha, out);
+}
+
+at::Tensor& route_addmm_(at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
+                         const at::Scalar& beta, const at::Scalar& alpha) {
+  if (fast_path_ok(m1, m2) && out_ok(self, m1.size(0), m2.size(1))) {
+    sgemm_into(self, m1, m2, alpha.toFloat(), beta.toFloat());
+    return self;
+  }
+  auto tmp = self.clone();
+  native_addmm_out(tmp, m1, m2, beta, alpha, self);
+  return self;
+}
+
+// Re-registering a kernel for an existing (op, dispatch key) makes LibTorch warn once per op; that
+// warning is expected here and would only confuse users, so it is swallowed during registration.
+struct QuietHandler : c10::WarningHandler {
+  void process(const c10::SourceLocation&, const std::string&, const bool) override {}
+};
+
+std::mutex g_mutex;
+std::unique_ptr<torch::Library> g_library;
+std::string g_route = "native";
+
+}  // namespace
+
+void set_kernel_route(const std::string& route) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (route != "onednn" && route != "native")
+    throw ConfigError("runtime.kernel_route", "unknown kernel route '" + route + "'",
+                      "use onednn or native");
+  if (route == g_route) return;
+  if (route == "native") {
+    g_library.reset();  // dropping the registrations restores LibTorch's own kernels
+  } else {
+    QuietHandler quiet;
+    c10::Warning::WarningHandlerGuard guard(&quiet);
+    g_library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CPU,
+                                                 __FILE__, __LINE__);
+    g_library->impl("mm", TORCH_FN(route_mm));
+    g_library->impl("mm.out", TORCH_FN(route_mm_out));
+    g_library->impl("addmm", TORCH_FN(route_addmm));
+    g_library->impl("addmm.out", TORCH_FN(route_addmm_out));
+    g_library->impl("addmm_", TORCH_FN(route_addmm_));
+  }
+  g_route = route;
+}
+
+std::string kernel_route() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_route;
+}
+
+}  // namespace mltrain::runtime

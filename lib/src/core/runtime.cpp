@@ -1,0 +1,86 @@
+#include "mltrain/core/runtime.hpp"
+
+#include <malloc.h>
+#include <sched.h>
+#include <sys/resource.h>
+
+#include <fstream>
+#include <mutex>
+
+#include <torch/torch.h>
+
+#include "mltrain/core/compat.hpp"
+#include "mltrain/core/error.hpp"
+
+namespace mltrain::runtime {
+namespace {
+std::string g_allocator = "system";
+int g_threads = 1;
+}  // namespace
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
+}
+
+void set_allocator_policy(const std::string& policy) {
+  if (policy == "retain") {
+    // glibc serves blocks above M_MMAP_THRESHOLD with mmap and unmaps them on free, and trims the
+    // heap top above M_TRIM_THRESHOLD: a training step's activations (100 KiB..10 MiB) are then
+    // faulted in afresh every step. Fixing both thresholds keeps freed blocks for reuse; the
+    // peak RSS stays bounded by the step's own peak because the same sizes recur every step.
+    mallopt(M_MMAP_THRESHOLD, 512 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1024 << 20);
+    mallopt(M_TOP_PAD, 16 << 20);
+  } else if (policy != "system") {
+    throw ConfigError("runtime.allocator", "unknown allocator policy '" + policy + "'",
+                      "use retain or system");
+  }
+  g_allocator = policy;
+}
+
+void apply(const RuntimeOptions& opt) {
+  set_allocator_policy(opt.allocator);
+  g_threads = opt.threads > 0 ? opt.threads : usable_cores();
+  at::set_num_threads(g_threads);
+  set_kernel_route(opt.kernel_route);
+}
+
+int64_t minor_faults() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+int64_t peak_rss_kib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+static std::string cpu_flags_of_interest() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      for (const char* f : {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile"})
+        if (line.find(std::string(" ") + f) != std::string::npos) out += std::string(out.empty() ? "" : " ") + f;
+      break;
+    }
+  }
+  return out;
+}
+
+nlohmann::json describe() {
+  return {{"threads", at::get_num_threads()},
+          {"usable_cores", usable_cores()},
+          {"kernel_route", kernel_route()},
+          {"allocator", g_allocator},
+          {"libtorch", compat::torch_version()},
+          {"mkldnn", compat::mkldnn_available()},
+          {"cuda", compat::cuda_available()},
+          {"cpu_flags", cpu_flags_of_interest()}};
+}
+
+}  // namespace mltrain::runtime

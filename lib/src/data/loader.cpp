@@ -1,0 +1,233 @@
+#include "mltrain/data/loader.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+namespace mltrain::data {
+
+namespace {
+// SplitMix64: tiny, well-mixed, and identical on every platform (std:: distributions are not).
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint64_t below(uint64_t n) {  // unbiased (Lemire's rejection)
+    uint64_t x = next();
+    __uint128_t m = static_cast<__uint128_t>(x) * n;
+    uint64_t l = static_cast<uint64_t>(m);
+    if (l < n) {
+      uint64_t t = -n % n;
+      while (l < t) {
+        x = next();
+        m = static_cast<__uint128_t>(x) * n;
+        l = static_cast<uint64_t>(m);
+      }
+    }
+    return static_cast<uint64_t>(m >> 64);
+  }
+};
+}  // namespace
+
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
+                                 bool shuffle) {
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = i;
+  if (shuffle) {
+    SplitMix rng{seed * 0x100000001B3ull ^ (static_cast<uint64_t>(epoch) + 0x51ED270B27ull)};
+    for (int64_t i = n - 1; i > 0; --i)
+      std::swap(perm[static_cast<size_t>(i)], perm[rng.below(static_cast<uint64_t>(i + 1))]);
+  }
+  if (world <= 1) return perm;
+  const int64_t per_rank = n / world;
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(per_rank));
+  for (int64_t k = 0; k < per_rank; ++k) mine.push_back(perm[static_cast<size_t>(k * world + rank)]);
+  return mine;
+}
+
+int64_t auto_workers(int64_t cores) {
+  // Gathering + normalising one batch costs ~1/20 of a training step here; one worker keeps up
+  // on small machines and leaves the cores to compute; larger machines get up to 4.
+  return std::clamp<int64_t>(cores / 4, 1, 4);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void normalize_u8(const uint8_t* src, float* dst, int64_t n, float scale, float shift) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * scale + shift;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void normalize_f32(const float* src, float* dst, int64_t n, float scale, float shift) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale + shift;
+}
+
+struct Loader::State {
+  struct Slot {
+    torch::Tensor x, y;
+    int64_t turn = 0;         // the next batch number allowed to write this slot
+    int64_t ready = -1;       // the batch number now in the slot
+    bool free = true;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Slot> slots;
+  std::vector<int64_t> order;
+  int64_t next_batch = 0, num_batches = 0;
+  bool stop = false;
+  double wait = 0;
+  std::vector<std::thread> threads;
+};
+
+Loader::Loader(Dataset ds, LoaderOptions opt) : ds_(std::move(ds)), opt_(opt), st_(std::make_shared<State>()) {
+  opt_.prefetch = std::max<int64_t>({opt_.prefetch, opt_.workers, 1});
+  std::vector<int64_t> shape = {opt_.batch_size};
+  shape.insert(shape.end(), ds_.sample_shape.begin(), ds_.sample_shape.end());
+  st_->slots.resize(static_cast<size_t>(opt_.prefetch));
+  for (auto& s : st_->slots) {
+    s.x = torch::empty(shape, torch::kFloat32);
+    s.y = torch::empty({opt_.batch_size}, torch::kInt64);
+  }
+}
+
+Loader::~Loader() { stop_workers(); }
+
+int64_t Loader::samples_per_epoch() const {
+  const int64_t per_rank = opt_.world > 1 ? ds_.count / opt_.world : ds_.count;
+  return per_rank;
+}
+
+int64_t Loader::batches_per_epoch() const {
+  const int64_t n = samples_per_epoch();
+  return opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
+}
+
+void Loader::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->stop = true;
+  }
+  st_->cv.notify_all();
+  for (auto& t : st_->threads) t.join();
+  st_->threads.clear();
+}
+
+static void fill(const Dataset& ds, const LoaderOptions& opt, const std::vector<int64_t>& order, int64_t b,
+                 torch::Tensor& x, torch::Tensor& y) {
+  const int64_t begin = b * opt.batch_size;
+  const int64_t end = std::min<int64_t>(begin + opt.batch_size, static_cast<int64_t>(order.size()));
+  const int64_t elems = ds.sample_elems();
+  float* xp = x.data_ptr<float>();
+  int64_t* yp = y.data_ptr<int64_t>();
+  const float inv_std = 1.f / opt.std;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t idx = order[static_cast<size_t>(i)];
+    float* dst = xp + (i - begin) * elems;
+    if (ds.dtype == DType::kU8)
+      normalize_u8(ds.sample(idx), dst, elems, inv_std / 255.f, -opt.mean * inv_std);
+    else
+      normalize_f32(reinterpret_cast<const float*>(ds.sample(idx)), dst, elems, inv_std, -opt.mean * inv_std);
+    yp[i - begin] = ds.label(idx);
+  }
+}
+
+void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
+  stop_workers();
+  auto& st = *st_;
+  st.stop = false;
+  st.order = epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle);
+  if (opt_.drop_last) st.order.resize(static_cast<size_t>(batches_per_epoch() * opt_.batch_size));
+  st.num_batches = batches_per_epoch();
+  st.next_batch = std::min(first_batch, st.num_batches);
+  const int64_t P = static_cast<int64_t>(st.slots.size());
+  for (int64_t s = 0; s < P; ++s) {
+    auto& slot = st.slots[static_cast<size_t>(s)];
+    int64_t t = st.next_batch + ((s - st.next_batch % P) + P) % P;  // first b >= next_batch with b % P == s
+    slot.turn = t;
+    slot.ready = -1;
+    slot.free = true;
+  }
+  for (int64_t w = 0; w < opt_.workers; ++w) {
+    const int64_t first = st.next_batch;
+    st.threads.emplace_back([this, w, first] {
+      auto& st = *st_;
+      for (int64_t b = first + w; b < st.num_batches; b += opt_.workers) {
+        auto& slot = st.slots[static_cast<size_t>(b % static_cast<int64_t>(st.slots.size()))];
+        {
+          std::unique_lock<std::mutex> lock(st.mu);
+          st.cv.wait(lock, [&] { return st.stop || (slot.free && slot.turn == b); });
+          if (st.stop) return;
+          slot.free = false;
+        }
+        fill(ds_, opt_, st.order, b, slot.x, slot.y);
+        {
+          std::lock_guard<std::mutex> lock(st.mu);
+          slot.ready = b;
+        }
+        st.cv.notify_all();
+      }
+    });
+  }
+}
+
+bool Loader::next(Batch& out) {
+  out = Batch{};  // releases the previous batch's slot, if the caller passed it back
+  auto st_ptr = st_;
+  auto& st = *st_;
+  const int64_t b = st.next_batch;
+  if (b >= st.num_batches) return false;
+  const int64_t P = static_cast<int64_t>(st.slots.size());
+  auto& slot = st.slots[static_cast<size_t>(b % P)];
+  if (opt_.workers == 0) {
+    std::unique_lock<std::mutex> lock(st.mu);
+    // With no workers the caller fills the slot; it must have released batch b - P first.
+    if (!(slot.free && slot.turn == b)) {
+      auto t0 = std::chrono::steady_clock::now();
+      st.cv.wait(lock, [&] { return slot.free && slot.turn == b; });
+      st.wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    slot.free = false;
+    lock.unlock();
+    auto t0 = std::chrono::steady_clock::now();
+    fill(ds_, opt_, st.order, b, slot.x, slot.y);
+    st.wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    slot.ready = b;
+  } else {
+    std::unique_lock<std::mutex> lock(st.mu);
+    if (slot.ready != b) {
+      auto t0 = std::chrono::steady_clock::now();
+      st.cv.wait(lock, [&] { return slot.ready == b; });
+      st.wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  }
+  const int64_t size = std::min<int64_t>(opt_.batch_size, static_cast<int64_t>(st.order.size()) - b * opt_.batch_size);
+  out.x = size == opt_.batch_size ? slot.x : slot.x.narrow(0, 0, size);
+  out.y = size == opt_.batch_size ? slot.y : slot.y.narrow(0, 0, size);
+  out.index = b;
+  State::Slot* sp = &slot;
+  out.lease = std::shared_ptr<void>(nullptr, [st_ptr, sp, P](void*) {
+    {
+      std::lock_guard<std::mutex> lock(st_ptr->mu);
+      sp->free = true;
+      sp->ready = -1;
+      sp->turn += P;
+    }
+    st_ptr->cv.notify_all();
+  });
+  st.next_batch = b + 1;
+  return true;
+}
+
+double Loader::wait_seconds() const {
+  std::lock_guard<std::mutex> lock(st_->mu);
+  return st_->wait;
+}
+
+}  // namespace mltrain::data

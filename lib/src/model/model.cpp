@@ -1,0 +1,226 @@
+#include "mltrain/model/model.hpp"
+
+#include <torch/script.h>
+
+#include <filesystem>
+
+#include "mltrain/core/error.hpp"
+
+namespace mltrain::model {
+namespace nn = torch::nn;
+
+int64_t Model::num_parameters() {
+  int64_t n = 0;
+  for (auto& [name, p] : named_parameters()) n += p.numel();
+  return n;
+}
+
+namespace {
+
+struct MlpImpl : nn::Module {
+  nn::Sequential body{nullptr};
+  MlpImpl(int64_t in, const config::ModelConfig& c, int64_t classes) {
+    body = register_module("body", nn::Sequential());
+    int64_t width = in;
+    body->push_back(nn::Flatten());
+    for (auto h : c.hidden) {
+      body->push_back(nn::Linear(width, h));
+      if (c.batchnorm) body->push_back(nn::BatchNorm1d(h));
+      body->push_back(nn::ReLU());
+      if (c.dropout > 0) body->push_back(nn::Dropout(c.dropout));
+      width = h;
+    }
+    body->push_back(nn::Linear(width, classes));
+  }
+  torch::Tensor forward(torch::Tensor x) { return body->forward(x); }
+};
+TORCH_MODULE(Mlp);
+
+// The "2 Conv + pooling" network of Fashion-MNIST's benchmark table: two 5x5 convolutions, each
+// followed by (BatchNorm), ReLU and 2x2 max-pooling, then a hidden fully connected layer.
+struct CnnImpl : nn::Module {
+  nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+  nn::Dropout drop{nullptr};
+  bool bn;
+  CnnImpl(const std::vector<int64_t>& shape, const config::ModelConfig& c, int64_t classes) : bn(c.batchnorm) {
+    const int64_t ch = shape[0], h = shape[1], w = shape[2];
+    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(ch, c.channels[0], /*kernel_size=*/5).padding(2).bias(!bn)));
+    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(c.channels[0], c.channels[1], 5).padding(2).bias(!bn)));
+    if (bn) {
+      bn1 = register_module("bn1", nn::BatchNorm2d(c.channels[0]));
+      bn2 = register_module("bn2", nn::BatchNorm2d(c.channels[1]));
+    }
+    fc1 = register_module("fc1", nn::Linear(c.channels[1] * (h / 4) * (w / 4), c.fc));
+    fc2 = register_module("fc2", nn::Linear(c.fc, classes));
+    drop = register_module("drop", nn::Dropout(c.dropout));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = conv1(x);
+    if (bn) x = bn1(x);
+    x = torch::max_pool2d(torch::relu(x), 2);
+    x = conv2(x);
+    if (bn) x = bn2(x);
+    x = torch::max_pool2d(torch::relu(x), 2);
+    x = torch::relu(fc1(x.flatten(1)));
+    return fc2(drop(x));
+  }
+};
+TORCH_MODULE(Cnn);
+
+struct BlockImpl : nn::Module {
+  nn::Conv2d c1{nullptr}, c2{nullptr}, sc{nullptr};
+  nn::BatchNorm2d b1{nullptr}, b2{nullptr}, sb{nullptr};
+  BlockImpl(int64_t in, int64_t out, int64_t stride) {
+    c1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+    b1 = register_module("bn1", nn::BatchNorm2d(out));
+    c2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    b2 = register_module("bn2", nn::BatchNorm2d(out));
+    if (stride != 1 || in != out) {
+      sc = register_module("shortcut", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+      sb = register_module("shortcut_bn", nn::BatchNorm2d(out));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto y = torch::relu(b1(c1(x)));
+    y = b2(c2(y));
+    return torch::relu(y + (sc ? sb(sc(x)) : x));
+  }
+};
+TORCH_MODULE(Block);
+
+// A CIFAR-style ResNet (He et al. 2016, section 4.2) scaled by widths/depths.
+struct ResNetImpl : nn::Module {
+  nn::Conv2d stem{nullptr};
+  nn::BatchNorm2d stem_bn{nullptr};
+  nn::Sequential stages{nullptr};
+  nn::Dropout drop{nullptr};
+  nn::Linear head{nullptr};
+  ResNetImpl(const std::vector<int64_t>& shape, const config::ModelConfig& c, int64_t classes) {
+    stem = register_module("stem", nn::Conv2d(nn::Conv2dOptions(shape[0], c.widths[0], 3).padding(1).bias(false)));
+    stem_bn = register_module("stem_bn", nn::BatchNorm2d(c.widths[0]));
+    stages = register_module("stages", nn::Sequential());
+    int64_t in = c.widths[0];
+    for (size_t s = 0; s < c.widths.size(); ++s)
+      for (int64_t b = 0; b < c.depths[s]; ++b) {
+        stages->push_back(Block(in, c.widths[s], (b == 0 && s > 0) ? 2 : 1));
+        in = c.widths[s];
+      }
+    drop = register_module("drop", nn::Dropout(c.dropout));
+    head = register_module("head", nn::Linear(in, classes));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(stem_bn(stem(x)));
+    x = stages->forward(x);
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return head(drop(x));
+  }
+};
+TORCH_MODULE(ResNet);
+
+template <class M>
+class ModuleModel : public Model {
+ public:
+  ModuleModel(M m, std::string desc) : m_(std::move(m)), desc_(std::move(desc)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return m_->forward(x); }
+  NamedTensors named_parameters() override {
+    NamedTensors out;
+    for (auto& item : m_->named_parameters()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  NamedTensors named_buffers() override {
+    NamedTensors out;
+    for (auto& item : m_->named_buffers()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  void set_training(bool on) override { m_->train(on); }
+  std::string describe() const override { return desc_; }
+
+ private:
+  M m_;
+  std::string desc_;
+};
+
+class ScriptModel : public Model {
+ public:
+  ScriptModel(torch::jit::Module m, std::string path) : m_(std::move(m)), path_(std::move(path)) {}
+  torch::Tensor forward(const torch::Tensor& x) override {
+    auto out = m_.forward({x});
+    if (!out.isTensor())
+      throw RuntimeError(path_, "forward() must return one tensor of logits", "return logits from forward");
+    return out.toTensor();
+  }
+  NamedTensors named_parameters() override {
+    NamedTensors out;
+    for (const auto& p : m_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  NamedTensors named_buffers() override {
+    NamedTensors out;
+    for (const auto& b : m_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+  void set_training(bool on) override { m_.train(on); }
+  std::string describe() const override { return "torchscript(" + path_ + ")"; }
+
+ private:
+  torch::jit::Module m_;
+  std::string path_;
+};
+
+}  // namespace
+
+void init_weights(const NamedTensors& params, const std::string& scheme) {
+  if (scheme == "default") return;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    const bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+    if (p.dim() < 2) {  // biases and norm affine parameters
+      if (is_bias) p.zero_();
+      continue;
+    }
+    if (scheme == "kaiming_normal") torch::nn::init::kaiming_normal_(p, 0, torch::kFanIn, torch::kReLU);
+    else if (scheme == "kaiming_uniform") torch::nn::init::kaiming_uniform_(p, 0, torch::kFanIn, torch::kReLU);
+    else if (scheme == "xavier_normal") torch::nn::init::xavier_normal_(p);
+    else if (scheme == "xavier_uniform") torch::nn::init::xavier_uniform_(p);
+    else if (scheme == "orthogonal") torch::nn::init::orthogonal_(p);
+    else throw ConfigError("model.init", "unknown init '" + scheme + "'");
+  }
+}
+
+std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vector<int64_t>& shape,
+                                   int64_t num_classes, uint64_t seed) {
+  torch::manual_seed(seed);
+  std::unique_ptr<Model> m;
+  int64_t in = 1;
+  for (auto d : shape) in *= d;
+  auto need_image = [&] {
+    if (shape.size() != 3)
+      throw ConfigError("model.name", c.name + " needs image samples [C,H,W], got " + std::to_string(shape.size()) + "-D samples",
+                        "use model.name=mlp for flat samples");
+  };
+  if (c.name == "mlp") {
+    m = std::make_unique<ModuleModel<Mlp>>(Mlp(in, c, num_classes), "mlp");
+  } else if (c.name == "cnn") {
+    need_image();
+    m = std::make_unique<ModuleModel<Cnn>>(Cnn(shape, c, num_classes), "cnn");
+  } else if (c.name == "resnet") {
+    need_image();
+    m = std::make_unique<ModuleModel<ResNet>>(ResNet(shape, c, num_classes), "resnet");
+  } else if (c.name == "torchscript") {
+    if (!std::filesystem::exists(c.path))
+      throw ConfigError("model.path", "TorchScript file '" + c.path + "' not found", "save one with torch.jit.save(torch.jit.script(model), path)");
+    try {
+      m = std::make_unique<ScriptModel>(torch::jit::load(c.path), c.path);
+    } catch (const c10::Error& e) {
+      throw DataError(c.path, "not a loadable TorchScript file", "save it with torch.jit.save(torch.jit.script(model), path)");
+    }
+  } else {
+    throw ConfigError("model.name", "unknown model '" + c.name + "'");
+  }
+  init_weights(m->named_parameters(), c.init);
+  return m;
+}
+
+}  // namespace mltrain::model

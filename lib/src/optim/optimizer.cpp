@@ -1,0 +1,141 @@
+#include "mltrain/optim/optimizer.hpp"
+
+#include <fnmatch.h>
+
+#include <cmath>
+
+#include "mltrain/core/error.hpp"
+
+namespace mltrain::optim {
+
+bool glob_match(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+namespace {
+
+// torch.optim.SGD: d = g + wd*p; buf = m*buf + d (buf = d on the first step);
+// d = nesterov ? d + m*buf : buf; p -= lr*d.  (dampening = 0)
+class Sgd : public Optimizer {
+ public:
+  explicit Sgd(config::OptimConfig cfg) : Optimizer(std::move(cfg)) {}
+  std::vector<std::string> buffer_names() const override {
+    return cfg_.momentum > 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+  void update(ParamSlot& s, const torch::Tensor& grad, double lr) override {
+    torch::Tensor d = grad;
+    if (s.weight_decay != 0) d = d.add(s.param, s.weight_decay);
+    if (cfg_.momentum > 0) {
+      auto& buf = buffers_[s.name + "/momentum_buffer"];
+      if (!buf.defined()) buf = d.clone();
+      else buf.mul_(cfg_.momentum).add_(d);
+      d = cfg_.nesterov ? d.add(buf, cfg_.momentum) : buf;
+    }
+    s.param.add_(d, -lr);
+  }
+};
+
+// torch.optim.Adam / AdamW (single-tensor path, amsgrad off), same operation order so results
+// match PyTorch to rounding: m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+// p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). Adam adds wd*p to g; AdamW scales p by
+// (1 - lr*wd) first.
+class Adam : public Optimizer {
+ public:
+  Adam(config::OptimConfig cfg, bool decoupled) : Optimizer(std::move(cfg)), decoupled_(decoupled) {}
+  std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  void update(ParamSlot& s, const torch::Tensor& grad, double lr) override {
+    auto& m = buffers_[s.name + "/exp_avg"];
+    auto& v = buffers_[s.name + "/exp_avg_sq"];
+    if (!m.defined()) {
+      m = torch::zeros_like(s.param);
+      v = torch::zeros_like(s.param);
+    }
+    torch::Tensor g = grad;
+    if (s.weight_decay != 0) {
+      if (decoupled_) s.param.mul_(1 - lr * s.weight_decay);
+      else g = g.add(s.param, s.weight_decay);
+    }
+    const double t = static_cast<double>(steps_ + 1);
+    const double bc1 = 1 - std::pow(cfg_.beta1, t), bc2 = 1 - std::pow(cfg_.beta2, t);
+    m.mul_(cfg_.beta1).add_(g, 1 - cfg_.beta1);
+    v.mul_(cfg_.beta2).addcmul_(g, g.conj(), 1 - cfg_.beta2);
+    auto denom = (v.sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
+    s.param.addcdiv_(m, denom, -lr / bc1);
+  }
+
+ private:
+  bool decoupled_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> Optimizer::create(const config::OptimConfig& cfg, const model::NamedTensors& params) {
+  std::unique_ptr<Optimizer> opt;
+  if (cfg.name == "sgd") opt = std::make_unique<Sgd>(cfg);
+  else if (cfg.name == "adam") opt = std::make_unique<Adam>(cfg, false);
+  else if (cfg.name == "adamw") opt = std::make_unique<Adam>(cfg, true);
+  else throw ConfigError("optim.name", "unknown optimizer '" + cfg.name + "'", "use sgd, adam or adamw");
+  std::vector<bool> pattern_used(cfg.param_groups.size(), false);
+  for (const auto& [name, p] : params) {
+    if (!p.requires_grad()) continue;
+    ParamSlot s{name, p, 1.0, cfg.weight_decay};
+    for (size_t g = 0; g < cfg.param_groups.size(); ++g) {
+      const auto& pg = cfg.param_groups[g];
+      if (!glob_match(pg.pattern, name)) continue;
+      s.lr_mult = pg.lr_mult;
+      if (pg.weight_decay >= 0) s.weight_decay = pg.weight_decay;
+      pattern_used[g] = true;
+      break;
+    }
+    opt->slots_.push_back(s);
+  }
+  for (size_t g = 0; g < pattern_used.size(); ++g)
+    if (!pattern_used[g])
+      throw ConfigError("optim.param_groups[" + std::to_string(g) + "].pattern",
+                        "pattern '" + cfg.param_groups[g].pattern + "' matches no parameter",
+                        "parameter names look like conv1.weight, fc2.bias (see the run log)");
+  return opt;
+}
+
+void Optimizer::step(double lr) {
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    const auto& g = s.param.grad();
+    if (!g.defined()) continue;
+    update(s, g, lr * s.lr_mult);
+  }
+  ++steps_;
+}
+
+void Optimizer::zero_grad() {
+  for (auto& s : slots_) s.param.mutable_grad() = torch::Tensor();
+}
+
+model::NamedTensors Optimizer::state() const {
+  model::NamedTensors out;
+  for (const auto& [k, v] : buffers_) out.emplace_back(k, v);
+  out.emplace_back("__step__", torch::tensor({steps_}, torch::kInt64));
+  return out;
+}
+
+void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
+  auto it = state.find("__step__");
+  if (it == state.end()) throw CheckpointError("optimizer state", "missing __step__");
+  steps_ = it->second.item<int64_t>();
+  buffers_.clear();
+  if (steps_ == 0) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& s : slots_)
+    for (const auto& b : buffer_names()) {
+      const std::string key = s.name + "/" + b;
+      auto f = state.find(key);
+      if (f == state.end())
+        throw CheckpointError("optimizer state", "missing buffer '" + key + "'",
+                              "the checkpoint was written with another optimizer or model; use checkpoint.resume=never");
+      if (f->second.sizes() != s.param.sizes())
+        throw CheckpointError("optimizer state", "buffer '" + key + "' has the wrong shape");
+      buffers_[key] = f->second.clone();
+    }
+}
+
+}  // namespace mltrain::optim

@@ -1,0 +1,177 @@
+#include "mltrain/train/observers.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "mltrain/config/format.hpp"
+#include "mltrain/core/compat.hpp"
+#include "mltrain/core/error.hpp"
+#include "mltrain/train/safetensors.hpp"
+
+namespace mltrain::train {
+namespace fs = std::filesystem;
+
+static double epoch_float(Trainer& t) {
+  return t.progress().epoch + double(t.progress().batch_in_epoch) / std::max<int64_t>(1, t.steps_per_epoch());
+}
+
+MetricsWriter::MetricsWriter(const fs::path& run_dir) {
+  const bool fresh = !fs::exists(run_dir / "metrics.csv");
+  jsonl_.open(run_dir / "metrics.jsonl", std::ios::app);
+  csv_.open(run_dir / "metrics.csv", std::ios::app);
+  if (fresh) csv_ << csv_header() << "\n" << std::flush;
+}
+
+const char* MetricsWriter::csv_header() { return "event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,time_s"; }
+
+void MetricsWriter::write(const nlohmann::json& j) {
+  jsonl_ << j.dump() << "\n" << std::flush;  // flushed per line: a killed run loses nothing it reported
+  auto num = [&](const char* k) { return j.contains(k) ? config::format_double(j[k].get<double>()) : std::string(); };
+  csv_ << j["event"].get<std::string>() << "," << j["step"].get<int64_t>() << "," << num("epoch") << "," << num("loss")
+       << "," << num("accuracy") << "," << num("samples_per_s") << "," << num("data_wait") << "," << num("lr") << ","
+       << num("time_s") << "\n"
+       << std::flush;
+}
+
+void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
+  w_.add(s);
+  const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
+  if (every <= 0 || (t.progress().step % every != 0 && t.progress().step != t.total_steps())) return;
+  write({{"event", "train"},
+         {"step", t.progress().step},
+         {"epoch", epoch_float(t)},
+         {"loss", w_.loss / w_.steps},
+         {"accuracy", double(w_.correct) / w_.count},
+         {"samples_per_s", w_.count / w_.step_s},
+         {"data_wait", w_.data_s / w_.step_s},
+         {"lr", s.lr},
+         {"time_s", t.progress().train_seconds}});
+  w_ = Window{};
+}
+
+void MetricsWriter::on_eval_end(Trainer& t, const EvalResult& r) {
+  write({{"event", "eval"},
+         {"step", t.progress().step},
+         {"epoch", epoch_float(t)},
+         {"loss", r.loss},
+         {"accuracy", r.accuracy},
+         {"samples_per_s", r.count / std::max(1e-9, r.seconds)},
+         {"time_s", t.progress().train_seconds}});
+}
+
+ConsoleReporter::ConsoleReporter(bool tty) : tty_(tty) {}
+
+void ConsoleReporter::on_train_begin(Trainer& t) {
+  spdlog::info("[train] {} steps ({} per epoch), starting at step {} (epoch {})", t.total_steps(), t.steps_per_epoch(),
+               t.progress().step, t.progress().epoch);
+}
+
+void ConsoleReporter::on_step_end(Trainer& t, const StepInfo& s) {
+  w_.add(s);
+  const auto& p = t.progress();
+  if (tty_) {
+    if (p.train_seconds - last_draw_ < 0.2 && p.step != t.total_steps()) return;
+    last_draw_ = p.train_seconds;
+    const int width = 30;
+    const int filled = static_cast<int>(width * double(p.step) / t.total_steps());
+    std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld  ep %lld  loss %.4f  acc %.3f  %.0f samples/s  ",
+                 filled, "##############################", width - filled, "", (long long)p.step,
+                 (long long)t.total_steps(), (long long)p.epoch, w_.loss / w_.steps, double(w_.correct) / w_.count,
+                 w_.count / w_.step_s);
+    if (w_.steps >= 50) w_ = Window{};
+    return;
+  }
+  const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
+  if (every <= 0 || (p.step % every != 0 && p.step != t.total_steps())) return;
+  spdlog::info("[train] step {}/{} epoch {:.2f} loss {:.4f} acc {:.4f} {:.0f} samples/s data-wait {:.1f}%", p.step,
+               t.total_steps(), epoch_float(t), w_.loss / w_.steps, double(w_.correct) / w_.count, w_.count / w_.step_s,
+               100.0 * w_.data_s / w_.step_s);
+  w_ = Window{};
+}
+
+void ConsoleReporter::on_eval_end(Trainer& t, const EvalResult& r) {
+  if (tty_) std::fprintf(stderr, "\n");
+  spdlog::info("[eval] step {} epoch {:.2f} loss {:.4f} accuracy {:.4f} ({:.1f}s elapsed)", t.progress().step,
+               epoch_float(t), r.loss, r.accuracy, t.progress().train_seconds);
+}
+
+void ConsoleReporter::on_train_end(Trainer&) {
+  if (tty_) std::fprintf(stderr, "\n");
+}
+
+void CheckpointWriter::save(Trainer& t) {
+  const auto& p = t.progress();
+  if (last_saved_ == p.step) return;
+  nlohmann::json ts = {{"epoch", p.epoch}, {"batch_in_epoch", p.batch_in_epoch}, {"train_seconds", p.train_seconds},
+                       {"optimizer_steps", t.optimizer().steps()}};
+  if (p.time_to_target) ts["time_to_target"] = *p.time_to_target;
+  std::optional<double> monitor;
+  if (auto e = t.last_eval()) {
+    const double v = t.cfg().checkpoint.monitor == "eval_loss" ? e->loss : e->accuracy;
+    ts["eval"] = {{"loss", e->loss}, {"accuracy", e->accuracy}};
+    monitor = v;
+  }
+  auto writer = [&](const fs::path& dir) {
+    model::NamedTensors weights = t.model().named_parameters();
+    for (auto& b : t.model().named_buffers()) weights.push_back(b);
+    for (auto& [name, w] : weights)
+      if (w.is_floating_point() && !torch::isfinite(w).all().item<bool>())
+        throw RuntimeError(name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
+                           "lower optim.lr; the previous checkpoint is intact");
+    save_safetensors((dir / "model.safetensors").string(), weights, {{"format", "pt"}, {"step", std::to_string(p.step)}});
+    auto state = t.optimizer().state();
+    state.emplace_back("__rng_cpu__", compat::cpu_rng_state());
+    save_safetensors((dir / "state.safetensors").string(), state);
+  };
+  store_.save(p.step, writer, ts, monitor);
+  last_saved_ = p.step;
+}
+
+void CheckpointWriter::on_step_end(Trainer& t, const StepInfo&) {
+  const int64_t every = t.cfg().checkpoint.every.to_steps(t.steps_per_epoch());
+  if (every > 0 && t.progress().step % every == 0) save(t);
+}
+
+void CheckpointWriter::on_stop_request(Trainer& t, int signal) {
+  spdlog::warn("[checkpoint] signal {} received: saving at step {} before stopping", signal, t.progress().step);
+  save(t);
+}
+
+void CheckpointWriter::on_train_end(Trainer& t) { save(t); }
+
+void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
+  const std::string mpath = (ck.dir / "model.safetensors").string();
+  auto weights = load_safetensors(mpath);
+  torch::NoGradGuard no_grad;
+  model::NamedTensors targets = t.model().named_parameters();
+  for (auto& b : t.model().named_buffers()) targets.push_back(b);
+  for (auto& [name, dst] : targets) {
+    auto it = weights.find(name);
+    if (it == weights.end())
+      throw CheckpointError(mpath, "has no tensor '" + name + "' (written for another model?)",
+                            "resume with the config that wrote it, or set checkpoint.resume=never");
+    if (it->second.sizes() != dst.sizes())
+      throw CheckpointError(mpath, "tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                                       ", the model expects " + c10::str(dst.sizes()),
+                            "resume with the config that wrote it, or set checkpoint.resume=never");
+    dst.copy_(it->second);
+  }
+  const std::string spath = (ck.dir / "state.safetensors").string();
+  auto state = load_safetensors(spath);
+  auto rng = state.find("__rng_cpu__");
+  if (rng == state.end()) throw CheckpointError(spath, "missing the RNG state");
+  compat::set_cpu_rng_state(rng->second);
+  state.erase(rng);
+  t.optimizer().load_state(state);
+  const auto& ts = ck.trainer_state;
+  auto& p = t.progress();
+  p.step = ck.step;
+  p.epoch = ts.at("epoch").get<int64_t>();
+  p.batch_in_epoch = ts.at("batch_in_epoch").get<int64_t>();
+  p.train_seconds = ts.value("train_seconds", 0.0);
+  if (ts.contains("time_to_target")) p.time_to_target = ts["time_to_target"].get<double>();
+}
+
+}  // namespace mltrain::train

@@ -1,0 +1,210 @@
+#include "mltrain/train/run.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "mltrain/config/format.hpp"
+#include "mltrain/core/error.hpp"
+#include "mltrain/core/fs.hpp"
+#include "mltrain/core/runtime.hpp"
+#include "mltrain/core/signals.hpp"
+#include "mltrain/data/loader.hpp"
+#include "mltrain/model/model.hpp"
+#include "mltrain/optim/optimizer.hpp"
+#include "mltrain/train/observers.hpp"
+#include "mltrain/train/trainer.hpp"
+
+#ifndef MLTRAIN_GIT_DESCRIBE
+#define MLTRAIN_GIT_DESCRIBE "unknown"
+#endif
+
+namespace fs = std::filesystem;
+
+namespace mltrain::train {
+
+Splits load_splits(const config::DataConfig& c) {
+  std::string tri = c.train_images, trl = c.train_labels, tei = c.test_images, tel = c.test_labels;
+  if (c.dataset == "fashion_mnist") {
+    const fs::path r = c.root;
+    tri = (r / "train-images-idx3-ubyte.gz").string();
+    trl = (r / "train-labels-idx1-ubyte.gz").string();
+    tei = (r / "t10k-images-idx3-ubyte.gz").string();
+    tel = (r / "t10k-labels-idx1-ubyte.gz").string();
+    if (!fs::exists(tri))
+      throw DataError(tri, "Fashion-MNIST not found",
+                      "run scripts/install-deps.sh (Debian package dataset-fashion-mnist) or set data.root");
+  }
+  Splits s;
+  s.train = data::load_dataset(tri, trl, c.num_classes);
+  s.test = data::load_dataset(tei, tel, c.num_classes);
+  if (s.train.sample_shape != s.test.sample_shape)
+    throw DataError(tei, "sample shape differs from the training set's", "pair matching train and test files");
+  if (c.limit_train > 0) s.train = s.train.slice(0, c.limit_train);
+  if (c.val_fraction > 0) {
+    const int64_t nval = static_cast<int64_t>(s.train.count * c.val_fraction);
+    s.eval = s.train.slice(s.train.count - nval, s.train.count);
+    s.train = s.train.slice(0, s.train.count - nval);
+    s.eval_name = "val";
+  } else {
+    s.eval = s.test;
+    s.eval_name = "test";
+  }
+  return s;
+}
+
+fs::path choose_run_dir(const config::ExperimentConfig& cfg, bool* resuming) {
+  const fs::path base = fs::path(cfg.run.dir) / cfg.run.name;
+  int64_t newest = -1;
+  if (fs::exists(base))
+    for (const auto& e : fs::directory_iterator(base)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.size() > 1 && n[0] == 'v' && n.find_first_not_of("0123456789", 1) == std::string::npos)
+        newest = std::max<int64_t>(newest, std::stoll(n.substr(1)));
+    }
+  *resuming = false;
+  if (newest >= 0 && cfg.checkpoint.resume == "auto") {
+    const fs::path d = base / ("v" + std::to_string(newest));
+    std::string state;
+    try {
+      std::ifstream in(d / "status.json");
+      if (in) state = nlohmann::json::parse(in).value("state", "");
+    } catch (const std::exception&) {
+    }
+    if (state != "finished" && fs::exists(d / "checkpoints")) {
+      *resuming = true;
+      return d;
+    }
+  }
+  return base / ("v" + std::to_string(newest + 1));
+}
+
+static void write_status(const fs::path& dir, const std::string& state, int64_t step, const std::string& detail = "") {
+  nlohmann::json j = {{"state", state}, {"step", step}, {"pid", ::getpid()}};
+  if (!detail.empty()) j["detail"] = detail;
+  write_file_atomic((dir / "status.json").string(), j.dump(2) + "\n");
+}
+
+static nlohmann::json env_json(const config::ExperimentConfig& cfg, const RunOptions& opt) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  nlohmann::json j = runtime::describe();
+  j["mltrain"] = MLTRAIN_GIT_DESCRIBE;
+  j["host"] = host;
+  j["seed"] = cfg.run.seed;
+  j["command"] = opt.command_line;
+  for (const char* v : {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "RANK", "WORLD_SIZE"})
+    if (const char* val = std::getenv(v)) j["env"][v] = val;
+  return j;
+}
+
+RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
+  runtime::apply({static_cast<int>(cfg.runtime.threads.resolve(0)), cfg.runtime.kernel_route, cfg.runtime.allocator});
+
+  // Data first: a bad file fails before any run folder is created.
+  Splits splits = load_splits(cfg.data);
+
+  RunResult result;
+  fs::path run_dir;
+  std::optional<LoadedCheckpoint> ck;
+  std::vector<std::string> warnings;
+  if (cfg.checkpoint.resume != "auto" && cfg.checkpoint.resume != "never") {
+    ck = CheckpointStore::load_dir(cfg.checkpoint.resume);
+    run_dir = ck->dir.parent_path().parent_path();
+    result.resumed = true;
+  } else {
+    bool resuming = false;
+    run_dir = choose_run_dir(cfg, &resuming);
+    if (resuming) {
+      CheckpointStore probe(run_dir / "checkpoints", {});
+      ck = probe.load_latest(&warnings);
+      for (auto& w : warnings) spdlog::warn("[checkpoint] {}", w);
+      if (!ck && !warnings.empty())
+        throw CheckpointError((run_dir / "checkpoints").string(), "no intact checkpoint to resume from",
+                              "delete the folder or set checkpoint.resume=never to start over");
+      result.resumed = ck.has_value();
+    }
+  }
+  fs::create_directories(run_dir);
+  result.run_dir = run_dir;
+  if (!result.resumed || !fs::exists(run_dir / "config.yaml"))
+    write_file_atomic((run_dir / "config.yaml").string(), config::to_yaml(cfg));
+  write_file_atomic((run_dir / "env.json").string(), env_json(cfg, opt).dump(2) + "\n");
+  spdlog::info("[run] {} {}", result.resumed ? "resuming in" : "writing to", run_dir.string());
+  spdlog::info("[runtime] {}", runtime::describe().dump());
+
+  const int64_t cores = runtime::usable_cores();
+  data::LoaderOptions lo;
+  lo.batch_size = cfg.data.batch_size;
+  lo.workers = cfg.data.workers.resolve(data::auto_workers(cores));
+  lo.prefetch = cfg.data.prefetch;
+  lo.shuffle = cfg.data.shuffle;
+  lo.drop_last = cfg.data.drop_last;
+  lo.seed = static_cast<uint64_t>(cfg.run.seed);
+  lo.mean = static_cast<float>(cfg.data.mean);
+  lo.std = static_cast<float>(cfg.data.std);
+  data::Loader train_loader(splits.train, lo);
+  data::LoaderOptions eo = lo;
+  eo.batch_size = cfg.data.eval_batch_size;
+  eo.shuffle = false;
+  eo.drop_last = false;
+  eo.workers = std::min<int64_t>(lo.workers, 1);
+  data::Loader eval_loader(splits.eval, eo);
+
+  auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
+  auto optimizer = optim::Optimizer::create(cfg.optim, model->named_parameters());
+  spdlog::info("[model] {}: {} parameters; train {} samples, {} {} samples; {} loader workers", model->describe(),
+               model->num_parameters(), splits.train.count, splits.eval_name, splits.eval.count, lo.workers);
+
+  Trainer trainer(cfg, *model, *optimizer, train_loader, eval_loader);
+  CheckpointStore store(run_dir / "checkpoints",
+                        {cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.mode == "max"});
+  if (ck) {
+    restore_checkpoint(*ck, trainer);
+    spdlog::info("[checkpoint] restored {} (step {}, epoch {}, batch {})", ck->dir.string(), ck->step,
+                 trainer.progress().epoch, trainer.progress().batch_in_epoch);
+  }
+  trainer.add_observer(std::make_unique<MetricsWriter>(run_dir));
+  trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
+  trainer.add_observer(std::make_unique<CheckpointWriter>(store));
+
+  install_stop_handlers();
+  write_status(run_dir, "running", trainer.progress().step);
+  try {
+    trainer.fit();
+  } catch (const Interrupted& e) {
+    write_status(run_dir, "interrupted", trainer.progress().step, e.what());
+    throw;
+  } catch (const std::exception& e) {
+    write_status(run_dir, "failed", trainer.progress().step, e.what());
+    throw;
+  }
+
+  // Final numbers on the test split (the eval split is the test split unless val_fraction > 0).
+  EvalResult test;
+  if (splits.eval_name == "test" && trainer.last_eval()) {
+    test = *trainer.last_eval();
+  } else {
+    data::LoaderOptions to = eo;
+    data::Loader test_loader(splits.test, to);
+    test = trainer.evaluate(test_loader);
+  }
+  result.steps = trainer.progress().step;
+  result.test_accuracy = test.accuracy;
+  result.test_loss = test.loss;
+  result.train_seconds = trainer.progress().train_seconds;
+  result.time_to_target = trainer.progress().time_to_target;
+  nlohmann::json summary = {{"event", "summary"},      {"step", result.steps},
+                            {"test_accuracy", test.accuracy}, {"test_loss", test.loss},
+                            {"train_seconds", result.train_seconds}};
+  if (result.time_to_target) summary["time_to_target_s"] = *result.time_to_target;
+  {
+    std::ofstream out(run_dir / "metrics.jsonl", std::ios::app);
+    out << summary.dump() << "\n";
+  }
+  write_status(run_dir, "finished", result.steps);
+  return result;
+}
+
+}  // namespace mltrain::train

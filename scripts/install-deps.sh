@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything mltrain needs on a fresh Debian 12, from Debian's registry only.
+# Idempotent: packages already present are skipped by apt; safe to re-run (CI does).
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU, c10d) and its Gloo backend
+  libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 zlib1g-dev
+
+  dataset-fashion-mnist               # the real data: gzipped IDX under /usr/share/datasets/fashion-mnist
+  python3-torch python3-numpy         # reference values and the Python baseline in benchmarks only
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: installed ${missing[*]}"
