@@ -73,13 +73,9 @@ Overrides parse_overrides(const std::vector<std::string>& items, Issues& issues)
       issues.add(origin, path, "malformed key path (letters, digits, _ and single dots)");
       continue;
     }
-    if (ov.count(path)) {
-      issues.add(origin, path, "given twice on the command line");
-      continue;
-    }
     try {
       YAML::Node v = text.empty() ? YAML::Node(std::string()) : YAML::Load(text);
-      ov[path] = {item, v, false};
+      ov[path] = {item, v, false};  // given twice: the later one wins, as with flags
     } catch (const YAML::Exception& e) {
       issues.add(origin, path, "value is not valid YAML: " + e.msg);
     }

@@ -102,8 +102,31 @@ static nlohmann::json env_json(const config::ExperimentConfig& cfg, const RunOpt
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
   runtime::apply({static_cast<int>(cfg.runtime.threads.resolve(0)), cfg.runtime.kernel_route, cfg.runtime.allocator});
 
-  // Data first: a bad file fails before any run folder is created.
+  // Data, model and optimizer first: bad input fails before any run folder is created.
   Splits splits = load_splits(cfg.data);
+
+  const int64_t cores = runtime::usable_cores();
+  data::LoaderOptions lo;
+  lo.batch_size = cfg.data.batch_size;
+  lo.workers = cfg.data.workers.resolve(data::auto_workers(cores));
+  lo.prefetch = cfg.data.prefetch;
+  lo.shuffle = cfg.data.shuffle;
+  lo.drop_last = cfg.data.drop_last;
+  lo.seed = static_cast<uint64_t>(cfg.run.seed);
+  lo.mean = static_cast<float>(cfg.data.mean);
+  lo.std = static_cast<float>(cfg.data.std);
+  data::Loader train_loader(splits.train, lo);
+  data::LoaderOptions eo = lo;
+  eo.batch_size = cfg.data.eval_batch_size;
+  eo.shuffle = false;
+  eo.drop_last = false;
+  eo.workers = std::min<int64_t>(lo.workers, 1);
+  data::Loader eval_loader(splits.eval, eo);
+
+  auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
+  auto optimizer = optim::Optimizer::create(cfg.optim, model->named_parameters());
+  spdlog::info("[model] {}: {} parameters; train {} samples, {} {} samples; {} loader workers", model->describe(),
+               model->num_parameters(), splits.train.count, splits.eval_name, splits.eval.count, lo.workers);
 
   RunResult result;
   fs::path run_dir;
@@ -133,29 +156,6 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   write_file_atomic((run_dir / "env.json").string(), env_json(cfg, opt).dump(2) + "\n");
   spdlog::info("[run] {} {}", result.resumed ? "resuming in" : "writing to", run_dir.string());
   spdlog::info("[runtime] {}", runtime::describe().dump());
-
-  const int64_t cores = runtime::usable_cores();
-  data::LoaderOptions lo;
-  lo.batch_size = cfg.data.batch_size;
-  lo.workers = cfg.data.workers.resolve(data::auto_workers(cores));
-  lo.prefetch = cfg.data.prefetch;
-  lo.shuffle = cfg.data.shuffle;
-  lo.drop_last = cfg.data.drop_last;
-  lo.seed = static_cast<uint64_t>(cfg.run.seed);
-  lo.mean = static_cast<float>(cfg.data.mean);
-  lo.std = static_cast<float>(cfg.data.std);
-  data::Loader train_loader(splits.train, lo);
-  data::LoaderOptions eo = lo;
-  eo.batch_size = cfg.data.eval_batch_size;
-  eo.shuffle = false;
-  eo.drop_last = false;
-  eo.workers = std::min<int64_t>(lo.workers, 1);
-  data::Loader eval_loader(splits.eval, eo);
-
-  auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
-  auto optimizer = optim::Optimizer::create(cfg.optim, model->named_parameters());
-  spdlog::info("[model] {}: {} parameters; train {} samples, {} {} samples; {} loader workers", model->describe(),
-               model->num_parameters(), splits.train.count, splits.eval_name, splits.eval.count, lo.workers);
 
   Trainer trainer(cfg, *model, *optimizer, train_loader, eval_loader);
   CheckpointStore store(run_dir / "checkpoints",

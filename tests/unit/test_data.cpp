@@ -1,0 +1,242 @@
+// Data engine: IDX / npy / shard readers (accept and reject tables), and the loader.
+#include <catch2/catch.hpp>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "mltrain/core/error.hpp"
+#include "mltrain/data/dataset.hpp"
+#include "mltrain/data/loader.hpp"
+
+using namespace mltrain;
+using namespace mltrain::data;
+namespace fs = std::filesystem;
+
+static const std::string kFmnist = "/usr/share/datasets/fashion-mnist";
+
+static fs::path tmpdir() {
+  auto d = fs::temp_directory_path() / "mltrain_test_data";
+  fs::create_directories(d);
+  return d;
+}
+static std::string put(const std::string& name, const std::string& bytes) {
+  auto p = (tmpdir() / name).string();
+  std::ofstream(p, std::ios::binary) << bytes;
+  return p;
+}
+static std::string idx_bytes(uint8_t type, std::vector<uint32_t> dims, size_t payload) {
+  std::string s = {0, 0, static_cast<char>(type), static_cast<char>(dims.size())};
+  for (auto d : dims)
+    for (int k = 3; k >= 0; --k) s += static_cast<char>((d >> (8 * k)) & 0xff);
+  for (size_t i = 0; i < payload; ++i) s += static_cast<char>(i % 10);
+  return s;
+}
+static std::string npy_bytes(const std::string& descr, const std::string& shape, size_t payload, int major = 1,
+                             const char* fortran = "False") {
+  std::string h = "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
+  const size_t pre = major == 1 ? 10 : 12;
+  while ((pre + h.size() + 1) % 64) h += ' ';
+  h += '\n';
+  std::string s = "\x93NUMPY";
+  s += static_cast<char>(major);
+  s += '\0';
+  const size_t n = h.size();
+  s += static_cast<char>(n & 0xff);
+  s += static_cast<char>((n >> 8) & 0xff);
+  if (major != 1) s += std::string(2, '\0');
+  s += h;
+  s += std::string(payload, '\x01');
+  return s;
+}
+static std::string gz(const std::string& raw, size_t keep) {
+  auto p = (tmpdir() / "tmp.gz").string();
+  gzFile f = gzopen(p.c_str(), "wb");
+  gzwrite(f, raw.data(), static_cast<unsigned>(raw.size()));
+  gzclose(f);
+  std::ifstream in(p, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), {});
+  return all.substr(0, std::min(keep, all.size()));
+}
+static std::string data_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("real Fashion-MNIST IDX files read with the documented shapes", "[idx]") {
+  auto img = read_array(kFmnist + "/train-images-idx3-ubyte.gz");
+  CHECK(img.dtype == DType::kU8);
+  CHECK(img.shape == std::vector<int64_t>{60000, 28, 28});
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz", kFmnist + "/t10k-labels-idx1-ubyte.gz", 10);
+  CHECK(ds.count == 10000);
+  CHECK(ds.sample_shape == std::vector<int64_t>{1, 28, 28});
+  std::vector<int64_t> hist(10, 0);
+  for (int64_t i = 0; i < ds.count; ++i) hist[ds.label(i)]++;
+  for (auto h : hist) CHECK(h == 1000);  // the test split is balanced: 1000 per class
+}
+
+TEST_CASE("IDX accept table", "[idx]") {
+  auto a = read_array(put("ok.idx", idx_bytes(0x08, {3, 2, 2}, 12)));
+  CHECK(a.shape_text() == "3x2x2");
+  auto raw = idx_bytes(0x08, {4}, 4);
+  auto g = read_array(put("ok.idx.gz", gz(raw, 1 << 20)));
+  CHECK(g.shape == std::vector<int64_t>{4});
+  auto f = read_array(put("f32.idx", idx_bytes(0x0D, {2}, 8)));
+  CHECK(f.dtype == DType::kF32);
+}
+
+TEST_CASE("IDX reject table", "[idx]") {
+  const std::pair<std::string, const char*> rows[] = {
+      {idx_bytes(0x08, {3, 2, 2}, 11), "truncated: header says 3x2x2 u8"},
+      {idx_bytes(0x08, {3, 2, 2}, 13), "unexpected trailing bytes"},
+      {std::string("\x01\x02\x08\x01", 4) + "abcd", "wrong magic: not an IDX file"},
+      {idx_bytes(0x07, {2}, 2), "wrong magic: unknown IDX element type 0x07"},
+      {idx_bytes(0x08, {}, 0), "declares 0 dimensions"},
+      {std::string("\0\0", 2), "too short for an IDX header"},
+      {gz(idx_bytes(0x08, {100, 28, 28}, 78400), 200), "gzip"},
+  };
+  int i = 0;
+  for (const auto& [bytes, why] : rows) {
+    INFO(why);
+    auto p = put("bad" + std::to_string(i++) + ".idx", bytes);
+    auto err = data_error([&] { read_array(p); });
+    CHECK_THAT(err, Catch::Contains(why));
+    CHECK_THAT(err, Catch::Contains(p));  // the message names the file
+  }
+}
+
+TEST_CASE("npy accept table: v1/v2 headers; u8, f32, i64", "[npy]") {
+  auto u8 = read_array(put("u8.npy", npy_bytes("|u1", "(3, 2, 2)", 12)));
+  CHECK(u8.dtype == DType::kU8);
+  CHECK(u8.shape_text() == "3x2x2");
+  auto f32 = read_array(put("f32.npy", npy_bytes("<f4", "(5,)", 20, 2)));
+  CHECK(f32.dtype == DType::kF32);
+  CHECK(f32.shape == std::vector<int64_t>{5});
+  auto i64 = read_array(put("i64.npy", npy_bytes("<i8", "(4,)", 32)));
+  CHECK(i64.dtype == DType::kI64);
+}
+
+TEST_CASE("npy reject table", "[npy]") {
+  const std::pair<std::string, const char*> rows[] = {
+      {npy_bytes("|u1", "(3, 2, 2)", 11), "truncated: header says 3x2x2 u8"},
+      {npy_bytes(">f4", "(2,)", 8), ".npy dtype '>f4' is not supported"},
+      {npy_bytes("<c8", "(2,)", 16), "not supported"},
+      {npy_bytes("|u1", "(2, 2)", 4, 1, "True"), "Fortran order"},
+      {npy_bytes("|u1", "()", 1), "scalar"},
+      {std::string("\x93NUMPZ\x01\x00", 8), "wrong magic: not a .npy file"},
+      {npy_bytes("|u1", "(2,)", 2, 9), "version 9 is not supported"},
+  };
+  int i = 0;
+  for (const auto& [bytes, why] : rows) {
+    INFO(why);
+    auto p = put("bad" + std::to_string(i++) + ".npy", bytes);
+    CHECK_THAT(data_error([&] { read_npy(p); }), Catch::Contains(why));
+  }
+}
+
+TEST_CASE("datasets: label range and count mismatch are rejected", "[dataset]") {
+  auto imgs = put("imgs.idx", idx_bytes(0x08, {3, 2, 2}, 12));
+  std::string lab = idx_bytes(0x08, {3}, 0) + std::string("\x01\x02\x0b", 3);
+  auto labs = put("labs.idx", lab);
+  CHECK_THAT(data_error([&] { load_dataset(imgs, labs, 10); }), Catch::Contains("label out of range at index 2: 11 not in [0, 10)"));
+  auto short_labs = put("labs2.idx", idx_bytes(0x08, {2}, 0) + std::string("\x01\x02", 2));
+  CHECK_THAT(data_error([&] { load_dataset(imgs, short_labs, 10); }), Catch::Contains("shape mismatch: 2 labels for 3 images"));
+  CHECK_THAT(data_error([&] { load_dataset("/nonexistent.idx", labs, 10); }), Catch::Contains("file not found"));
+}
+
+TEST_CASE("shard: convert round trip and corruption", "[shard]") {
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz", kFmnist + "/t10k-labels-idx1-ubyte.gz", 10);
+  auto path = (tmpdir() / "test.shard").string();
+  write_shard(ds, path);
+  REQUIRE(is_shard(path));
+  auto back = load_dataset(path, "", 10);
+  CHECK(back.count == ds.count);
+  CHECK(back.sample_shape == ds.sample_shape);
+  CHECK(std::memcmp(back.data, ds.data, ds.count * ds.sample_bytes()) == 0);
+  for (int64_t i = 0; i < ds.count; i += 997) CHECK(back.label(i) == ds.label(i));
+  CHECK(reinterpret_cast<uintptr_t>(back.data) % 4096 == 0);  // records start page-aligned
+  // Truncate it: a clear error, not a crash.
+  fs::resize_file(path, fs::file_size(path) / 2);
+  CHECK_THAT(data_error([&] { read_shard(path); }), Catch::Contains("truncated: shard needs"));
+  CHECK_THAT(data_error([&] { load_dataset(path, "", 5); }), Catch::Contains("truncated"));
+}
+
+TEST_CASE("epoch order is a pure function of (seed, epoch, rank, world)", "[loader]") {
+  auto a = epoch_order(1000, 7, 3, 0, 1, true);
+  CHECK(a == epoch_order(1000, 7, 3, 0, 1, true));
+  CHECK(a != epoch_order(1000, 7, 4, 0, 1, true));
+  CHECK(a != epoch_order(1000, 8, 3, 0, 1, true));
+  CHECK(std::set<int64_t>(a.begin(), a.end()).size() == 1000);
+  // Ranks split one global permutation: disjoint, equal sizes, union = floor(N/world)*world samples.
+  std::set<int64_t> all;
+  for (int r = 0; r < 3; ++r) {
+    auto part = epoch_order(1000, 7, 3, r, 3, true);
+    CHECK(part.size() == 333);
+    all.insert(part.begin(), part.end());
+  }
+  CHECK(all.size() == 999);
+  auto seq = epoch_order(5, 1, 0, 0, 1, false);
+  CHECK(seq == std::vector<int64_t>{0, 1, 2, 3, 4});
+}
+
+static std::vector<torch::Tensor> collect(Loader& l, int64_t epoch, int64_t first = 0) {
+  std::vector<torch::Tensor> out;
+  l.start_epoch(epoch, first);
+  Batch b;
+  while (l.next(b)) out.push_back(torch::cat({b.x.flatten(1), b.y.unsqueeze(1).to(torch::kFloat)}, 1).clone());
+  return out;
+}
+
+TEST_CASE("loader: batches are normalised, identical for any worker count, resumable mid-epoch", "[loader]") {
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz", kFmnist + "/t10k-labels-idx1-ubyte.gz", 10).slice(0, 1000);
+  LoaderOptions o;
+  o.batch_size = 64;
+  o.seed = 5;
+  o.mean = 0.5f;
+  o.std = 0.25f;
+  o.workers = 0;
+  Loader l0(ds, o);
+  CHECK(l0.batches_per_epoch() == 15);  // drop_last: 1000 / 64
+  auto ref = collect(l0, 2);
+  REQUIRE(ref.size() == 15);
+  // Normalisation: check one sample by hand.
+  auto order = epoch_order(1000, 5, 2, 0, 1, true);
+  const uint8_t* px = ds.sample(order[0]);
+  for (int j : {0, 100, 400, 783})
+    CHECK(ref[0][0][j].item<float>() == Approx((px[j] / 255.f - 0.5f) / 0.25f).epsilon(1e-6));
+  CHECK(ref[0][0][784].item<float>() == ds.label(order[0]));
+  for (int64_t w : {1, 2, 3}) {
+    o.workers = w;
+    o.prefetch = 2;
+    Loader lw(ds, o);
+    auto got = collect(lw, 2);
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(torch::equal(got[i], ref[i]));
+  }
+  // Resume at batch 9 gives exactly the tail.
+  o.workers = 2;
+  Loader lr(ds, o);
+  auto tail = collect(lr, 2, 9);
+  REQUIRE(tail.size() == 6);
+  for (size_t i = 0; i < tail.size(); ++i) CHECK(torch::equal(tail[i], ref[9 + i]));
+  // No drop_last: a short final batch.
+  o.drop_last = false;
+  o.shuffle = false;
+  Loader ll(ds, o);
+  auto all = collect(ll, 0);
+  CHECK(all.size() == 16);
+  CHECK(all.back().size(0) == 1000 - 15 * 64);
+}
+
+TEST_CASE("normalize_u8 matches the scalar formula for every byte", "[loader]") {
+  std::vector<uint8_t> src(256 + 7);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i);
+  std::vector<float> dst(src.size());
+  normalize_u8(src.data(), dst.data(), static_cast<int64_t>(src.size()), 0.5f, -1.f);
+  for (size_t i = 0; i < src.size(); ++i) CHECK(dst[i] == static_cast<float>(src[i]) * 0.5f - 1.f);
+}
