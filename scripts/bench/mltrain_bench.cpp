@@ -1,0 +1,148 @@
+// Benchmark driver (never a timed test): prints one JSON line per measurement.
+//
+//   mltrain_bench bare   CONFIG [k=v ...]  fixed batch: forward + loss + backward + optimizer step only
+//   mltrain_bench train  CONFIG [k=v ...]  the real Trainer loop (loader, observers) for train.duration
+//   mltrain_bench loader CONFIG [k=v ...]  loader only: shuffled, normalised float batches
+//
+// Steps come from train.duration (e.g. train.duration=300u); the first `warmup` steps are not timed.
+#include <sys/resource.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "mltrain/config/experiment.hpp"
+#include "mltrain/core/runtime.hpp"
+#include "mltrain/data/loader.hpp"
+#include "mltrain/model/model.hpp"
+#include "mltrain/optim/optimizer.hpp"
+#include "mltrain/train/observers.hpp"
+#include "mltrain/train/run.hpp"
+#include "mltrain/train/trainer.hpp"
+
+using namespace mltrain;
+using Clock = std::chrono::steady_clock;
+
+static double secs(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+
+static int bench_main(int argc, char** argv);
+
+int main(int argc, char** argv) {
+  try {
+    return bench_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+static int bench_main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: mltrain_bench bare|train|loader CONFIG [key=value ...]\n";
+    return 2;
+  }
+  const std::string mode = argv[1];
+  if (mode == "gemm") {  // mltrain_bench gemm native|onednn THREADS: fp32 GEMM throughput per route
+    runtime::apply({std::stoi(argc > 3 ? argv[3] : "0"), argv[2], "retain"});
+    for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}}) {
+      auto a = torch::randn({m, k}), b = torch::randn({k, n});
+      for (int i = 0; i < 3; ++i) torch::mm(a, b);
+      int iters = 0;
+      auto t0 = Clock::now();
+      while (secs(t0) < 0.5 || iters < 3) torch::mm(a, b), ++iters;
+      std::cout << nlohmann::json{{"mode", "gemm"}, {"route", argv[2]}, {"threads", at::get_num_threads()},
+                                  {"m", m}, {"k", k}, {"n", n}, {"gflops", 2.0 * m * k * n * iters / secs(t0) / 1e9}}.dump()
+                << std::endl;
+    }
+    return 0;
+  }
+  std::vector<std::string> ov(argv + 3, argv + argc);
+  auto cfg = config::load_experiment(argv[2], ov);
+  runtime::apply({static_cast<int>(cfg.runtime.threads.resolve(0)), cfg.runtime.kernel_route, cfg.runtime.allocator});
+  auto splits = train::load_splits(cfg.data);
+  const int64_t steps = cfg.train.duration.to_steps(splits.train.count / cfg.data.batch_size);
+  const int64_t warmup = std::min<int64_t>(20, steps / 5);
+
+  data::LoaderOptions lo;
+  lo.batch_size = cfg.data.batch_size;
+  lo.workers = cfg.data.workers.resolve(data::auto_workers(runtime::usable_cores()));
+  lo.prefetch = cfg.data.prefetch;
+  lo.seed = cfg.run.seed;
+  lo.mean = cfg.data.mean;
+  lo.std = cfg.data.std;
+  nlohmann::json out = {{"mode", mode}, {"model", cfg.model.name}, {"batch", lo.batch_size},
+                        {"threads", at::get_num_threads()}, {"route", runtime::kernel_route()},
+                        {"allocator", cfg.runtime.allocator}};
+
+  if (mode == "loader") {
+    data::Loader loader(splits.train, lo);
+    int64_t n = 0, epoch = 0;
+    data::Batch b;
+    double sink = 0;
+    auto t0 = Clock::now();
+    while (n < steps) {
+      loader.start_epoch(epoch++);
+      while (n < steps && loader.next(b)) {
+        sink += b.x.data_ptr<float>()[0];  // touch the batch
+        if (++n == warmup) t0 = Clock::now();
+      }
+    }
+    out["workers"] = lo.workers;
+    out["samples_per_s"] = (steps - warmup) * lo.batch_size / secs(t0);
+    out["sink"] = sink;
+  } else if (mode == "bare") {
+    auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
+    auto opt = optim::Optimizer::create(cfg.optim, model->named_parameters());
+    data::Loader loader(splits.train, lo);
+    loader.start_epoch(0);
+    data::Batch b;
+    loader.next(b);
+    auto x = b.x.clone(), y = b.y.clone();
+    const int64_t f0 = runtime::minor_faults();
+    auto t0 = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      if (i == warmup) t0 = Clock::now();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      opt->zero_grad();
+      loss.backward();
+      opt->step(cfg.optim.lr);
+    }
+    out["samples_per_s"] = (steps - warmup) * lo.batch_size / secs(t0);
+    out["minor_faults_per_step"] = double(runtime::minor_faults() - f0) / steps;
+  } else if (mode == "train") {
+    auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
+    auto opt = optim::Optimizer::create(cfg.optim, model->named_parameters());
+    data::Loader loader(splits.train, lo);
+    data::LoaderOptions eo = lo;
+    eo.shuffle = false;
+    eo.drop_last = false;
+    data::Loader eval(splits.test, eo);
+    cfg.train.eval_every = config::Period::never();
+    // Warm-up run (allocator, oneDNN kernel caches), then the timed run of the same loop.
+    auto warm_cfg = cfg;
+    warm_cfg.train.duration = config::Period::steps(warmup);
+    train::Trainer warm(warm_cfg, *model, *opt, loader, eval);
+    warm.fit();
+    train::Trainer trainer(cfg, *model, *opt, loader, eval);
+    auto tmp = std::filesystem::temp_directory_path() / "mltrain_bench_run";
+    std::filesystem::remove_all(tmp);
+    std::filesystem::create_directories(tmp);
+    trainer.add_observer(std::make_unique<train::MetricsWriter>(tmp));
+    const int64_t f0 = runtime::minor_faults();
+    auto t0 = Clock::now();
+    trainer.fit();
+    const double s = secs(t0);
+    out["workers"] = lo.workers;
+    out["samples_per_s"] = steps * lo.batch_size / s;
+    out["data_wait_share"] = trainer.data_wait_seconds() / s;
+    out["minor_faults_per_step"] = double(runtime::minor_faults() - f0) / steps;
+  } else {
+    std::cerr << "unknown mode " << mode << "\n";
+    return 2;
+  }
+  out["peak_rss_mib"] = runtime::peak_rss_kib() / 1024.0;
+  std::cout << out.dump() << std::endl;
+  return 0;
+}

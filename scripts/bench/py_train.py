@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""Python baselines for scripts/bench/train_speed.sh (Debian python3-torch 1.13).
+
+--mode idiomatic: what a PyTorch tutorial writes. nn.Linear/nn.Conv2d, a Dataset over a numpy
+    memmap with per-sample normalisation, DataLoader(batch_size=128, shuffle=True), Adam.
+--mode expert: the same model given mltrain's three fixes: Linear through oneDNN's sgemm (a
+    custom autograd Function calling libdnnl's dnnl_sgemm, as mltrain's kernel route does),
+    glibc's allocator told to keep memory (the bench sets MALLOC_*_ env vars for this process),
+    and torch.set_num_threads(cores); plus a preloaded, pre-normalised tensor with index_select
+    batches instead of a DataLoader.
+Prints one JSON line: samples/s over the timed steps and peak RSS.
+"""
+import argparse, ctypes, json, os, resource, time
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", choices=["mlp", "cnn"], required=True)
+p.add_argument("--mode", choices=["idiomatic", "expert"], required=True)
+p.add_argument("--images", required=True, help=".npy of uint8 [N,28,28]")
+p.add_argument("--labels", required=True, help=".npy of int64 [N]")
+p.add_argument("--steps", type=int, default=300)
+p.add_argument("--warmup", type=int, default=20)
+args = p.parse_args()
+torch.manual_seed(0)
+MEAN, STD = 0.2860, 0.3530
+
+_dnnl = ctypes.CDLL("libdnnl.so.2")
+_sgemm = _dnnl.dnnl_sgemm
+_sgemm.argtypes = [ctypes.c_char, ctypes.c_char] + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+
+
+def sgemm(a, ta, b, tb, m, n, k, out, beta=0.0):
+    """out[m,n] = op(a) @ op(b) (+ beta*out); a, b contiguous row-major."""
+    lda = a.shape[1]
+    ldb = b.shape[1]
+    _sgemm(b"T" if ta else b"N", b"T" if tb else b"N", m, n, k, 1.0, a.data_ptr(), lda, b.data_ptr(), ldb, beta,
+           out.data_ptr(), n)
+    return out
+
+
+class DnnlLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b):
+        x = x.contiguous()
+        m, k = x.shape
+        n = w.shape[0]
+        y = b.expand(m, n).contiguous()
+        sgemm(x, False, w, True, m, n, k, y, beta=1.0)
+        ctx.save_for_backward(x, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g = g.contiguous()
+        m, n = g.shape
+        k = x.shape[1]
+        gx = sgemm(g, False, w, False, m, k, n, torch.empty(m, k))
+        gw = sgemm(g, True, x, False, n, k, m, torch.empty(n, k))
+        return gx, gw, g.sum(0)
+
+
+class DnnlLinear(nn.Linear):
+    def forward(self, x):
+        return DnnlLinearFn.apply(x, self.weight, self.bias)
+
+
+Linear = DnnlLinear if args.mode == "expert" else nn.Linear
+
+
+class MLP(nn.Module):  # configs/fashion_mnist_mlp.yaml
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), Linear(784, 512), nn.ReLU(), nn.Dropout(0.1), Linear(512, 256), nn.ReLU(),
+                                  nn.Dropout(0.1), Linear(256, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class CNN(nn.Module):  # configs/fashion_mnist_cnn.yaml
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 5, padding=2, bias=False)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Conv2d(32, 64, 5, padding=2, bias=False)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.fc1 = Linear(64 * 7 * 7, 256)
+        self.fc2 = Linear(256, 10)
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(self.drop(x))
+
+
+model = MLP() if args.model == "mlp" else CNN()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+images = np.load(args.images, mmap_mode="r")
+labels = np.load(args.labels, mmap_mode="r")
+
+
+class MemmapDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(labels)
+
+    def __getitem__(self, i):
+        x = torch.from_numpy(np.asarray(images[i], dtype=np.float32) / 255.0)
+        return ((x - MEAN) / STD).unsqueeze(0), int(labels[i])
+
+
+def batches():
+    if args.mode == "idiomatic":
+        loader = torch.utils.data.DataLoader(MemmapDataset(), batch_size=128, shuffle=True, drop_last=True)
+        while True:
+            yield from loader
+    else:
+        torch.set_num_threads(os.cpu_count())
+        x_all = ((torch.from_numpy(np.ascontiguousarray(images)).float() / 255.0 - MEAN) / STD).unsqueeze(1)
+        y_all = torch.from_numpy(np.ascontiguousarray(labels)).long()
+        while True:
+            perm = torch.randperm(len(y_all))
+            for s in range(0, len(perm) - 127, 128):
+                idx = perm[s:s + 128]
+                yield x_all.index_select(0, idx), y_all.index_select(0, idx)
+
+
+model.train()
+it = batches()
+t0 = time.perf_counter()
+for step in range(args.steps):
+    if step == args.warmup:
+        t0 = time.perf_counter()
+    x, y = next(it)
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+dt = time.perf_counter() - t0
+print(json.dumps({"mode": args.mode, "model": args.model, "threads": torch.get_num_threads(),
+                  "samples_per_s": (args.steps - args.warmup) * 128 / dt,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))

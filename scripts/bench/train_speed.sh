@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Training and loader throughput of mltrain against PyTorch Python scripts, all in one invocation
+# on the same machine with the same libraries, printing ratios against issue #2's targets.
+#
+#   scripts/bench/train_speed.sh            # ~6 minutes on 2 cores
+#   QUICK=1 scripts/bench/train_speed.sh    # fewer steps
+#
+# Never part of the test suite: timings belong here, not in tests.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ -x build/mltrain_bench ] || bash scripts/build.sh >/dev/null
+BENCH=build/mltrain_bench
+PY=/usr/bin/python3   # Debian's python3-torch, whatever pyenv says
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+Q=${QUICK:-0}
+# glibc tunables equivalent to mltrain's "retain" allocator policy, for the expert Python run.
+RETAIN_ENV="MALLOC_MMAP_THRESHOLD_=536870912 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=16777216"
+
+$PY - "$TMP" <<'PYEOF'
+import gzip, sys, numpy as np
+d = "/usr/share/datasets/fashion-mnist/"
+img = np.frombuffer(gzip.open(d + "train-images-idx3-ubyte.gz").read(), np.uint8, offset=16).reshape(-1, 28, 28)
+lab = np.frombuffer(gzip.open(d + "train-labels-idx1-ubyte.gz").read(), np.uint8, offset=8).astype(np.int64)
+np.save(sys.argv[1] + "/images.npy", img); np.save(sys.argv[1] + "/labels.npy", lab)
+PYEOF
+
+# Echo a measurement to stderr and pass it on (tee /dev/stderr would reopen a redirected log with O_TRUNC).
+show() { local o; o=$(cat); echo "$o" >&2; echo "$o"; }
+jget() { $PY -c "import json,sys; print(json.loads(sys.stdin.readlines()[-1])['$1'])"; }
+ratio() { $PY -c "print(f'{$1/$2:.2f}')"; }
+declare -A R
+
+echo "== kernel route: fp32 GEMM GFLOP/s (LibTorch's BLAS call vs oneDNN sgemm)"
+for route in native onednn; do $BENCH gemm $route 0; done | tee "$TMP/gemm.jsonl"
+
+for model in mlp cnn; do
+  cfg=configs/fashion_mnist_$model.yaml
+  if [ "$model" = mlp ]; then ms=600; ps=120; else ms=200; ps=60; fi
+  [ "$Q" = 1 ] && ms=$((ms / 3)) && ps=$((ps / 2))
+  echo "== $model"
+  R[$model.bare]=$($BENCH bare $cfg train.duration=${ms}u | show | jget samples_per_s)
+  out=$($BENCH train $cfg train.duration=${ms}u | show)
+  R[$model.train]=$(echo "$out" | jget samples_per_s)
+  R[$model.rss]=$(echo "$out" | jget peak_rss_mib)
+  out=$($PY scripts/bench/py_train.py --model $model --mode idiomatic --images $TMP/images.npy --labels $TMP/labels.npy --steps $ps | show)
+  R[$model.py]=$(echo "$out" | jget samples_per_s)
+  R[$model.pyrss]=$(echo "$out" | jget peak_rss_mib)
+  out=$(env $RETAIN_ENV $PY scripts/bench/py_train.py --model $model --mode expert --images $TMP/images.npy --labels $TMP/labels.npy --steps $ms | show)
+  R[$model.pyx]=$(echo "$out" | jget samples_per_s)
+done
+
+echo "== allocator and threads (CNN, bare step): each fix alone"
+for a in "runtime.allocator=system" "runtime.allocator=retain" "runtime.threads=1" "runtime.kernel_route=native train.duration=40u"; do
+  echo -n "$a: "; $BENCH bare configs/fashion_mnist_cnn.yaml train.duration=120u $a
+done
+
+echo "== loader only (shuffled, normalised float batches of 128)"
+for w in 0 1 2 auto; do
+  out=$($BENCH loader configs/fashion_mnist_cnn.yaml data.workers=$w train.duration=4000u | show)
+  R[loader.$w]=$(echo "$out" | jget samples_per_s)
+done
+
+echo
+echo "== summary (targets from issue #2)"
+printf "%-44s %12s %10s %s\n" "measure" "value" "ratio" "target"
+for model in mlp cnn; do
+  if [ $model = mlp ]; then t1=15; t2=1.2; else t1=3.5; t2=1.1; fi
+  printf "%-44s %12.0f %10s %s\n" "$model mltrain train loop samples/s" "${R[$model.train]}" "" ""
+  printf "%-44s %12.0f %10s %s\n" "$model idiomatic PyTorch script samples/s" "${R[$model.py]}" "$(ratio ${R[$model.train]} ${R[$model.py]})x" ">= ${t1}x"
+  printf "%-44s %12.0f %10s %s\n" "$model expert PyTorch (same 3 fixes) samples/s" "${R[$model.pyx]}" "$(ratio ${R[$model.train]} ${R[$model.pyx]})x" ">= ${t2}x"
+  printf "%-44s %12.0f %10s %s\n" "$model bare fwd/bwd/step samples/s" "${R[$model.bare]}" "$(ratio ${R[$model.bare]} ${R[$model.train]})x" "<= 1.10x (loop overhead <= 10%)"
+  printf "%-44s %12.0f %10s %s\n" "$model peak RSS MiB: mltrain vs idiomatic Python" "${R[$model.rss]}" "$(ratio ${R[$model.rss]} ${R[$model.pyrss]})x" "<= 1.00x"
+done
+for w in 0 1 2 auto; do
+  printf "%-44s %12.0f %10s %s\n" "loader-only samples/s, workers=$w" "${R[loader.$w]}" "" ">= 2000000"
+done
