@@ -83,6 +83,7 @@ struct ModelConfig {
   std::vector<int64_t> widths = {32, 64, 128};
   std::vector<int64_t> depths = {2, 2, 2};
   bool batchnorm = true;
+  bool channels_last = true;
   double dropout = 0.25;
   std::string init = "default";
   std::string path = "";
@@ -94,6 +95,8 @@ struct ModelConfig {
     v.field("widths", widths, "resnet: channels per stage", each_positive());
     v.field("depths", depths, "resnet: basic blocks per stage", each_positive());
     v.field("batchnorm", batchnorm, "mlp/cnn: BatchNorm after each hidden layer (resnet always has it)");
+    v.field("channels_last", channels_last,
+            "cnn/resnet: NHWC activations and weights (oneDNN convolutions skip layout reorders)");
     v.field("dropout", dropout, "dropout before the classifier", in_range(0.0, 0.95));
     v.field("init", init, "weight init",
             one_of({"default", "kaiming_normal", "kaiming_uniform", "xavier_normal", "xavier_uniform", "orthogonal"}));
@@ -119,6 +122,8 @@ struct OptimConfig {
   bool nesterov = false;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::string schedule = "constant";
+  double eta_min = 0.0;
   std::vector<ParamGroupConfig> param_groups;
   template <class V> void visit(V& v) {
     v.field("name", name, "optimizer", one_of({"sgd", "adam", "adamw"}));
@@ -129,6 +134,9 @@ struct OptimConfig {
     v.field("beta1", beta1, "adam/adamw: first-moment decay", in_range(0.0, 0.999999));
     v.field("beta2", beta2, "adam/adamw: second-moment decay", in_range(0.0, 0.999999));
     v.field("eps", eps, "adam/adamw: denominator epsilon", positive<double>());
+    v.field("schedule", schedule, "learning-rate schedule over train.duration (a pure function of the step)",
+            one_of({"constant", "cosine"}));
+    v.field("eta_min", eta_min, "cosine: the learning rate reached at the end", non_negative<double>());
     v.list("param_groups", param_groups, "per-parameter-group overrides; the first matching pattern wins");
   }
 };
