@@ -52,6 +52,16 @@ target = torch.tensor([0, 4, 2, 2, 1, 3])
 out["cross_entropy"] = {"logits": logits.flatten().tolist(), "target": target.tolist(),
                         "loss": torch.nn.functional.cross_entropy(logits, target).item()}
 
+# CosineAnnealingLR: the closed form PyTorch documents (its recursive step() drifts from it by
+# rounding; mltrain matches the closed form, a pure function of the step).
+sched_p = torch.nn.Parameter(torch.zeros(1))
+sched_opt = torch.optim.SGD([sched_p], lr=0.1)
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(sched_opt, T_max=2000, eta_min=0.001)
+out["cosine"] = {"lr": 0.1, "eta_min": 0.001, "T_max": 2000, "values": []}
+for t in range(2001):
+    sched.last_epoch = t
+    out["cosine"]["values"].append(sched._get_closed_form_lr()[0])
+
 with open("tests/golden/optim.json", "w") as f:
     json.dump(out, f, indent=1)
 

@@ -263,3 +263,21 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
   for (auto& k : s2.complete()) names.push_back(k.filename().string());
   CHECK(names == std::vector<std::string>{"step_2", "step_3"});
 }
+
+#include "mltrain/optim/schedule.hpp"
+
+TEST_CASE("cosine schedule equals PyTorch's CosineAnnealingLR closed form over 2000 steps", "[schedule]") {
+  std::ifstream in(std::string(MLTRAIN_SOURCE_DIR) + "/tests/golden/optim.json");
+  auto golden = nlohmann::json::parse(in)["cosine"];
+  config::OptimConfig oc;
+  oc.schedule = "cosine";
+  oc.lr = golden["lr"];
+  oc.eta_min = golden["eta_min"];
+  const int64_t T = golden["T_max"];
+  const auto values = golden["values"].get<std::vector<double>>();
+  REQUIRE(values.size() == 2001);
+  for (int64_t t = 0; t <= T; ++t) REQUIRE(std::abs(optim::scheduled_lr(oc, t, T) - values[t]) <= 1e-9 * oc.lr);
+  CHECK(optim::scheduled_lr(oc, T + 50, T) == Approx(oc.eta_min));  // held at eta_min afterwards
+  oc.schedule = "constant";
+  CHECK(optim::scheduled_lr(oc, 1234, T) == oc.lr);
+}

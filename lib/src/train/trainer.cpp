@@ -1,7 +1,9 @@
 #include "mltrain/train/trainer.hpp"
 
+
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/signals.hpp"
+#include "mltrain/optim/schedule.hpp"
 
 namespace mltrain::train {
 
@@ -18,7 +20,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
   total_steps_ = cfg_.train.duration.to_steps(steps_per_epoch_);
 }
 
-double Trainer::lr_at(int64_t) const { return cfg_.optim.lr; }  // schedules: issue #3
+double Trainer::lr_at(int64_t step) const { return optim::scheduled_lr(cfg_.optim, step, total_steps_); }
 
 EvalResult Trainer::evaluate(data::Loader& loader) {
   const auto t0 = Clock::now();
@@ -79,7 +81,7 @@ void Trainer::fit() {
       }
       progress_.train_seconds = seconds_before + since(fit_start);
 
-      if ((eval_every > 0 && progress_.step % eval_every == 0) || progress_.step == total_steps_) {
+      if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_)) {
         last_eval_ = evaluate(eval_);
         if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
             last_eval_->accuracy >= cfg_.train.target_accuracy)
