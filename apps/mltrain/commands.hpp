@@ -9,4 +9,5 @@ using Action = std::function<int()>;
 void setup_train(CLI::App& app, Action& run);
 void setup_config(CLI::App& app, Action& run);
 void setup_data(CLI::App& app, Action& run);
+void setup_schedule(CLI::App& app, Action& run);
 }  // namespace mltrain::cli

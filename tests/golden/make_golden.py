@@ -52,15 +52,72 @@ target = torch.tensor([0, 4, 2, 2, 1, 3])
 out["cross_entropy"] = {"logits": logits.flatten().tolist(), "target": target.tolist(),
                         "loss": torch.nn.functional.cross_entropy(logits, target).item()}
 
-# CosineAnnealingLR: the closed form PyTorch documents (its recursive step() drifts from it by
-# rounding; mltrain matches the closed form, a pure function of the step).
-sched_p = torch.nn.Parameter(torch.zeros(1))
-sched_opt = torch.optim.SGD([sched_p], lr=0.1)
-sched = torch.optim.lr_scheduler.CosineAnnealingLR(sched_opt, T_max=2000, eta_min=0.001)
-out["cosine"] = {"lr": 0.1, "eta_min": 0.001, "T_max": 2000, "values": []}
-for t in range(2001):
-    sched.last_epoch = t
-    out["cosine"]["values"].append(sched._get_closed_form_lr()[0])
+# LR schedulers: the LR PyTorch's optimizer uses at each of N steps (read before scheduler.step()).
+# "recursive" is what PyTorch's step() produces; for CosineAnnealingLR its recursive update drifts
+# from its own documented closed form, so "closed" (mltrain's target) is recorded as well.
+import math
+from torch.optim import lr_scheduler as S
+
+
+def run_sched(make, n=2001, metrics=None):
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sch = make(opt)
+    lrs = []
+    for t in range(n):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        if metrics is None:
+            sch.step()
+        elif t in metrics:
+            sch.step(metrics[t])
+    return lrs
+
+
+def cos_closed(t, T, base, eta):
+    return eta + (base - eta) * (1 + math.cos(math.pi * min(t, T) / T)) / 2
+
+
+scripted = {}  # plateau: a loss that improves, stalls, improves a little, stalls
+v = 1.0
+for k, t in enumerate(range(49, 2001, 50)):
+    v = v * 0.9 if k < 8 or 14 <= k < 17 else v * 1.00001
+    scripted[t] = v
+sched = {
+    "step": ({"name": "step", "step_size": 300, "gamma": 0.5}, run_sched(lambda o: S.StepLR(o, 300, gamma=0.5))),
+    "multistep": ({"name": "multistep", "milestones": [500, 1200, 1700], "gamma": 0.3},
+                  run_sched(lambda o: S.MultiStepLR(o, [500, 1200, 1700], gamma=0.3))),
+    "exponential": ({"name": "exponential", "gamma": 0.999}, run_sched(lambda o: S.ExponentialLR(o, 0.999))),
+    "cosine": ({"name": "cosine", "eta_min": 0.001, "total": 2000},
+               [cos_closed(t, 2000, 0.1, 0.001) for t in range(2001)]),
+    "cosine_restarts_mult2": ({"name": "cosine_restarts", "t0": 100, "t_mult": 2, "eta_min": 0.001},
+                              run_sched(lambda o: S.CosineAnnealingWarmRestarts(o, 100, T_mult=2, eta_min=0.001))),
+    "cosine_restarts_mult1": ({"name": "cosine_restarts", "t0": 300, "t_mult": 1, "eta_min": 0.0},
+                              run_sched(lambda o: S.CosineAnnealingWarmRestarts(o, 300, T_mult=1))),
+    "onecycle_cos": ({"name": "onecycle", "total": 2001, "pct_start": 0.3, "anneal": "cos"},
+                     run_sched(lambda o: S.OneCycleLR(o, max_lr=0.1, total_steps=2001, pct_start=0.3,
+                                                      cycle_momentum=False))),
+    "onecycle_linear": ({"name": "onecycle", "total": 2001, "pct_start": 0.25, "anneal": "linear"},
+                        run_sched(lambda o: S.OneCycleLR(o, max_lr=0.1, total_steps=2001, pct_start=0.25,
+                                                         anneal_strategy="linear", cycle_momentum=False))),
+    "warmup_step": ({"name": "step", "step_size": 300, "gamma": 0.5, "warmup": 200, "warmup_start": 0.1},
+                    run_sched(lambda o: S.SequentialLR(o, [S.LinearLR(o, 0.1, total_iters=200), S.StepLR(o, 300, 0.5)],
+                                                       milestones=[200]))),
+    "warmup_cosine": ({"name": "cosine", "eta_min": 0.0, "warmup": 200, "warmup_start": 0.1, "total": 2000},
+                      [0.1 * (0.1 + 0.9 * t / 200) if t < 200 else cos_closed(t - 200, 1800, 0.1, 0.0)
+                       for t in range(2001)]),
+    "plateau": ({"name": "plateau", "gamma": 0.5, "patience": 3, "threshold": 1e-4, "cooldown": 2, "min_lr": 1e-3,
+                 "mode": "min", "evals": scripted},
+                run_sched(lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=3, threshold=1e-4, cooldown=2,
+                                                        min_lr=1e-3), metrics=scripted)),
+}
+recursive_cos = run_sched(lambda o: S.CosineAnnealingLR(o, 2000, eta_min=0.001))
+warm_cos_recursive = run_sched(lambda o: S.SequentialLR(
+    o, [S.LinearLR(o, 0.1, total_iters=200), S.CosineAnnealingLR(o, 1800)], milestones=[200]))
+out["schedules"] = {k: {"config": c, "lr": 0.1, "values": v} for k, (c, v) in sched.items()}
+out["schedules"]["plateau"]["config"]["evals"] = [[t, m] for t, m in scripted.items()]
+out["cosine_recursive_drift"] = max(abs(a - b) for a, b in zip(recursive_cos, sched["cosine"][1]))
+out["warmup_cosine_recursive_drift"] = max(abs(a - b) for a, b in zip(warm_cos_recursive, sched["warmup_cosine"][1]))
 
 with open("tests/golden/optim.json", "w") as f:
     json.dump(out, f, indent=1)

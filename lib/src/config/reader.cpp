@@ -162,6 +162,7 @@ static std::string decode_list(const YAML::Node& n, std::vector<T>& out) {
 }
 std::string decode(const YAML::Node& n, std::vector<int64_t>& out) { return decode_list(n, out); }
 std::string decode(const YAML::Node& n, std::vector<double>& out) { return decode_list(n, out); }
+std::string decode(const YAML::Node& n, std::vector<Period>& out) { return decode_list(n, out); }
 
 void Reader::finish() {
   if (!node_.IsMap()) return;

@@ -3,14 +3,97 @@
 #include <algorithm>
 #include <cmath>
 
+#include "mltrain/core/error.hpp"
+
 namespace mltrain::optim {
 
-double scheduled_lr(const config::OptimConfig& o, int64_t step, int64_t total_steps) {
-  if (o.schedule == "cosine") {
-    const double t = static_cast<double>(std::min(step, total_steps)) / static_cast<double>(std::max<int64_t>(1, total_steps));
-    return o.eta_min + (o.lr - o.eta_min) * (1 + std::cos(M_PI * t)) / 2;
+Schedule::Schedule(const config::ScheduleConfig& cfg, double base_lr, int64_t total_steps, int64_t spe)
+    : cfg_(cfg), base_(base_lr), total_(total_steps) {
+  warmup_ = cfg.warmup.to_steps(spe);
+  step_size_ = cfg.step_size.to_steps(spe);
+  t0_ = cfg.t0.to_steps(spe);
+  for (const auto& m : cfg.milestones) milestones_.push_back(m.to_steps(spe));
+  std::sort(milestones_.begin(), milestones_.end());
+}
+
+// Closed forms. t counts optimizer steps after the warm-up; span = steps the schedule covers.
+double Schedule::inner(int64_t t, int64_t span) const {
+  const auto& c = cfg_;
+  const double pi = M_PI;
+  if (c.name == "constant") return base_;
+  if (c.name == "step") return base_ * std::pow(c.gamma, static_cast<double>(t / std::max<int64_t>(1, step_size_)));
+  if (c.name == "multistep") {
+    const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), t) - milestones_.begin();
+    return base_ * std::pow(c.gamma, static_cast<double>(passed));
   }
-  return o.lr;
+  if (c.name == "exponential") return base_ * std::pow(c.gamma, static_cast<double>(t));
+  if (c.name == "cosine") {  // CosineAnnealingLR, T_max = span; held at eta_min afterwards
+    const double x = static_cast<double>(std::min(t, span)) / static_cast<double>(std::max<int64_t>(1, span));
+    return c.eta_min + (base_ - c.eta_min) * (1 + std::cos(pi * x)) / 2;
+  }
+  if (c.name == "cosine_restarts") {  // CosineAnnealingWarmRestarts(T_0, T_mult, eta_min)
+    // Walk the restarts in integers (T_i grows by T_mult each cycle), as PyTorch's counter does.
+    int64_t t_cur = t, t_i = std::max<int64_t>(1, t0_);
+    while (t_cur >= t_i) {
+      t_cur -= t_i;
+      t_i *= c.t_mult;
+    }
+    return c.eta_min + (base_ - c.eta_min) * (1 + std::cos(pi * static_cast<double>(t_cur) / static_cast<double>(t_i))) / 2;
+  }
+  if (c.name == "onecycle") {  // OneCycleLR(max_lr = base lr, total_steps = span)
+    const double initial = base_ / c.div_factor, min_lr = initial / c.final_div_factor;
+    const double end1 = c.pct_start * span - 1, end2 = static_cast<double>(span - 1);
+    auto anneal = [&](double start, double end, double pct) {
+      return c.anneal == "cos" ? end + (start - end) / 2 * (std::cos(pi * pct) + 1) : (end - start) * pct + start;
+    };
+    const double s = static_cast<double>(t);
+    if (s <= end1) return anneal(initial, base_, s / end1);
+    return anneal(base_, min_lr, (s - end1) / (end2 - end1));
+  }
+  if (c.name == "plateau") return base_;  // scaled by plateau_lr()
+  throw ConfigError("schedule.name", "unknown schedule '" + c.name + "'");
+}
+
+// ReduceLROnPlateau replayed over the recorded (step, metric) history: the LR at `step` depends
+// only on evaluations recorded before it.
+double Schedule::plateau_lr(int64_t step) const {
+  const auto& c = cfg_;
+  double lr = base_, best = c.mode == "min" ? INFINITY : -INFINITY;
+  int64_t bad = 0, cooldown = 0;
+  for (const auto& [s, v] : history_) {
+    if (s > step) break;
+    const bool better = c.mode == "min" ? v < best * (1 - c.threshold) : v > best * (1 + c.threshold);
+    if (std::isfinite(v) && better) {
+      best = v;
+      bad = 0;
+    } else {
+      ++bad;
+    }
+    if (cooldown > 0) {
+      --cooldown;
+      bad = 0;
+    }
+    if (bad > c.patience) {
+      const double reduced = std::max(lr * c.gamma, c.min_lr);
+      if (lr - reduced > 1e-8) lr = reduced;  // PyTorch's eps: ignore negligible changes
+      cooldown = c.cooldown;
+      bad = 0;
+    }
+  }
+  return lr;
+}
+
+double Schedule::lr(int64_t step) const {
+  if (step < warmup_) {
+    const double f = cfg_.warmup_start + (1 - cfg_.warmup_start) * static_cast<double>(step) / static_cast<double>(warmup_);
+    return base_ * f;
+  }
+  const double v = inner(step - warmup_, std::max<int64_t>(1, total_ - warmup_));
+  return cfg_.name == "plateau" ? plateau_lr(step) : v;
+}
+
+void Schedule::observe(int64_t step, double metric) {
+  if (cfg_.name == "plateau") history_.emplace_back(step, metric);
 }
 
 }  // namespace mltrain::optim

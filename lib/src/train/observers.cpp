@@ -107,6 +107,7 @@ void CheckpointWriter::save(Trainer& t) {
   nlohmann::json ts = {{"epoch", p.epoch}, {"batch_in_epoch", p.batch_in_epoch}, {"train_seconds", p.train_seconds},
                        {"optimizer_steps", t.optimizer().steps()}};
   if (p.time_to_target) ts["time_to_target"] = *p.time_to_target;
+  ts["schedule_history"] = t.schedule().history();
   std::optional<double> monitor;
   if (auto e = t.last_eval()) {
     const double v = t.cfg().checkpoint.monitor == "eval_loss" ? e->loss : e->accuracy;
@@ -172,6 +173,8 @@ void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
   p.batch_in_epoch = ts.at("batch_in_epoch").get<int64_t>();
   p.train_seconds = ts.value("train_seconds", 0.0);
   if (ts.contains("time_to_target")) p.time_to_target = ts["time_to_target"].get<double>();
+  if (ts.contains("schedule_history"))
+    t.schedule().set_history(ts["schedule_history"].get<std::vector<std::pair<int64_t, double>>>());
 }
 
 }  // namespace mltrain::train

@@ -18,9 +18,9 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
     throw ConfigError("data.batch_size", "larger than the training set (" + std::to_string(train_.samples_per_epoch()) +
                                              " samples): no full batch", "lower data.batch_size");
   total_steps_ = cfg_.train.duration.to_steps(steps_per_epoch_);
+  schedule_ = std::make_unique<optim::Schedule>(cfg_.schedule, cfg_.optim.lr, total_steps_, steps_per_epoch_);
 }
 
-double Trainer::lr_at(int64_t step) const { return optim::scheduled_lr(cfg_.optim, step, total_steps_); }
 
 EvalResult Trainer::evaluate(data::Loader& loader) {
   const auto t0 = Clock::now();
@@ -83,6 +83,8 @@ void Trainer::fit() {
 
       if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_)) {
         last_eval_ = evaluate(eval_);
+        schedule_->observe(progress_.step,
+                           cfg_.schedule.monitor == "eval_loss" ? last_eval_->loss : last_eval_->accuracy);
         if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
             last_eval_->accuracy >= cfg_.train.target_accuracy)
           progress_.time_to_target = seconds_before + since(fit_start);

@@ -122,8 +122,6 @@ struct OptimConfig {
   bool nesterov = false;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  std::string schedule = "constant";
-  double eta_min = 0.0;
   std::vector<ParamGroupConfig> param_groups;
   template <class V> void visit(V& v) {
     v.field("name", name, "optimizer", one_of({"sgd", "adam", "adamw"}));
@@ -134,10 +132,52 @@ struct OptimConfig {
     v.field("beta1", beta1, "adam/adamw: first-moment decay", in_range(0.0, 0.999999));
     v.field("beta2", beta2, "adam/adamw: second-moment decay", in_range(0.0, 0.999999));
     v.field("eps", eps, "adam/adamw: denominator epsilon", positive<double>());
-    v.field("schedule", schedule, "learning-rate schedule over train.duration (a pure function of the step)",
-            one_of({"constant", "cosine"}));
-    v.field("eta_min", eta_min, "cosine: the learning rate reached at the end", non_negative<double>());
     v.list("param_groups", param_groups, "per-parameter-group overrides; the first matching pattern wins");
+  }
+};
+
+// Learning-rate schedule over train.duration; every one is a pure function of the step
+// (plateau: plus its recorded evaluations). Names and parameters follow torch.optim.lr_scheduler.
+struct ScheduleConfig {
+  std::string name = "constant";
+  Period warmup = Period::never();
+  double warmup_start = 0.0;
+  double gamma = 0.1;
+  Period step_size = Period::epochs(1);
+  std::vector<Period> milestones;
+  double eta_min = 0.0;
+  Period t0 = Period::epochs(1);
+  int64_t t_mult = 1;
+  double pct_start = 0.3, div_factor = 25.0, final_div_factor = 1e4;
+  std::string anneal = "cos";
+  std::string monitor = "eval_loss";
+  std::string mode = "min";
+  int64_t patience = 10;
+  double threshold = 1e-4;
+  int64_t cooldown = 0;
+  double min_lr = 0.0;
+  template <class V> void visit(V& v) {
+    v.field("name", name, "schedule",
+            one_of({"constant", "step", "multistep", "exponential", "cosine", "cosine_restarts", "onecycle", "plateau"}));
+    v.field("warmup", warmup, "linear warm-up in front of any schedule (never, 500u, 1ep)");
+    v.field("warmup_start", warmup_start, "warm-up starts at this fraction of the LR", in_range(0.0, 1.0));
+    v.field("gamma", gamma, "step/multistep: factor per drop; exponential: factor per step; plateau: factor",
+            in_range(0.0, 1.0));
+    v.field("step_size", step_size, "step: drop every period", period_enabled());
+    v.field("milestones", milestones, "multistep: drop at these periods (after warm-up)");
+    v.field("eta_min", eta_min, "cosine, cosine_restarts: the lowest LR", non_negative<double>());
+    v.field("t0", t0, "cosine_restarts: length of the first cycle", period_enabled());
+    v.field("t_mult", t_mult, "cosine_restarts: each cycle is t_mult times longer", positive<int64_t>());
+    v.field("pct_start", pct_start, "onecycle: share of steps spent rising to the LR", in_range(0.0, 1.0));
+    v.field("div_factor", div_factor, "onecycle: initial LR = lr / div_factor", positive<double>());
+    v.field("final_div_factor", final_div_factor, "onecycle: final LR = initial / final_div_factor", positive<double>());
+    v.field("anneal", anneal, "onecycle: annealing shape", one_of({"cos", "linear"}));
+    v.field("monitor", monitor, "plateau: metric watched at each evaluation", one_of({"eval_loss", "eval_accuracy"}));
+    v.field("mode", mode, "plateau: whether the metric should go down or up", one_of({"min", "max"}));
+    v.field("patience", patience, "plateau: evaluations without improvement before a drop", non_negative<int64_t>());
+    v.field("threshold", threshold, "plateau: relative improvement that counts", non_negative<double>());
+    v.field("cooldown", cooldown, "plateau: evaluations to wait after a drop", non_negative<int64_t>());
+    v.field("min_lr", min_lr, "plateau: lower bound", non_negative<double>());
   }
 };
 
@@ -179,6 +219,7 @@ struct ExperimentConfig {
   DataConfig data;
   ModelConfig model;
   OptimConfig optim;
+  ScheduleConfig schedule;
   TrainConfig train;
   CheckpointConfig checkpoint;
   template <class V> void visit(V& v) {
@@ -187,6 +228,7 @@ struct ExperimentConfig {
     v.section("data", data, "data set and loader");
     v.section("model", model, "architecture and init");
     v.section("optim", optim, "optimizer");
+    v.section("schedule", schedule, "learning-rate schedule");
     v.section("train", train, "training loop");
     v.section("checkpoint", checkpoint, "checkpoints and resume");
   }

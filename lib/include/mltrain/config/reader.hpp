@@ -61,6 +61,7 @@ std::string decode(const YAML::Node& n, Period& out);
 std::string decode(const YAML::Node& n, Count& out);
 std::string decode(const YAML::Node& n, std::vector<int64_t>& out);
 std::string decode(const YAML::Node& n, std::vector<double>& out);
+std::string decode(const YAML::Node& n, std::vector<Period>& out);
 
 class Reader {
  public:

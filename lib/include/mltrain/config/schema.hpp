@@ -95,6 +95,7 @@ template <> inline const char* type_name<std::vector<int64_t>>() { return "list 
 template <> inline const char* type_name<std::vector<double>>() { return "list of float"; }
 template <> inline const char* type_name<Period>() { return "period (10ep | 500u | never)"; }
 template <> inline const char* type_name<Count>() { return "int | auto"; }
+template <> inline const char* type_name<std::vector<Period>>() { return "list of period"; }
 
 // Text form of a value, as print-config writes it and the schema shows it.
 inline std::string to_text(bool v) { return v ? "true" : "false"; }

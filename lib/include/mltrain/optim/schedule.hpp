@@ -1,17 +1,40 @@
 #pragma once
-// Learning-rate schedules as pure functions of the step, so a resumed run cannot drift (the
-// recursive updates of PyTorch's schedulers accumulate rounding and misbehave on resume:
-// pytorch #49630, #65342). Issue #3 extends the set; the trainer only calls this.
+// Learning-rate schedules as pure functions of the step (plus, for plateau, the recorded history
+// of the monitored metric), so a resumed run cannot drift: the recursive updates of PyTorch's
+// schedulers accumulate rounding and have broken on resume (pytorch #49630, #65342).
 //
-//   double lr = scheduled_lr(cfg.optim, /*step=*/t, /*total_steps=*/T);
+//   Schedule s(cfg.schedule, cfg.optim.lr, /*total_steps=*/T, /*steps_per_epoch=*/spe);
+//   double lr = s.lr(step);              // what the optimizer uses for step `step` (0-based)
+//   s.observe(step, eval_loss);          // plateau only: record an evaluation
+//
+// Any schedule can have a linear warm-up in front: for t < W the LR is
+// base * (warmup_start + (1 - warmup_start) * t / W), and the schedule itself then runs on t - W
+// over T - W steps (PyTorch: SequentialLR([LinearLR(start, total_iters=W), inner], [W])).
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "mltrain/config/experiment.hpp"
 
 namespace mltrain::optim {
 
-// constant: lr. cosine: CosineAnnealingLR's closed form with T_max = total_steps,
-// eta_min + (lr - eta_min) * (1 + cos(pi * t / T)) / 2, held at eta_min after T.
-double scheduled_lr(const config::OptimConfig& cfg, int64_t step, int64_t total_steps);
+class Schedule {
+ public:
+  Schedule(const config::ScheduleConfig& cfg, double base_lr, int64_t total_steps, int64_t steps_per_epoch);
+  double lr(int64_t step) const;
+  void observe(int64_t step, double metric);  // plateau: an evaluation result at `step`
+  const std::vector<std::pair<int64_t, double>>& history() const { return history_; }
+  void set_history(std::vector<std::pair<int64_t, double>> h) { history_ = std::move(h); }
+
+ private:
+  double inner(int64_t t, int64_t span) const;  // the schedule without warm-up
+  double plateau_lr(int64_t step) const;
+  config::ScheduleConfig cfg_;
+  double base_;
+  int64_t total_, warmup_, step_size_, t0_;
+  std::vector<int64_t> milestones_;
+  std::vector<std::pair<int64_t, double>> history_;
+};
 
 }  // namespace mltrain::optim

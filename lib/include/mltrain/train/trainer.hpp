@@ -16,6 +16,7 @@
 #include "mltrain/data/loader.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
+#include "mltrain/optim/schedule.hpp"
 
 namespace mltrain::train {
 
@@ -66,7 +67,8 @@ class Trainer {
   Progress& progress() { return progress_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
-  double lr_at(int64_t step) const;
+  double lr_at(int64_t step) const { return schedule_->lr(step); }
+  optim::Schedule& schedule() { return *schedule_; }
   std::optional<EvalResult> last_eval() const { return last_eval_; }
   double data_wait_seconds() const { return train_.wait_seconds(); }
 
@@ -80,6 +82,7 @@ class Trainer {
   Progress progress_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   std::optional<EvalResult> last_eval_;
+  std::unique_ptr<optim::Schedule> schedule_;
 };
 
 }  // namespace mltrain::train
