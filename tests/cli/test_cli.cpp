@@ -269,7 +269,7 @@ TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]")
     CHECK(fs::exists(v0 / f));
   CHECK_THAT(slurp(v0 / "env.json"), Catch::Contains("\"kernel_route\": \"onednn\""));
   const auto csv = slurp(v0 / "metrics.csv");
-  CHECK(csv.rfind("event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,time_s\n", 0) == 0);
+  CHECK(csv.rfind("event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,grad_norm,time_s\n", 0) == 0);
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 4 + 1);  // header, 4 train rows, 1 eval
   // The saved config re-runs as is.
   CHECK(run("train " + (v0 / "config.yaml").string() + " --print-config").code == 0);

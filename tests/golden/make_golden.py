@@ -119,6 +119,24 @@ out["schedules"]["plateau"]["config"]["evals"] = [[t, m] for t, m in scripted.it
 out["cosine_recursive_drift"] = max(abs(a - b) for a, b in zip(recursive_cos, sched["cosine"][1]))
 out["warmup_cosine_recursive_drift"] = max(abs(a - b) for a, b in zip(warm_cos_recursive, sched["warmup_cosine"][1]))
 
+# Cross-entropy with label smoothing (PyTorch's definition: (1-e)*CE + e*mean over classes of -log p).
+out["label_smoothing"] = {"logits": logits.flatten().tolist(), "target": target.tolist(), "cases": [
+    {"eps": e, "loss": torch.nn.functional.cross_entropy(logits, target, label_smoothing=e).item()}
+    for e in (0.0, 0.05, 0.1, 0.3)]}
+
+# clip_grad_norm_ on three gradient tensors, for max_norm below and above the total norm.
+g = torch.Generator().manual_seed(11)
+grads = [torch.randn(5, 3, generator=g) * 2, torch.randn(7, generator=g), torch.randn(2, 2, 2, generator=g) * 0.1]
+clip = {"grads": [x.flatten().tolist() for x in grads], "shapes": [list(x.shape) for x in grads], "cases": []}
+for max_norm in (0.5, 3.0, 1000.0):
+    ps = [torch.nn.Parameter(torch.zeros_like(x)) for x in grads]
+    for p_, x in zip(ps, grads):
+        p_.grad = x.clone()
+    total = torch.nn.utils.clip_grad_norm_(ps, max_norm).item()
+    clip["cases"].append({"max_norm": max_norm, "total_norm": total,
+                          "clipped": [p_.grad.flatten().tolist() for p_ in ps]})
+out["clip_grad_norm"] = clip
+
 with open("tests/golden/optim.json", "w") as f:
     json.dump(out, f, indent=1)
 

@@ -113,6 +113,7 @@ std::string decode(const YAML::Node& n, double& out) {
   if (auto e = scalar_or_err(n, s, "a number"); !e.empty()) return e;
   if (s == ".inf" || s == "inf") return out = INFINITY, "";
   if (s == "-.inf" || s == "-inf") return out = -INFINITY, "";
+  if (s == ".nan" || s == ".NaN" || s == "nan") return out = NAN, "";  // "off" for optional thresholds
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end != s.c_str() + s.size() || std::isnan(v)) return "expected a number, got '" + s + "'";

@@ -24,14 +24,18 @@ MetricsWriter::MetricsWriter(const fs::path& run_dir) {
   if (fresh) csv_ << csv_header() << "\n" << std::flush;
 }
 
-const char* MetricsWriter::csv_header() { return "event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,time_s"; }
+const char* MetricsWriter::csv_header() {
+  return "event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,grad_norm,time_s";
+}
 
 void MetricsWriter::write(const nlohmann::json& j) {
   jsonl_ << j.dump() << "\n" << std::flush;  // flushed per line: a killed run loses nothing it reported
-  auto num = [&](const char* k) { return j.contains(k) ? config::format_double(j[k].get<double>()) : std::string(); };
+  auto num = [&](const char* k) {
+    return j.contains(k) && j[k].is_number() ? config::format_double(j[k].get<double>()) : std::string();
+  };
   csv_ << j["event"].get<std::string>() << "," << j["step"].get<int64_t>() << "," << num("epoch") << "," << num("loss")
        << "," << num("accuracy") << "," << num("samples_per_s") << "," << num("data_wait") << "," << num("lr") << ","
-       << num("time_s") << "\n"
+       << num("grad_norm") << "," << num("time_s") << "\n"
        << std::flush;
 }
 
@@ -39,15 +43,21 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
   w_.add(s);
   const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
   if (every <= 0 || (t.progress().step % every != 0 && t.progress().step != t.total_steps())) return;
-  write({{"event", "train"},
-         {"step", t.progress().step},
-         {"epoch", epoch_float(t)},
-         {"loss", w_.loss / w_.steps},
-         {"accuracy", double(w_.correct) / w_.count},
-         {"samples_per_s", w_.count / w_.step_s},
-         {"data_wait", w_.data_s / w_.step_s},
-         {"lr", s.lr},
-         {"time_s", t.progress().train_seconds}});
+  nlohmann::json j = {{"event", "train"},
+                      {"step", t.progress().step},
+                      {"epoch", epoch_float(t)},
+                      {"loss", w_.loss / w_.steps},
+                      {"accuracy", double(w_.correct) / w_.count},
+                      {"samples_per_s", w_.count / w_.step_s},
+                      {"data_wait", w_.data_s / w_.step_s},
+                      {"lr", s.lr},
+                      {"grad_norm", w_.grad_norm / w_.steps},
+                      {"grad_norm_max", w_.grad_norm_max},
+                      {"skipped_steps", t.progress().skipped_steps},
+                      {"time_s", t.progress().train_seconds}};
+  if (t.cfg().label_smoothing.value > 0) j["label_smoothing"] = s.label_smoothing;
+  if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;
+  write(j);
   w_ = Window{};
 }
 
@@ -105,7 +115,8 @@ void CheckpointWriter::save(Trainer& t) {
   const auto& p = t.progress();
   if (last_saved_ == p.step) return;
   nlohmann::json ts = {{"epoch", p.epoch}, {"batch_in_epoch", p.batch_in_epoch}, {"train_seconds", p.train_seconds},
-                       {"optimizer_steps", t.optimizer().steps()}};
+                       {"optimizer_steps", t.optimizer().steps()}, {"lr_scale", p.lr_scale},
+                       {"skipped_steps", p.skipped_steps}, {"techniques", t.technique_state()}};
   if (p.time_to_target) ts["time_to_target"] = *p.time_to_target;
   ts["schedule_history"] = t.schedule().history();
   std::optional<double> monitor;
@@ -123,6 +134,11 @@ void CheckpointWriter::save(Trainer& t) {
                            "lower optim.lr; the previous checkpoint is intact");
     save_safetensors((dir / "model.safetensors").string(), weights, {{"format", "pt"}, {"step", std::to_string(p.step)}});
     auto state = t.optimizer().state();
+    for (auto& e : t.technique_tensors()) state.push_back(e);
+    for (auto& [name, w] : state)
+      if (w.is_floating_point() && !torch::isfinite(w).all().item<bool>())
+        throw RuntimeError(name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
+                           "lower optim.lr; the previous checkpoint is intact");
     state.emplace_back("__rng_cpu__", compat::cpu_rng_state());
     save_safetensors((dir / "state.safetensors").string(), state);
   };
@@ -165,6 +181,7 @@ void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
   if (rng == state.end()) throw CheckpointError(spath, "missing the RNG state");
   compat::set_cpu_rng_state(rng->second);
   state.erase(rng);
+  t.load_technique_tensors(state);
   t.optimizer().load_state(state);
   const auto& ts = ck.trainer_state;
   auto& p = t.progress();
@@ -173,6 +190,9 @@ void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
   p.batch_in_epoch = ts.at("batch_in_epoch").get<int64_t>();
   p.train_seconds = ts.value("train_seconds", 0.0);
   if (ts.contains("time_to_target")) p.time_to_target = ts["time_to_target"].get<double>();
+  p.lr_scale = ts.value("lr_scale", 1.0);
+  p.skipped_steps = ts.value("skipped_steps", int64_t{0});
+  if (ts.contains("techniques")) t.load_technique_state(ts["techniques"]);
   if (ts.contains("schedule_history"))
     t.schedule().set_history(ts["schedule_history"].get<std::vector<std::pair<int64_t, double>>>());
 }

@@ -1,29 +1,66 @@
 #include "mltrain/train/trainer.hpp"
 
+#include <spdlog/spdlog.h>
 
+#include <cmath>
+
+#include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/signals.hpp"
-#include "mltrain/optim/schedule.hpp"
 
 namespace mltrain::train {
 
 using Clock = std::chrono::steady_clock;
 static double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+namespace F = torch::nn::functional;
+
+int64_t resolve_accumulate(const config::ExperimentConfig& cfg, int64_t world) {
+  const auto& t = cfg.train;
+  if (t.global_batch <= 0) return t.accumulate.resolve(1);
+  const int64_t per_step = cfg.data.batch_size * world;
+  if (t.accumulate.is_auto()) {
+    if (t.global_batch % per_step != 0)
+      throw ConfigError("train.global_batch", std::to_string(t.global_batch) + " is not a multiple of data.batch_size x world = " +
+                                                  std::to_string(per_step), "pick a global batch divisible by it");
+    return t.global_batch / per_step;
+  }
+  if (t.global_batch != per_step * t.accumulate.value)
+    throw ConfigError("train.global_batch", "global_batch " + std::to_string(t.global_batch) + " != data.batch_size " +
+                                                std::to_string(cfg.data.batch_size) + " x accumulate " +
+                                                std::to_string(t.accumulate.value) + " x world " + std::to_string(world),
+                      "give any two of them: set train.accumulate=auto to derive it");
+  return t.accumulate.value;
+}
 
 Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
                  data::Loader& eval)
-    : cfg_(cfg), model_(model), opt_(opt), train_(train), eval_(eval) {
-  steps_per_epoch_ = train_.batches_per_epoch();
-  if (steps_per_epoch_ == 0)
+    : cfg_(cfg), model_(model), opt_(opt), train_(train), eval_(eval), clipper_(cfg.clip), health_(cfg.grad_health), early_(cfg.early_stopping) {
+  accumulate_ = resolve_accumulate(cfg, /*world=*/1);
+  const int64_t bpe = train_.batches_per_epoch();
+  steps_per_epoch_ = (bpe + accumulate_ - 1) / accumulate_;
+  if (bpe == 0)
     throw ConfigError("data.batch_size", "larger than the training set (" + std::to_string(train_.samples_per_epoch()) +
                                              " samples): no full batch", "lower data.batch_size");
   total_steps_ = cfg_.train.duration.to_steps(steps_per_epoch_);
-  schedule_ = std::make_unique<optim::Schedule>(cfg_.schedule, cfg_.optim.lr, total_steps_, steps_per_epoch_);
+  // Larger effective batches may take a larger LR: linear (Goyal et al. 2017) or square-root scaling.
+  const double k = static_cast<double>(accumulate_);
+  const double lr_factor = cfg.train.lr_scaling == "linear" ? k : cfg.train.lr_scaling == "sqrt" ? std::sqrt(k) : 1.0;
+  schedule_ = std::make_unique<optim::Schedule>(cfg_.schedule, cfg_.optim.lr * lr_factor, total_steps_, steps_per_epoch_);
+  smoothing_ = std::make_unique<optim::Schedule>(cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_,
+                                                 steps_per_epoch_);
+  if (cfg.amp.enabled && cfg.amp.dtype == "fp16") {
+    if (!compat::cuda_available())
+      throw ConfigError("amp.dtype", "fp16 autocast needs CUDA; this build/machine has none",
+                        "use amp.dtype=bf16 on CPU (AVX-512 BF16 runs it natively)");
+    scaler_.emplace(cfg.amp);
+  }
+  if (cfg.ema.enabled) ema_ = std::make_unique<Ema>(cfg.ema, model_);
 }
-
 
 EvalResult Trainer::evaluate(data::Loader& loader) {
   const auto t0 = Clock::now();
+  const bool use_ema = ema_ && cfg_.ema.evaluate;
+  if (use_ema) ema_->swap();
   torch::NoGradGuard no_grad;
   model_.set_training(false);
   double loss_sum = 0;
@@ -31,51 +68,150 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   loader.start_epoch(0);
   data::Batch b;
   while (loader.next(b)) {
-    auto logits = model_.forward(b.x);
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits, b.y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
+    torch::Tensor logits;
+    {
+      compat::AutocastGuard amp(cfg_.amp.enabled, cfg_.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16, false);
+      logits = model_.forward(b.x);
+    }
+    logits = logits.to(torch::kFloat32);
+    loss_sum += F::cross_entropy(logits, b.y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
     correct += logits.argmax(1).eq(b.y).sum().item<int64_t>();
     count += b.y.size(0);
   }
   model_.set_training(true);
-  EvalResult r{count ? loss_sum / count : 0, count ? double(correct) / count : 0, count, since(t0)};
-  return r;
+  if (use_ema) ema_->swap();
+  return {count ? loss_sum / count : 0, count ? double(correct) / count : 0, count, since(t0)};
+}
+
+void Trainer::take_snapshot() {
+  torch::NoGradGuard no_grad;
+  Snapshot s;
+  s.step = opt_.steps();
+  for (auto& [n, p] : model_.named_parameters()) s.tensors.push_back(p.detach().clone());
+  for (auto& [n, b] : model_.named_buffers()) s.tensors.push_back(b.detach().clone());
+  for (auto& [n, t] : opt_.state()) s.optimizer_state.emplace_back(n, t.clone());
+  snapshots_.push_back(std::move(s));
+  while (snapshots_.size() > 2) snapshots_.pop_front();
+}
+
+// Returns whether the optimizer should still step (only for policy warn).
+bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params, double norm) {
+  const auto& g = cfg_.grad_health;
+  std::string what = v == GradHealth::Verdict::kNonFinite
+                         ? "non-finite gradient"
+                         : "exploding gradient (norm " + std::to_string(norm) + " > " +
+                               std::to_string(g.explosion_factor) + " x running mean " +
+                               std::to_string(health_.running_mean()) + ")";
+  std::string who;
+  for (const auto& o : offenders(params)) who += (who.empty() ? "" : "; ") + o;
+  spdlog::warn("[grad_health] step {}: {} in {}; policy {}", progress_.step, what, who, g.policy);
+  if (g.policy == "warn") return true;
+  if (g.policy == "stop") {
+    failure_ = "gradient health: " + what + " at step " + std::to_string(progress_.step) + " in " + who;
+    return false;
+  }
+  if (g.policy == "rollback") {
+    const Snapshot* pick = nullptr;
+    for (const auto& s : snapshots_)
+      if (opt_.steps() - s.step >= g.rollback_steps) pick = &s;  // newest one old enough
+    if (!pick && !snapshots_.empty()) pick = &snapshots_.front();
+    if (pick) {
+      torch::NoGradGuard no_grad;
+      size_t i = 0;
+      for (auto& [n, p] : model_.named_parameters()) p.detach().copy_(pick->tensors[i++]);
+      for (auto& [n, b] : model_.named_buffers()) b.detach().copy_(pick->tensors[i++]);
+      std::map<std::string, torch::Tensor> st(pick->optimizer_state.begin(), pick->optimizer_state.end());
+      opt_.load_state(st);
+      progress_.lr_scale *= g.rollback_lr_factor;
+      spdlog::warn("[grad_health] rolled back to optimizer step {}; LR now x{}", pick->step, progress_.lr_scale);
+    } else {
+      spdlog::warn("[grad_health] no snapshot yet: skipping the step instead");
+    }
+  }
+  ++progress_.skipped_steps;
+  return false;
 }
 
 void Trainer::fit() {
   const int64_t eval_every = cfg_.train.eval_every.to_steps(steps_per_epoch_);
+  const int64_t bpe = train_.batches_per_epoch();
+  const double full_window = static_cast<double>(accumulate_ * cfg_.data.batch_size);
+  const auto amp_dtype = cfg_.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
+  const auto params = model_.named_parameters();
   const auto fit_start = Clock::now();
   const double seconds_before = progress_.train_seconds;
   for (auto& o : observers_) o->on_train_begin(*this);
   model_.set_training(true);
+  if (cfg_.grad_health.policy == "rollback" && snapshots_.empty()) take_snapshot();
 
-  while (progress_.step < total_steps_) {
+  while (progress_.step < total_steps_ && stop_reason_.empty() && failure_.empty()) {
     train_.start_epoch(progress_.epoch, progress_.batch_in_epoch);
     data::Batch batch;
-    auto t_data = Clock::now();
+    StepInfo info;
+    int64_t micro = 0, window_samples = 0;
+    double data_s = 0;
+    auto t_step = Clock::now(), t_data = Clock::now();
     while (progress_.step < total_steps_ && train_.next(batch)) {
-      const double data_s = since(t_data);
-      const auto t_step = Clock::now();
+      data_s += since(t_data);
 
-      auto logits = model_.forward(batch.x);
-      auto loss = torch::nn::functional::cross_entropy(logits, batch.y);
+      // A micro-batch: forward under autocast, loss in fp32, normalised by the samples of the
+      // whole accumulation window, so k micro-batches of b equal one batch of k*b.
+      const double eps = smoothing_->lr(opt_.steps());
+      torch::Tensor logits;
+      {
+        compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype, false);
+        logits = model_.forward(batch.x);
+      }
+      logits = logits.to(torch::kFloat32);
+      auto loss = F::cross_entropy(logits, batch.y, F::CrossEntropyFuncOptions().label_smoothing(eps));
+      const int64_t b = batch.y.size(0);
+      auto part = loss * (static_cast<double>(b) / full_window);
+      (scaler_ ? scaler_->scale(part) : part).backward();
+      info.loss += loss.item<double>() * b;
+      info.correct += logits.argmax(1).eq(batch.y).sum().item<int64_t>();
+      window_samples += b;
+      const bool epoch_end = batch.index + 1 >= bpe;
+      if (++micro < accumulate_ && !epoch_end) {
+        t_data = Clock::now();
+        continue;
+      }
+
+      // The optimizer step for the window.
+      if (window_samples != static_cast<int64_t>(full_window)) {  // a short window at the epoch's end
+        torch::NoGradGuard no_grad;
+        for (const auto& [n, p] : params)
+          if (p.grad().defined()) p.mutable_grad().mul_(full_window / window_samples);
+      }
+      const bool found_inf = scaler_ ? scaler_->unscale(params) : false;
+      info.grad_norm = grad_norm(params);
+      const double lr = lr_at(opt_.steps());
+      bool step_now = true;
+      if (scaler_ && found_inf) {  // fp16 overflow: normal for a loss scaler, skip and back off
+        step_now = false;
+        ++progress_.skipped_steps;
+      } else if (auto verdict = health_.check(info.grad_norm); verdict != GradHealth::Verdict::kOk) {
+        step_now = handle_unhealthy(verdict, params, info.grad_norm);
+      }
+      if (step_now) {
+        clipper_.clip(params, info.grad_norm);
+        opt_.step(lr);
+        if (ema_) ema_->update();
+        if (cfg_.grad_health.policy == "rollback" && opt_.steps() % cfg_.grad_health.rollback_steps == 0) take_snapshot();
+      }
+      if (scaler_) scaler_->update(found_inf);
       opt_.zero_grad();
-      loss.backward();
-      const double lr = lr_at(progress_.step);
-      opt_.step(lr);
 
-      StepInfo info;
-      info.loss = loss.item<double>();
-      info.correct = logits.argmax(1).eq(batch.y).sum().item<int64_t>();
-      info.count = batch.y.size(0);
+      info.skipped = !step_now;
+      info.count = window_samples;
+      info.loss /= std::max<int64_t>(1, window_samples);
       info.lr = lr;
+      info.label_smoothing = eps;
+      info.loss_scale = scaler_ ? scaler_->value() : 0;
       info.data_seconds = data_s;
-      info.step_seconds = since(t_step) + data_s;
-
+      info.step_seconds = since(t_step);
       progress_.step += 1;
       progress_.batch_in_epoch = batch.index + 1;
-      if (progress_.batch_in_epoch >= steps_per_epoch_) {
+      if (progress_.batch_in_epoch >= bpe) {
         progress_.epoch += 1;
         progress_.batch_in_epoch = 0;
       }
@@ -83,11 +219,14 @@ void Trainer::fit() {
 
       if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_)) {
         last_eval_ = evaluate(eval_);
-        schedule_->observe(progress_.step,
-                           cfg_.schedule.monitor == "eval_loss" ? last_eval_->loss : last_eval_->accuracy);
+        schedule_->observe(opt_.steps(), cfg_.schedule.monitor == "eval_loss" ? last_eval_->loss : last_eval_->accuracy);
         if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
             last_eval_->accuracy >= cfg_.train.target_accuracy)
           progress_.time_to_target = seconds_before + since(fit_start);
+        const std::string why = early_.update(
+            {{"eval_loss", last_eval_->loss}, {"eval_accuracy", last_eval_->accuracy}, {"train_loss", info.loss}},
+            progress_.step);
+        if (!why.empty()) stop_reason_ = why;
         for (auto& o : observers_) o->on_eval_end(*this, *last_eval_);
       }
       for (auto& o : observers_) o->on_step_end(*this, info);
@@ -96,11 +235,38 @@ void Trainer::fit() {
         for (auto& o : observers_) o->on_stop_request(*this, sig);
         throw Interrupted(sig);
       }
-      t_data = Clock::now();
+      if (!stop_reason_.empty() || !failure_.empty()) break;
+      info = StepInfo{};
+      micro = window_samples = 0;
+      data_s = 0;
+      t_step = t_data = Clock::now();
     }
   }
   progress_.train_seconds = seconds_before + since(fit_start);
-  for (auto& o : observers_) o->on_train_end(*this);
+  if (!stop_reason_.empty()) spdlog::info("[train] stopping early: {}", stop_reason_);
+  for (auto& o : observers_) o->on_train_end(*this);  // checkpoints the last healthy weights
+  if (!failure_.empty()) throw RuntimeError("", failure_, "lower optim.lr, enable clip.mode, or use grad_health.policy=rollback");
+}
+
+nlohmann::json Trainer::technique_state() const {
+  nlohmann::json j = {{"clip", clipper_.state()}, {"grad_health", health_.state()}, {"early_stopping", early_.state()}};
+  if (scaler_) j["loss_scaler"] = scaler_->state();
+  if (ema_) j["ema_updates"] = ema_->updates();
+  return j;
+}
+
+void Trainer::load_technique_state(const nlohmann::json& j) {
+  if (j.contains("clip")) clipper_.load(j["clip"]);
+  if (j.contains("grad_health")) health_.load(j["grad_health"]);
+  if (j.contains("early_stopping")) early_.load(j["early_stopping"]);
+  if (scaler_ && j.contains("loss_scaler")) scaler_->load(j["loss_scaler"]);
+  if (ema_ && j.contains("ema_updates")) ema_->set_updates(j["ema_updates"]);
+}
+
+model::NamedTensors Trainer::technique_tensors() const { return ema_ ? ema_->state() : model::NamedTensors{}; }
+
+void Trainer::load_technique_tensors(const std::map<std::string, torch::Tensor>& t) {
+  if (ema_) ema_->load(t);
 }
 
 }  // namespace mltrain::train

@@ -6,6 +6,7 @@
 // the command line < dedicated flags (e.g. `--run-name`, `--threads`).
 //
 //   auto cfg = mltrain::config::load_experiment("configs/fashion_mnist_cnn.yaml", {"optim.lr=0.01"});
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -181,13 +182,129 @@ struct ScheduleConfig {
   }
 };
 
+struct AmpConfig {
+  bool enabled = false;
+  std::string dtype = "bf16";
+  double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  double min_scale = 1.0;
+  template <class V> void visit(V& v) {
+    v.field("enabled", enabled, "autocast the forward pass to dtype (the loss and optimizer stay fp32)");
+    v.field("dtype", dtype, "bf16 (CPU with AVX-512 BF16, or CUDA) or fp16 (CUDA; uses the loss scaler)",
+            one_of({"bf16", "fp16"}));
+    v.field("init_scale", init_scale, "fp16 loss scaler: first scale", positive<double>());
+    v.field("growth_factor", growth_factor, "fp16 loss scaler: multiply after growth_interval clean steps",
+            positive<double>());
+    v.field("backoff_factor", backoff_factor, "fp16 loss scaler: multiply on inf/nan", in_range(0.0, 1.0));
+    v.field("growth_interval", growth_interval, "fp16 loss scaler: clean steps before growing", positive<int64_t>());
+    v.field("min_scale", min_scale, "fp16 loss scaler: never below this (PyTorch's GradScaler has no floor)",
+            positive<double>());
+  }
+};
+
+struct ClipConfig {
+  std::string mode = "none";
+  double max_norm = 1.0;
+  double value = 1.0;
+  double percentile = 10.0;
+  int64_t window = 1000;
+  int64_t warmup = 100;
+  template <class V> void visit(V& v) {
+    v.field("mode", mode, "none | norm (global L2) | value (elementwise) | adaptive (AutoClip percentile)",
+            one_of({"none", "norm", "value", "adaptive"}));
+    v.field("max_norm", max_norm, "norm: largest global gradient L2 norm", positive<double>());
+    v.field("value", value, "value: clamp every gradient element to [-value, value]", positive<double>());
+    v.field("percentile", percentile, "adaptive: clip at this percentile of recent norms", in_range(0.0, 100.0));
+    v.field("window", window, "adaptive: how many recent norms", positive<int64_t>());
+    v.field("warmup", warmup, "adaptive: steps that only record norms before clipping starts", non_negative<int64_t>());
+  }
+};
+
+struct GradHealthConfig {
+  std::string policy = "skip_step";
+  double explosion_factor = 0.0;
+  int64_t warmup = 50;
+  int64_t rollback_steps = 50;
+  double rollback_lr_factor = 0.5;
+  template <class V> void visit(V& v) {
+    v.field("policy", policy, "on a non-finite or exploding gradient: warn | skip_step | rollback | stop",
+            one_of({"warn", "skip_step", "rollback", "stop"}));
+    v.field("explosion_factor", explosion_factor,
+            "a norm above this many times its running mean is an explosion (0: only non-finite counts)",
+            non_negative<double>());
+    v.field("warmup", warmup, "steps that build the running mean before explosions are judged", non_negative<int64_t>());
+    v.field("rollback_steps", rollback_steps, "rollback: restore the in-memory snapshot at least this many steps old",
+            positive<int64_t>());
+    v.field("rollback_lr_factor", rollback_lr_factor, "rollback: multiply the LR by this after restoring",
+            in_range(0.0, 1.0));
+  }
+};
+
+struct EmaConfig {
+  bool enabled = false;
+  double decay = 0.999;
+  bool evaluate = true;
+  template <class V> void visit(V& v) {
+    v.field("enabled", enabled, "keep an exponential moving average of the weights (checkpointed)");
+    v.field("decay", decay, "ema = decay * ema + (1 - decay) * weights, every optimizer step", in_range(0.0, 1.0));
+    v.field("evaluate", evaluate, "evaluate (and pick best checkpoints) with the averaged weights");
+  }
+};
+
+struct StopMetricConfig {
+  std::string monitor = "eval_loss";
+  std::string mode = "min";
+  double min_delta = 0.0;
+  int64_t patience = 3;
+  double stopping_threshold = NAN;
+  double divergence_threshold = NAN;
+  bool check_finite = true;
+  template <class V> void visit(V& v) {
+    v.field("monitor", monitor, "metric", one_of({"eval_loss", "eval_accuracy", "train_loss"}));
+    v.field("mode", mode, "min or max is better", one_of({"min", "max"}));
+    v.field("min_delta", min_delta, "an improvement smaller than this does not count", non_negative<double>());
+    v.field("patience", patience, "evaluations without improvement before this metric says stop", non_negative<int64_t>());
+    v.field("stopping_threshold", stopping_threshold, "stop at once when the metric reaches this (.nan: off)");
+    v.field("divergence_threshold", divergence_threshold, "stop at once when the metric is worse than this (.nan: off)");
+    v.field("check_finite", check_finite, "stop when the metric is NaN or infinite");
+  }
+};
+
+struct EarlyStoppingConfig {
+  std::string combine = "any";
+  std::vector<StopMetricConfig> metrics;
+  template <class V> void visit(V& v) {
+    v.field("combine", combine, "first: the first metric decides; any: any one stalling; all: all stalled",
+            one_of({"first", "any", "all"}));
+    v.list("metrics", metrics, "monitored metrics (empty: no early stopping)");
+  }
+};
+
+struct LabelSmoothingConfig {
+  double value = 0.0;
+  ScheduleConfig schedule;
+  template <class V> void visit(V& v) {
+    v.field("value", value, "label smoothing epsilon (start value when scheduled)", in_range(0.0, 1.0));
+    v.section("schedule", schedule, "how epsilon changes over training (any LR schedule shape; default constant)");
+  }
+};
+
 struct TrainConfig {
   Period duration = Period::epochs(10);
   Period eval_every = Period::epochs(1);
   Period log_every = Period::steps(100);
   double target_accuracy = 0.0;
+  Count accumulate = Count::of(1);
+  int64_t global_batch = 0;
+  std::string lr_scaling = "none";
   template <class V> void visit(V& v) {
-    v.field("duration", duration, "how long to train (10ep, 5000u)", period_enabled());
+    v.field("duration", duration, "how long to train (10ep, 5000u optimizer steps)", period_enabled());
+    v.field("accumulate", accumulate, "micro-batches per optimizer step (auto: from global_batch)");
+    v.field("global_batch", global_batch,
+            "samples per optimizer step over all ranks (0: off); accumulate: auto derives accumulate from it, "
+            "otherwise batch_size x accumulate x world must equal it", non_negative<int64_t>());
+    v.field("lr_scaling", lr_scaling, "scale optim.lr by (accumulate x world): none | linear | sqrt",
+            one_of({"none", "linear", "sqrt"}));
     v.field("eval_every", eval_every, "evaluate on the held-out split every period");
     v.field("log_every", log_every, "log training metrics every period (non-terminal output)");
     v.field("target_accuracy", target_accuracy, "report time-to-accuracy for this test accuracy (0: off)",
@@ -221,6 +338,12 @@ struct ExperimentConfig {
   OptimConfig optim;
   ScheduleConfig schedule;
   TrainConfig train;
+  AmpConfig amp;
+  ClipConfig clip;
+  GradHealthConfig grad_health;
+  EmaConfig ema;
+  EarlyStoppingConfig early_stopping;
+  LabelSmoothingConfig label_smoothing;
   CheckpointConfig checkpoint;
   template <class V> void visit(V& v) {
     v.section("run", run, "naming, output folder and seed");
@@ -230,6 +353,12 @@ struct ExperimentConfig {
     v.section("optim", optim, "optimizer");
     v.section("schedule", schedule, "learning-rate schedule");
     v.section("train", train, "training loop");
+    v.section("amp", amp, "mixed precision");
+    v.section("clip", clip, "gradient clipping");
+    v.section("grad_health", grad_health, "non-finite and exploding gradients");
+    v.section("ema", ema, "exponential moving average of the weights");
+    v.section("early_stopping", early_stopping, "stop when monitored metrics stall or diverge");
+    v.section("label_smoothing", label_smoothing, "label smoothing, fixed or scheduled");
     v.section("checkpoint", checkpoint, "checkpoints and resume");
   }
 };

@@ -15,10 +15,12 @@ namespace mltrain::train {
 
 // Window accumulator shared by the writers.
 struct Window {
-  double loss = 0, step_s = 0, data_s = 0;
+  double loss = 0, step_s = 0, data_s = 0, grad_norm = 0, grad_norm_max = 0;
   int64_t correct = 0, count = 0, steps = 0;
   void add(const StepInfo& s) {
     loss += s.loss; correct += s.correct; count += s.count; steps += 1; step_s += s.step_seconds; data_s += s.data_seconds;
+    grad_norm += s.grad_norm;
+    grad_norm_max = std::max(grad_norm_max, s.grad_norm);
   }
 };
 

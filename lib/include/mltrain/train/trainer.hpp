@@ -1,6 +1,8 @@
 #pragma once
-// The training loop: one flat function (Trainer::fit) you can read top to bottom. Everything
-// optional — metrics files, progress, checkpoints — hangs off Observer hooks.
+// The training loop: one flat function (Trainer::fit) you can read top to bottom. Per-step
+// techniques (accumulation, autocast, loss scaling, clipping, gradient health, EMA, label
+// smoothing) are small components it calls in order; everything else — metrics files, progress,
+// checkpoints, early stopping — hangs off Observer hooks.
 //
 //   Trainer t(cfg, *model, *optimizer, train_loader, eval_loader);
 //   t.add_observer(std::make_unique<MetricsWriter>(run_dir));
@@ -8,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -17,14 +20,17 @@
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
 #include "mltrain/optim/schedule.hpp"
+#include "mltrain/train/techniques.hpp"
 
 namespace mltrain::train {
 
 struct Progress {
-  int64_t step = 0;            // optimizer steps done
+  int64_t step = 0;            // optimizer-step attempts done (skipped ones included)
   int64_t epoch = 0;           // epoch the next batch belongs to
   int64_t batch_in_epoch = 0;  // next batch within that epoch
   double train_seconds = 0;    // wall time spent in fit(), summed over resumes
+  double lr_scale = 1.0;       // lowered by gradient-health rollbacks
+  int64_t skipped_steps = 0;   // steps whose update was skipped (inf/nan, skip_step, rollback)
   std::optional<double> time_to_target;
 };
 
@@ -33,6 +39,10 @@ struct StepInfo {
   int64_t correct = 0, count = 0;
   double lr = 0;
   double step_seconds = 0, data_seconds = 0;
+  double grad_norm = 0;       // before clipping
+  double label_smoothing = 0;
+  double loss_scale = 0;      // fp16 only
+  bool skipped = false;
 };
 
 struct EvalResult {
@@ -53,13 +63,16 @@ class Observer {
   virtual void on_train_end(Trainer&) {}
 };
 
+// Micro-batches per optimizer step after resolving train.accumulate / train.global_batch.
+int64_t resolve_accumulate(const config::ExperimentConfig& cfg, int64_t world);
+
 class Trainer {
  public:
   Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
           data::Loader& eval);
   void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
   void fit();
-  EvalResult evaluate(data::Loader& loader);
+  EvalResult evaluate(data::Loader& loader);  // with the EMA weights when ema.evaluate
 
   const config::ExperimentConfig& cfg() const { return cfg_; }
   model::Model& model() { return model_; }
@@ -67,12 +80,24 @@ class Trainer {
   Progress& progress() { return progress_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
-  double lr_at(int64_t step) const { return schedule_->lr(step); }
+  int64_t accumulate() const { return accumulate_; }
+  double lr_at(int64_t optimizer_step) const { return schedule_->lr(optimizer_step) * progress_.lr_scale; }
   optim::Schedule& schedule() { return *schedule_; }
   std::optional<EvalResult> last_eval() const { return last_eval_; }
   double data_wait_seconds() const { return train_.wait_seconds(); }
+  const std::string& stop_reason() const { return stop_reason_; }
+  void request_stop(std::string reason) { stop_reason_ = std::move(reason); }
+
+  // Technique state for checkpoints: JSON in trainer.json, tensors (EMA) in state.safetensors.
+  nlohmann::json technique_state() const;
+  void load_technique_state(const nlohmann::json& j);
+  model::NamedTensors technique_tensors() const;
+  void load_technique_tensors(const std::map<std::string, torch::Tensor>& t);
 
  private:
+  bool handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params, double norm);
+  void take_snapshot();
+
   const config::ExperimentConfig& cfg_;
   model::Model& model_;
   optim::Optimizer& opt_;
@@ -80,9 +105,16 @@ class Trainer {
   data::Loader& eval_;
   std::vector<std::unique_ptr<Observer>> observers_;
   Progress progress_;
-  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0, accumulate_ = 1;
   std::optional<EvalResult> last_eval_;
-  std::unique_ptr<optim::Schedule> schedule_;
+  std::unique_ptr<optim::Schedule> schedule_, smoothing_;
+  std::optional<LossScaler> scaler_;
+  GradClipper clipper_;
+  GradHealth health_;
+  std::unique_ptr<Ema> ema_;
+  EarlyStopping early_;
+  std::deque<Snapshot> snapshots_;
+  std::string stop_reason_, failure_;
 };
 
 }  // namespace mltrain::train
