@@ -10,4 +10,5 @@ void setup_train(CLI::App& app, Action& run);
 void setup_config(CLI::App& app, Action& run);
 void setup_data(CLI::App& app, Action& run);
 void setup_schedule(CLI::App& app, Action& run);
+void setup_landscape(CLI::App& app, Action& run);
 }  // namespace mltrain::cli

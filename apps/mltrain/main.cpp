@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   mltrain::cli::setup_config(app, run);
   mltrain::cli::setup_data(app, run);
   mltrain::cli::setup_schedule(app, run);
+  mltrain::cli::setup_landscape(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

@@ -8,6 +8,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/data/dataset.hpp"
+#include "mltrain/data/augment.hpp"
 #include "mltrain/data/loader.hpp"
 
 using namespace mltrain;
@@ -239,4 +240,105 @@ TEST_CASE("normalize_u8 matches the scalar formula for every byte", "[loader]") 
   std::vector<float> dst(src.size());
   normalize_u8(src.data(), dst.data(), static_cast<int64_t>(src.size()), 0.5f, -1.f);
   for (size_t i = 0; i < src.size(); ++i) CHECK(dst[i] == static_cast<float>(src[i]) * 0.5f - 1.f);
+}
+
+static config::AugmentConfig no_aug() {
+  config::AugmentConfig a;
+  return a;
+}
+
+TEST_CASE("augment: identities and exact ops", "[augment]") {
+  std::vector<float> img(28 * 28);
+  for (size_t i = 0; i < img.size(); ++i) img[i] = static_cast<float>((i * 37) % 101) / 100.f;
+  auto run = [&](config::AugmentConfig a, uint64_t key = 7) {
+    std::vector<float> px = img;
+    Augmenter(a, 1).sample(px.data(), 1, 28, 28, 0.5, key);
+    return px;
+  };
+  auto a = no_aug();
+  a.crop.p = 1;  // full-area, square crop at pixel centres = identity
+  a.crop_scale = {1.0, 1.0};
+  a.crop_ratio = {1.0, 1.0};
+  auto out = run(a);
+  for (size_t i = 0; i < img.size(); ++i) REQUIRE(out[i] == Approx(img[i]).margin(1e-5));
+  a = no_aug();
+  a.rotate.p = 1;
+  a.rotate_degrees = 0;
+  out = run(a);
+  for (size_t i = 0; i < img.size(); ++i) REQUIRE(out[i] == Approx(img[i]).margin(1e-5));
+  a = no_aug();
+  a.flip.p = 1;
+  out = run(a);
+  for (int y = 0; y < 28; ++y)
+    for (int x = 0; x < 28; ++x) REQUIRE(out[y * 28 + x] == img[y * 28 + 27 - x]);
+  a = no_aug();
+  a.erase.p = 1;
+  out = run(a);
+  int64_t zeroed = 0;
+  for (size_t i = 0; i < img.size(); ++i) zeroed += (out[i] == 0.f && img[i] != 0.f);
+  CHECK(zeroed >= 1);
+  CHECK(zeroed <= static_cast<int64_t>(0.2 * 784 * 1.2) + 28);
+  // Windows: an op outside its part of training does nothing.
+  a = no_aug();
+  a.flip.p = 1;
+  a.flip.window = {0.7, 1.0};
+  std::vector<float> px = img;
+  CHECK_FALSE(Augmenter(a, 1).sample(px.data(), 1, 28, 28, /*progress=*/0.5, 7));
+  CHECK(Augmenter(a, 1).sample(px.data(), 1, 28, 28, /*progress=*/0.8, 7));
+  // Same key, same result; another key, another crop.
+  a = no_aug();
+  a.crop.p = 1;
+  CHECK(run(a, 3) == run(a, 3));
+  CHECK(run(a, 3) != run(a, 4));
+}
+
+TEST_CASE("augment: mixup is lam*x + (1-lam)*x[perm] and cutmix's lam is the kept area", "[augment]") {
+  auto a = no_aug();
+  a.mixup.p = 1;
+  auto x = torch::randn({8, 1, 28, 28});
+  auto y = torch::arange(8);
+  auto x0 = x.clone();
+  auto m = Augmenter(a, 1).batch(x, y, 0.5, 11);
+  REQUIRE(m.mixed);
+  CHECK(m.lam > 0);
+  CHECK(m.lam < 1);
+  auto partner = x0.index_select(0, m.y2);  // labels are indices here
+  CHECK(torch::allclose(x, x0 * m.lam + partner * (1 - m.lam), 1e-5, 1e-5));
+  a = no_aug();
+  a.cutmix.p = 1;
+  x = x0.clone();
+  m = Augmenter(a, 1).batch(x, y, 0.5, 12);
+  REQUIRE(m.mixed);
+  const double kept = x.eq(x0).all(0).to(torch::kDouble).mean().item<double>();
+  CHECK(m.lam == Approx(kept).margin(1e-9));
+}
+
+TEST_CASE("augmented batches do not depend on the worker count", "[augment][loader]") {
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz", kFmnist + "/t10k-labels-idx1-ubyte.gz", 10).slice(0, 640);
+  auto a = no_aug();
+  a.crop.p = 1;
+  a.flip.p = 0.5;
+  a.rotate.p = 0.5;
+  a.color.p = 0.5;
+  a.erase.p = 0.5;
+  a.mixup.p = 0.5;
+  LoaderOptions o;
+  o.batch_size = 64;
+  o.seed = 3;
+  o.mean = 0.3f;
+  o.std = 0.3f;
+  std::vector<std::vector<torch::Tensor>> runs;
+  for (int64_t w : {0, 1, 3}) {
+    o.workers = w;
+    Loader l(ds, o);
+    l.set_augmenter(std::make_shared<Augmenter>(a, 3), 100);
+    runs.push_back(collect(l, 1));
+    CHECK(l.augmented_samples() == 640);
+    CHECK(l.augment_seconds() > 0);
+  }
+  for (size_t r = 1; r < runs.size(); ++r)
+    for (size_t i = 0; i < runs[0].size(); ++i) CHECK(torch::equal(runs[r][i], runs[0][i]));
+  o.workers = 0;
+  Loader plain(ds, o);
+  CHECK_FALSE(torch::equal(collect(plain, 1)[0], runs[0][0]));  // augmentation did change the batch
 }

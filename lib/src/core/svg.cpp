@@ -78,4 +78,49 @@ std::string SvgChart::render(int width, int height) const {
   return o.str();
 }
 
+std::string svg_heatmap(const std::string& title, const std::vector<double>& xs, const std::vector<double>& ys,
+                        const std::vector<double>& v, const std::string& x_label, const std::string& y_label) {
+  const int cell = 24, L = 70, T = 36;
+  const int W = L + cell * static_cast<int>(xs.size()) + 90, H = T + cell * static_cast<int>(ys.size()) + 46;
+  double lo = INFINITY, hi = -INFINITY;
+  for (double x : v)
+    if (std::isfinite(x)) lo = std::min(lo, x), hi = std::max(hi, x);
+  if (!(hi > lo)) hi = lo + 1;
+  auto color = [&](double x) {
+    if (!std::isfinite(x)) return std::string("#888888");
+    const double t = std::sqrt((x - lo) / (hi - lo));  // more contrast near the minimum
+    const int r = static_cast<int>(40 + 215 * t), g = static_cast<int>(30 + 200 * t), b = static_cast<int>(120 - 90 * t);
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "#%02x%02x%02x", r, g, b);
+    return std::string(buf);
+  };
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o << "<text x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
+  for (size_t r = 0; r < ys.size(); ++r)
+    for (size_t c = 0; c < xs.size(); ++c) {
+      const double val = v[r * xs.size() + c];
+      o << "<rect x=\"" << L + cell * c << "\" y=\"" << T + cell * (ys.size() - 1 - r) << "\" width=\"" << cell
+        << "\" height=\"" << cell << "\" fill=\"" << color(val) << "\"><title>" << num(xs[c]) << ", " << num(ys[r])
+        << ": " << num(val) << "</title></rect>\n";
+    }
+  const int bottom = T + cell * static_cast<int>(ys.size());
+  o << "<text x=\"" << L << "\" y=\"" << bottom + 14 << "\">" << num(xs.front()) << "</text>\n<text x=\""
+    << L + cell * xs.size() << "\" y=\"" << bottom + 14 << "\" text-anchor=\"end\">" << num(xs.back()) << "</text>\n";
+  o << "<text x=\"" << L - 4 << "\" y=\"" << bottom << "\" text-anchor=\"end\">" << num(ys.front()) << "</text>\n<text x=\""
+    << L - 4 << "\" y=\"" << T + 10 << "\" text-anchor=\"end\">" << num(ys.back()) << "</text>\n";
+  o << "<text x=\"" << L + cell * xs.size() / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">" << xml_escape(x_label)
+    << "</text>\n<text transform=\"translate(16," << T + cell * ys.size() / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
+    << xml_escape(y_label) << "</text>\n";
+  const int lx = L + cell * static_cast<int>(xs.size()) + 20;  // legend
+  for (int k = 0; k <= 4; ++k) {
+    const double val = lo + (hi - lo) * (1 - k / 4.0) * (1 - k / 4.0);
+    o << "<rect x=\"" << lx << "\" y=\"" << T + k * 22 << "\" width=\"14\" height=\"14\" fill=\"" << color(val)
+      << "\"/><text x=\"" << lx + 18 << "\" y=\"" << T + k * 22 + 11 << "\">" << num(val) << "</text>\n";
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
 }  // namespace mltrain

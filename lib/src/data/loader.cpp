@@ -1,6 +1,7 @@
 #include "mltrain/data/loader.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -71,7 +72,8 @@ static void normalize_f32(const float* src, float* dst, int64_t n, float scale, 
 
 struct Loader::State {
   struct Slot {
-    torch::Tensor x, y;
+    torch::Tensor x, y, y2;
+    double lam = 1.0;
     int64_t turn = 0;         // the next batch number allowed to write this slot
     int64_t ready = -1;       // the batch number now in the slot
     bool free = true;
@@ -83,6 +85,7 @@ struct Loader::State {
   int64_t next_batch = 0, num_batches = 0;
   bool stop = false;
   double wait = 0;
+  std::atomic<int64_t> aug_ns{0}, aug_samples{0};
   std::vector<std::thread> threads;
 };
 
@@ -119,8 +122,10 @@ void Loader::stop_workers() {
   st_->threads.clear();
 }
 
-static void fill(const Dataset& ds, const LoaderOptions& opt, const std::vector<int64_t>& order, int64_t b,
-                 torch::Tensor& x, torch::Tensor& y) {
+void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& y2, double& lam) {
+  const auto& ds = ds_;
+  const auto& opt = opt_;
+  const auto& order = st_->order;
   const int64_t begin = b * opt.batch_size;
   const int64_t end = std::min<int64_t>(begin + opt.batch_size, static_cast<int64_t>(order.size()));
   const int64_t elems = ds.sample_elems();
@@ -128,6 +133,10 @@ static void fill(const Dataset& ds, const LoaderOptions& opt, const std::vector<
   int64_t* yp = y.data_ptr<int64_t>();
   const float inv_std = 1.f / opt.std;
   const size_t bytes = ds.sample_bytes();
+  const bool augment = aug_ && aug_->any_sample_op() && ds.sample_shape.size() == 3;
+  const double progress = static_cast<double>(epoch_ * batches_per_epoch() + b) / static_cast<double>(total_batches_);
+  thread_local std::vector<float> pixels;
+  double aug_s = 0;
   for (int64_t i = begin; i < end; ++i) {
     const int64_t idx = order[static_cast<size_t>(i)];
     // Samples are random reads from the whole data set: start fetching the next one's cache
@@ -137,13 +146,44 @@ static void fill(const Dataset& ds, const LoaderOptions& opt, const std::vector<
       for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off);
     }
     float* dst = xp + (i - begin) * elems;
-    if (ds.dtype == DType::kU8)
+    if (augment) {  // pixels in [0, 1] -> augment -> normalise
+      pixels.resize(static_cast<size_t>(elems));
+      if (ds.dtype == DType::kU8) normalize_u8(ds.sample(idx), pixels.data(), elems, 1.f / 255.f, 0.f);
+      else std::memcpy(pixels.data(), ds.sample(idx), static_cast<size_t>(elems) * 4);
+      const auto ta = std::chrono::steady_clock::now();
+      const uint64_t key = static_cast<uint64_t>(epoch_) * static_cast<uint64_t>(ds.count) + static_cast<uint64_t>(i);
+      aug_->sample(pixels.data(), ds.sample_shape[0], ds.sample_shape[1], ds.sample_shape[2], progress, key);
+      aug_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
+      for (int64_t j = 0; j < elems; ++j) dst[j] = (pixels[j] - opt.mean) * inv_std;
+    } else if (ds.dtype == DType::kU8) {
       normalize_u8(ds.sample(idx), dst, elems, inv_std / 255.f, -opt.mean * inv_std);
-    else
+    } else {
       normalize_f32(reinterpret_cast<const float*>(ds.sample(idx)), dst, elems, inv_std, -opt.mean * inv_std);
+    }
     yp[i - begin] = ds.label(idx);
   }
+  lam = 1.0;
+  y2 = torch::Tensor();
+  if (aug_ && aug_->any_batch_op() && ds.sample_shape.size() == 3) {
+    const auto ta = std::chrono::steady_clock::now();
+    auto xb = x.narrow(0, 0, end - begin);
+    auto m = aug_->batch(xb, y.narrow(0, 0, end - begin), progress,
+                         static_cast<uint64_t>(epoch_ * batches_per_epoch() + b));
+    if (m.mixed) lam = m.lam, y2 = m.y2;
+    aug_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
+  }
+  if (aug_) {
+    st_->aug_ns += static_cast<int64_t>(aug_s * 1e9);
+    st_->aug_samples += end - begin;
+  }
 }
+
+void Loader::set_augmenter(std::shared_ptr<Augmenter> aug, int64_t total_batches) {
+  aug_ = std::move(aug);
+  total_batches_ = std::max<int64_t>(1, total_batches);
+}
+double Loader::augment_seconds() const { return st_->aug_ns.load() * 1e-9; }
+int64_t Loader::augmented_samples() const { return st_->aug_samples.load(); }
 
 void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   stop_workers();
@@ -152,6 +192,7 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   st.order = epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle);
   if (opt_.drop_last) st.order.resize(static_cast<size_t>(batches_per_epoch() * opt_.batch_size));
   st.num_batches = batches_per_epoch();
+  epoch_ = epoch;
   st.next_batch = std::min(first_batch, st.num_batches);
   const int64_t P = static_cast<int64_t>(st.slots.size());
   for (int64_t s = 0; s < P; ++s) {
@@ -173,7 +214,7 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
           if (st.stop) return;
           slot.free = false;
         }
-        fill(ds_, opt_, st.order, b, slot.x, slot.y);
+        fill(b, slot.x, slot.y, slot.y2, slot.lam);
         {
           std::lock_guard<std::mutex> lock(st.mu);
           slot.ready = b;
@@ -203,7 +244,7 @@ bool Loader::next(Batch& out) {
     slot.free = false;
     lock.unlock();
     auto t0 = std::chrono::steady_clock::now();
-    fill(ds_, opt_, st.order, b, slot.x, slot.y);
+    fill(b, slot.x, slot.y, slot.y2, slot.lam);
     st.wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     slot.ready = b;
   } else {
@@ -218,6 +259,8 @@ bool Loader::next(Batch& out) {
   out.x = size == opt_.batch_size ? slot.x : slot.x.narrow(0, 0, size);
   out.y = size == opt_.batch_size ? slot.y : slot.y.narrow(0, 0, size);
   out.index = b;
+  out.lam = slot.lam;
+  out.y2 = slot.y2.defined() ? slot.y2.narrow(0, 0, size) : slot.y2;
   State::Slot* sp = &slot;
   out.lease = std::shared_ptr<void>(nullptr, [st_ptr, sp, P](void*) {
     {

@@ -57,6 +57,10 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
                       {"time_s", t.progress().train_seconds}};
   if (t.cfg().label_smoothing.value > 0) j["label_smoothing"] = s.label_smoothing;
   if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;
+  if (auto* aug = t.train_loader().augmenter(); aug && t.train_loader().augmented_samples() > 0) {
+    j["augment_us_per_sample"] = 1e6 * t.train_loader().augment_seconds() / t.train_loader().augmented_samples();
+    j["augment_strength"] = aug->strength();
+  }
   write(j);
   w_ = Window{};
 }

@@ -163,12 +163,18 @@ void Trainer::fit() {
         logits = model_.forward(batch.x);
       }
       logits = logits.to(torch::kFloat32);
-      auto loss = F::cross_entropy(logits, batch.y, F::CrossEntropyFuncOptions().label_smoothing(eps));
+      const auto ce_opts = F::CrossEntropyFuncOptions().label_smoothing(eps);
+      auto loss = F::cross_entropy(logits, batch.y, ce_opts);
+      if (batch.y2.defined())  // mixup/cutmix: the same mix of the two label sets
+        loss = loss * batch.lam + F::cross_entropy(logits, batch.y2, ce_opts) * (1 - batch.lam);
       const int64_t b = batch.y.size(0);
       auto part = loss * (static_cast<double>(b) / full_window);
       (scaler_ ? scaler_->scale(part) : part).backward();
       info.loss += loss.item<double>() * b;
-      info.correct += logits.argmax(1).eq(batch.y).sum().item<int64_t>();
+      const int64_t correct = logits.argmax(1).eq(batch.y).sum().item<int64_t>();
+      info.correct += correct;
+      since_eval_correct_ += correct;
+      since_eval_count_ += b;
       window_samples += b;
       const bool epoch_end = batch.index + 1 >= bpe;
       if (++micro < accumulate_ && !epoch_end) {
@@ -227,6 +233,9 @@ void Trainer::fit() {
             {{"eval_loss", last_eval_->loss}, {"eval_accuracy", last_eval_->accuracy}, {"train_loss", info.loss}},
             progress_.step);
         if (!why.empty()) stop_reason_ = why;
+        if (auto* aug = train_.augmenter(); aug && since_eval_count_ > 0)
+          aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_, last_eval_->accuracy);
+        since_eval_correct_ = since_eval_count_ = 0;
         for (auto& o : observers_) o->on_eval_end(*this, *last_eval_);
       }
       for (auto& o : observers_) o->on_step_end(*this, info);
@@ -252,6 +261,7 @@ nlohmann::json Trainer::technique_state() const {
   nlohmann::json j = {{"clip", clipper_.state()}, {"grad_health", health_.state()}, {"early_stopping", early_.state()}};
   if (scaler_) j["loss_scaler"] = scaler_->state();
   if (ema_) j["ema_updates"] = ema_->updates();
+  if (auto* aug = train_.augmenter()) j["augment_strength"] = aug->strength();
   return j;
 }
 
@@ -261,6 +271,7 @@ void Trainer::load_technique_state(const nlohmann::json& j) {
   if (j.contains("early_stopping")) early_.load(j["early_stopping"]);
   if (scaler_ && j.contains("loss_scaler")) scaler_->load(j["loss_scaler"]);
   if (ema_ && j.contains("ema_updates")) ema_->set_updates(j["ema_updates"]);
+  if (auto* aug = train_.augmenter(); aug && j.contains("augment_strength")) aug->set_strength(j["augment_strength"]);
 }
 
 model::NamedTensors Trainer::technique_tensors() const { return ema_ ? ema_->state() : model::NamedTensors{}; }

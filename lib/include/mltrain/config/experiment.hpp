@@ -38,6 +38,47 @@ struct RuntimeConfig {
   }
 };
 
+// One augmentation: probability, strength and the part of training it is active in.
+struct AugOpConfig {
+  double p = 0.0;
+  std::vector<double> window = {0.0, 1.0};
+  template <class V> void visit(V& v) {
+    v.field("p", p, "probability per sample (mixup/cutmix: per batch); 0 = off", in_range(0.0, 1.0));
+    v.field("window", window, "[start, end] as fractions of training, e.g. [0.7, 1.0] = only the last 30%");
+  }
+};
+
+struct AugmentConfig {
+  AugOpConfig crop, flip, rotate, color, erase, mixup, cutmix;
+  std::vector<double> crop_scale = {0.7, 1.0}, crop_ratio = {0.75, 1.3333333333333333};
+  double rotate_degrees = 10.0;
+  double brightness = 0.2, contrast = 0.2;
+  std::vector<double> erase_scale = {0.02, 0.2};
+  double mix_alpha = 0.2;
+  bool adaptive = false;
+  double adaptive_gap = 0.02, adaptive_step = 0.1;
+  template <class V> void visit(V& v) {
+    v.section("crop", crop, "random resized crop (scale and aspect-ratio ranges), bilinear, back to the input size");
+    v.field("crop_scale", crop_scale, "crop: area fraction range");
+    v.field("crop_ratio", crop_ratio, "crop: aspect ratio range (log-uniform)");
+    v.section("flip", flip, "horizontal flip");
+    v.section("rotate", rotate, "rotation by up to rotate_degrees, bilinear, background fill");
+    v.field("rotate_degrees", rotate_degrees, "rotate: largest angle", in_range(0.0, 180.0));
+    v.section("color", color, "brightness and contrast jitter");
+    v.field("brightness", brightness, "color: largest brightness shift (pixel units, [0,1] scale)", in_range(0.0, 1.0));
+    v.field("contrast", contrast, "color: largest relative contrast change", in_range(0.0, 1.0));
+    v.section("erase", erase, "random erasing / cutout of one rectangle");
+    v.field("erase_scale", erase_scale, "erase: area fraction range");
+    v.section("mixup", mixup, "mixup of whole batches (Zhang et al. 2018)");
+    v.section("cutmix", cutmix, "cutmix of whole batches (Yun et al. 2019)");
+    v.field("mix_alpha", mix_alpha, "mixup/cutmix: Beta(alpha, alpha) mixing weight", positive<double>());
+    v.field("adaptive", adaptive, "scale magnitudes by a strength that follows the train/eval accuracy gap");
+    v.field("adaptive_gap", adaptive_gap, "adaptive: raise strength while train acc - eval acc exceeds this",
+            non_negative<double>());
+    v.field("adaptive_step", adaptive_step, "adaptive: strength change per evaluation", in_range(0.0, 1.0));
+  }
+};
+
 struct DataConfig {
   std::string dataset = "fashion_mnist";
   std::string root = "/usr/share/datasets/fashion-mnist";
@@ -53,6 +94,7 @@ struct DataConfig {
   bool drop_last = true;
   double mean = 0.2860;  // Fashion-MNIST training-set pixel mean / std, in [0, 1] units
   double std = 0.3530;
+  AugmentConfig augment;
   template <class V> void visit(V& v) {
     v.field("dataset", dataset, "fashion_mnist (files under root) or files (the four paths below)",
             one_of({"fashion_mnist", "files"}));
@@ -73,6 +115,7 @@ struct DataConfig {
     v.field("drop_last", drop_last, "drop the last incomplete training batch");
     v.field("mean", mean, "normalisation mean (pixels scaled to [0,1] first)");
     v.field("std", std, "normalisation std", positive<double>());
+    v.section("augment", augment, "augmentation in the loader workers (training split only)");
   }
 };
 

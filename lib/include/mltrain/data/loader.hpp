@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "mltrain/data/augment.hpp"
 #include "mltrain/data/dataset.hpp"
 
 namespace mltrain::data {
@@ -40,6 +41,8 @@ int64_t auto_workers(int64_t cores);
 
 struct Batch {
   torch::Tensor x, y;  // x: float [B, sample_shape...], y: int64 [B]
+  torch::Tensor y2;    // mixup/cutmix partner labels (undefined when not mixed)
+  double lam = 1.0;    // weight of y in the loss; 1 - lam for y2
   int64_t index = -1;  // batch number within the epoch
   std::shared_ptr<void> lease;  // releases the slot when the last copy goes away
 };
@@ -56,15 +59,24 @@ class Loader {
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   bool next(Batch& out);        // false when the epoch is done
   double wait_seconds() const;  // total time next() spent blocked on workers
+  // Augmentation (training loader only): applied in the workers; progress for each op's window is
+  // (epoch * batches_per_epoch + batch) / total_batches.
+  void set_augmenter(std::shared_ptr<Augmenter> aug, int64_t total_batches);
+  Augmenter* augmenter() const { return aug_.get(); }
+  double augment_seconds() const;   // summed over workers
+  int64_t augmented_samples() const;
   const LoaderOptions& options() const { return opt_; }
   const Dataset& dataset() const { return ds_; }
 
  private:
   struct State;
   void stop_workers();
+  void fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& y2, double& lam);
   Dataset ds_;
   LoaderOptions opt_;
   std::shared_ptr<State> st_;
+  std::shared_ptr<Augmenter> aug_;
+  int64_t total_batches_ = 1, epoch_ = 0;
 };
 
 // Converts n u8 pixels to normalised floats (vectorised for the host CPU at run time).

@@ -85,6 +85,7 @@ class Trainer {
   optim::Schedule& schedule() { return *schedule_; }
   std::optional<EvalResult> last_eval() const { return last_eval_; }
   double data_wait_seconds() const { return train_.wait_seconds(); }
+  data::Loader& train_loader() { return train_; }
   const std::string& stop_reason() const { return stop_reason_; }
   void request_stop(std::string reason) { stop_reason_ = std::move(reason); }
 
@@ -115,6 +116,7 @@ class Trainer {
   EarlyStopping early_;
   std::deque<Snapshot> snapshots_;
   std::string stop_reason_, failure_;
+  int64_t since_eval_correct_ = 0, since_eval_count_ = 0;  // train accuracy for adaptive augmentation
 };
 
 }  // namespace mltrain::train

@@ -1,0 +1,173 @@
+#include "mltrain/data/augment.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace mltrain::data {
+namespace {
+
+struct Rng {  // SplitMix64, seeded per sample: independent of threads and order
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (next() >> 11) * 0x1.0p-53; }
+  double uniform(double a, double b) { return a + (b - a) * uniform(); }
+  double gamma(double k) {  // Marsaglia-Tsang, with the k < 1 boost
+    if (k < 1) return gamma(k + 1) * std::pow(uniform() + 1e-300, 1.0 / k);
+    const double d = k - 1.0 / 3, c = 1 / std::sqrt(9 * d);
+    for (;;) {
+      double x, v;
+      do {
+        const double u1 = uniform() + 1e-300, u2 = uniform();
+        x = std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);
+        v = 1 + c * x;
+      } while (v <= 0);
+      v = v * v * v;
+      const double u = uniform();
+      if (u < 1 - 0.0331 * x * x * x * x || std::log(u) < 0.5 * x * x + d * (1 - v + std::log(v))) return d * v;
+    }
+  }
+  double beta(double a, double b) {
+    const double x = gamma(a), y = gamma(b);
+    return x / (x + y);
+  }
+};
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  Rng r{a * 0x100000001B3ull ^ (b + 0x51ED270B27ull)};
+  return r.next();
+}
+
+bool active(const config::AugOpConfig& op, double progress) {
+  if (op.p <= 0) return false;
+  const double lo = op.window.size() > 0 ? op.window[0] : 0.0, hi = op.window.size() > 1 ? op.window[1] : 1.0;
+  return progress >= lo && progress <= hi;
+}
+
+// Bilinear sample of channel plane `src` (h x w) at (y, x); outside reads `fill`.
+float bilinear(const float* src, int64_t h, int64_t w, double y, double x, float fill) {
+  const double y0 = std::floor(y), x0 = std::floor(x);
+  const double dy = y - y0, dx = x - x0;
+  auto at = [&](int64_t yy, int64_t xx) { return (yy < 0 || xx < 0 || yy >= h || xx >= w) ? fill : src[yy * w + xx]; };
+  const int64_t iy = static_cast<int64_t>(y0), ix = static_cast<int64_t>(x0);
+  return static_cast<float>((1 - dy) * ((1 - dx) * at(iy, ix) + dx * at(iy, ix + 1)) +
+                            dy * ((1 - dx) * at(iy + 1, ix) + dx * at(iy + 1, ix + 1)));
+}
+
+}  // namespace
+
+Augmenter::Augmenter(const config::AugmentConfig& cfg, uint64_t seed) : cfg_(cfg), seed_(seed) {}
+
+bool Augmenter::any_sample_op() const {
+  return cfg_.crop.p > 0 || cfg_.flip.p > 0 || cfg_.rotate.p > 0 || cfg_.color.p > 0 || cfg_.erase.p > 0;
+}
+bool Augmenter::any_batch_op() const { return cfg_.mixup.p > 0 || cfg_.cutmix.p > 0; }
+
+void Augmenter::adapt(double train_accuracy, double eval_accuracy) {
+  if (!cfg_.adaptive) return;
+  const double gap = train_accuracy - eval_accuracy;
+  set_strength(strength() + (gap > cfg_.adaptive_gap ? cfg_.adaptive_step : -cfg_.adaptive_step));
+}
+
+bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progress, uint64_t key) const {
+  Rng rng{mix(seed_, key)};
+  const double s = strength();
+  bool changed = false;
+  std::vector<float> tmp;
+  auto resample = [&](auto&& map) {  // map(out_y, out_x) -> (src_y, src_x)
+    tmp.assign(px, px + c * h * w);
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t y = 0; y < h; ++y)
+        for (int64_t x = 0; x < w; ++x) {
+          auto [sy, sx] = map(static_cast<double>(y), static_cast<double>(x));
+          px[(ch * h + y) * w + x] = bilinear(tmp.data() + ch * h * w, h, w, sy, sx, 0.f);
+        }
+    changed = true;
+  };
+  if (active(cfg_.crop, progress) && rng.uniform() < cfg_.crop.p) {
+    // RandomResizedCrop: area fraction and log-uniform aspect ratio; strength narrows the range toward 1.
+    const double lo = 1 - (1 - cfg_.crop_scale[0]) * s, hi = cfg_.crop_scale[1];
+    const double area = rng.uniform(std::min(lo, hi), hi) * h * w;
+    const double lr = std::log(cfg_.crop_ratio[0]), hr = std::log(cfg_.crop_ratio[1]);
+    const double ratio = std::exp(rng.uniform(lr, hr));
+    const double cw = std::min<double>(w, std::sqrt(area * ratio)), chh = std::min<double>(h, std::sqrt(area / ratio));
+    const double top = rng.uniform(0, h - chh), left = rng.uniform(0, w - cw);
+    resample([&](double y, double x) {
+      return std::pair<double, double>{top + (y + 0.5) * chh / h - 0.5, left + (x + 0.5) * cw / w - 0.5};
+    });
+  }
+  if (active(cfg_.rotate, progress) && rng.uniform() < cfg_.rotate.p) {
+    const double a = rng.uniform(-1, 1) * cfg_.rotate_degrees * s * M_PI / 180;
+    const double cy = (h - 1) / 2.0, cx = (w - 1) / 2.0, ca = std::cos(a), sa = std::sin(a);
+    resample([&](double y, double x) {
+      return std::pair<double, double>{cy + (y - cy) * ca - (x - cx) * sa, cx + (y - cy) * sa + (x - cx) * ca};
+    });
+  }
+  if (active(cfg_.flip, progress) && rng.uniform() < cfg_.flip.p) {
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t y = 0; y < h; ++y) std::reverse(px + (ch * h + y) * w, px + (ch * h + y + 1) * w);
+    changed = true;
+  }
+  if (active(cfg_.color, progress) && rng.uniform() < cfg_.color.p) {
+    const double n = static_cast<double>(c * h * w);
+    double mean = 0;
+    for (int64_t i = 0; i < c * h * w; ++i) mean += px[i];
+    mean /= n;
+    const double k = 1 + rng.uniform(-1, 1) * cfg_.contrast * s, b = rng.uniform(-1, 1) * cfg_.brightness * s;
+    for (int64_t i = 0; i < c * h * w; ++i)
+      px[i] = static_cast<float>(std::clamp((px[i] - mean) * k + mean + b, 0.0, 1.0));
+    changed = true;
+  }
+  if (active(cfg_.erase, progress) && rng.uniform() < cfg_.erase.p * s) {
+    const double area = rng.uniform(cfg_.erase_scale[0], cfg_.erase_scale[1]) * h * w;
+    const double ratio = std::exp(rng.uniform(std::log(0.3), std::log(3.3)));
+    const int64_t eh = std::clamp<int64_t>(std::llround(std::sqrt(area / ratio)), 1, h);
+    const int64_t ew = std::clamp<int64_t>(std::llround(std::sqrt(area * ratio)), 1, w);
+    const int64_t top = static_cast<int64_t>(rng.uniform() * (h - eh + 1)), left = static_cast<int64_t>(rng.uniform() * (w - ew + 1));
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t y = top; y < std::min(h, top + eh); ++y)
+        std::fill(px + (ch * h + y) * w + left, px + (ch * h + y) * w + std::min(w, left + ew), 0.f);
+    changed = true;
+  }
+  return changed;
+}
+
+MixResult Augmenter::batch(torch::Tensor& x, const torch::Tensor& y, double progress, uint64_t key) const {
+  MixResult r;
+  Rng rng{mix(seed_ ^ 0xC0FFEE, key)};
+  const bool mixup = active(cfg_.mixup, progress) && rng.uniform() < cfg_.mixup.p;
+  const bool cutmix = !mixup && active(cfg_.cutmix, progress) && rng.uniform() < cfg_.cutmix.p;
+  if (!mixup && !cutmix) return r;
+  const int64_t n = x.size(0);
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % static_cast<uint64_t>(i + 1)]);
+  auto idx = torch::from_blob(perm.data(), {n}, torch::kInt64).clone();
+  const auto partner = x.index_select(0, idx);
+  r.y2 = y.index_select(0, idx);
+  r.mixed = true;
+  double lam = rng.beta(cfg_.mix_alpha, cfg_.mix_alpha);
+  if (mixup) {
+    x.mul_(lam).add_(partner, 1 - lam);
+  } else {  // cutmix: paste a box of area (1 - lam) from the partner; lam follows the exact box area
+    const int64_t h = x.size(-2), w = x.size(-1);
+    const double cut = std::sqrt(1 - lam);
+    const int64_t bh = static_cast<int64_t>(h * cut), bw = static_cast<int64_t>(w * cut);
+    const int64_t cy = static_cast<int64_t>(rng.uniform() * h), cx = static_cast<int64_t>(rng.uniform() * w);
+    const int64_t y0 = std::clamp<int64_t>(cy - bh / 2, 0, h), y1 = std::clamp<int64_t>(cy + bh / 2, 0, h);
+    const int64_t x0 = std::clamp<int64_t>(cx - bw / 2, 0, w), x1 = std::clamp<int64_t>(cx + bw / 2, 0, w);
+    using torch::indexing::Slice;
+    x.index({Slice(), Slice(), Slice(y0, y1), Slice(x0, x1)})
+        .copy_(partner.index({Slice(), Slice(), Slice(y0, y1), Slice(x0, x1)}));
+    lam = 1 - static_cast<double>((y1 - y0) * (x1 - x0)) / static_cast<double>(h * w);
+  }
+  r.lam = lam;
+  return r;
+}
+
+}  // namespace mltrain::data
