@@ -326,3 +326,25 @@ TEST_CASE("plateau schedule is a pure function of its recorded history", "[sched
   a.observe(30, NAN);  // a NaN never counts as an improvement
   CHECK(a.lr(30) == 0.25);
 }
+
+TEST_CASE("gradnorm schedule backs off while gradients grow and recovers, state round-trips", "[schedule]") {
+  config::ScheduleConfig sc;
+  sc.name = "gradnorm";
+  sc.gn_reference = config::Period::steps(4);
+  sc.gn_beta = 0.5;
+  sc.gn_min_factor = 0.25;
+  optim::Schedule s(sc, 1.0, 100, 10);
+  for (int i = 0; i < 4; ++i) s.observe_grad_norm(2.0);  // reference = 2
+  CHECK(s.lr(4) == 1.0);
+  s.observe_grad_norm(6.0);  // ema = 0.5*2 + 0.5*6 = 4 -> factor 0.5
+  CHECK(s.lr(5) == Approx(0.5));
+  s.observe_grad_norm(NAN);  // ignored
+  CHECK(s.lr(6) == Approx(0.5));
+  for (int i = 0; i < 5; ++i) s.observe_grad_norm(100.0);
+  CHECK(s.lr(7) == Approx(0.25));  // floor
+  optim::Schedule t(sc, 1.0, 100, 10);
+  t.load_gradnorm_state(s.gradnorm_state());
+  CHECK(t.lr(7) == s.lr(7));
+  for (int i = 0; i < 40; ++i) s.observe_grad_norm(1.0);
+  CHECK(s.lr(8) == 1.0);  // capped at the base LR once norms settle below the reference
+}

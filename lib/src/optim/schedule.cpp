@@ -13,6 +13,7 @@ Schedule::Schedule(const config::ScheduleConfig& cfg, double base_lr, int64_t to
   step_size_ = cfg.step_size.to_steps(spe);
   t0_ = cfg.t0.to_steps(spe);
   for (const auto& m : cfg.milestones) milestones_.push_back(m.to_steps(spe));
+  gn_reference_steps_ = cfg.gn_reference.to_steps(spe);
   std::sort(milestones_.begin(), milestones_.end());
 }
 
@@ -51,6 +52,10 @@ double Schedule::inner(int64_t t, int64_t span) const {
     return anneal(base_, min_lr, (s - end1) / (end2 - end1));
   }
   if (c.name == "plateau") return base_;  // scaled by plateau_lr()
+  if (c.name == "gradnorm") {
+    if (gn_count_ <= gn_reference_steps_ || gn_ema_ <= 0 || !std::isfinite(gn_ema_)) return base_;
+    return base_ * std::clamp(gn_ref_ / gn_ema_, c.gn_min_factor, 1.0);
+  }
   throw ConfigError("schedule.name", "unknown schedule '" + c.name + "'");
 }
 
@@ -90,6 +95,25 @@ double Schedule::lr(int64_t step) const {
   }
   const double v = inner(step - warmup_, std::max<int64_t>(1, total_ - warmup_));
   return cfg_.name == "plateau" ? plateau_lr(step) : v;
+}
+
+void Schedule::observe_grad_norm(double norm) {
+  if (cfg_.name != "gradnorm" || !std::isfinite(norm)) return;
+  ++gn_count_;
+  if (gn_count_ <= gn_reference_steps_) {
+    gn_sum_ += norm;
+    gn_ref_ = gn_sum_ / gn_count_;
+    gn_ema_ = gn_ref_;
+    return;
+  }
+  gn_ema_ = cfg_.gn_beta * gn_ema_ + (1 - cfg_.gn_beta) * norm;
+}
+
+void Schedule::load_gradnorm_state(const nlohmann::json& j) {
+  gn_ref_ = j.at("reference");
+  gn_ema_ = j.at("ema");
+  gn_count_ = j.at("count");
+  gn_sum_ = gn_ref_ * std::min(gn_count_, gn_reference_steps_);
 }
 
 void Schedule::observe(int64_t step, double metric) {

@@ -198,6 +198,7 @@ void Trainer::fit() {
       } else if (auto verdict = health_.check(info.grad_norm); verdict != GradHealth::Verdict::kOk) {
         step_now = handle_unhealthy(verdict, params, info.grad_norm);
       }
+      schedule_->observe_grad_norm(info.grad_norm);
       if (step_now) {
         clipper_.clip(params, info.grad_norm);
         opt_.step(lr);
@@ -261,6 +262,7 @@ nlohmann::json Trainer::technique_state() const {
   nlohmann::json j = {{"clip", clipper_.state()}, {"grad_health", health_.state()}, {"early_stopping", early_.state()}};
   if (scaler_) j["loss_scaler"] = scaler_->state();
   if (ema_) j["ema_updates"] = ema_->updates();
+  j["schedule_gradnorm"] = schedule_->gradnorm_state();
   if (auto* aug = train_.augmenter()) j["augment_strength"] = aug->strength();
   return j;
 }
@@ -271,6 +273,7 @@ void Trainer::load_technique_state(const nlohmann::json& j) {
   if (j.contains("early_stopping")) early_.load(j["early_stopping"]);
   if (scaler_ && j.contains("loss_scaler")) scaler_->load(j["loss_scaler"]);
   if (ema_ && j.contains("ema_updates")) ema_->set_updates(j["ema_updates"]);
+  if (j.contains("schedule_gradnorm")) schedule_->load_gradnorm_state(j["schedule_gradnorm"]);
   if (auto* aug = train_.augmenter(); aug && j.contains("augment_strength")) aug->set_strength(j["augment_strength"]);
 }
 

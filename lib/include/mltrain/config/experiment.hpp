@@ -200,9 +200,13 @@ struct ScheduleConfig {
   double threshold = 1e-4;
   int64_t cooldown = 0;
   double min_lr = 0.0;
+  double gn_beta = 0.98;
+  Period gn_reference = Period::steps(100);
+  double gn_min_factor = 0.1;
   template <class V> void visit(V& v) {
     v.field("name", name, "schedule",
-            one_of({"constant", "step", "multistep", "exponential", "cosine", "cosine_restarts", "onecycle", "plateau"}));
+            one_of({"constant", "step", "multistep", "exponential", "cosine", "cosine_restarts", "onecycle", "plateau",
+                    "gradnorm"}));
     v.field("warmup", warmup, "linear warm-up in front of any schedule (never, 500u, 1ep)");
     v.field("warmup_start", warmup_start, "warm-up starts at this fraction of the LR", in_range(0.0, 1.0));
     v.field("gamma", gamma, "step/multistep: factor per drop; exponential: factor per step; plateau: factor",
@@ -222,6 +226,10 @@ struct ScheduleConfig {
     v.field("threshold", threshold, "plateau: relative improvement that counts", non_negative<double>());
     v.field("cooldown", cooldown, "plateau: evaluations to wait after a drop", non_negative<int64_t>());
     v.field("min_lr", min_lr, "plateau: lower bound", non_negative<double>());
+    v.field("gn_beta", gn_beta, "gradnorm: smoothing of the gradient-norm average", in_range(0.0, 0.9999));
+    v.field("gn_reference", gn_reference, "gradnorm: the mean norm over this first period is the reference",
+            period_enabled());
+    v.field("gn_min_factor", gn_min_factor, "gradnorm: the LR never falls below this fraction", in_range(0.0, 1.0));
   }
 };
 
