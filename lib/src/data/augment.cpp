@@ -1,47 +1,13 @@
 #include "mltrain/data/augment.hpp"
 
+#include "mltrain/core/rng.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 namespace mltrain::data {
 namespace {
-
-struct Rng {  // SplitMix64, seeded per sample: independent of threads and order
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (next() >> 11) * 0x1.0p-53; }
-  double uniform(double a, double b) { return a + (b - a) * uniform(); }
-  double gamma(double k) {  // Marsaglia-Tsang, with the k < 1 boost
-    if (k < 1) return gamma(k + 1) * std::pow(uniform() + 1e-300, 1.0 / k);
-    const double d = k - 1.0 / 3, c = 1 / std::sqrt(9 * d);
-    for (;;) {
-      double x, v;
-      do {
-        const double u1 = uniform() + 1e-300, u2 = uniform();
-        x = std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);
-        v = 1 + c * x;
-      } while (v <= 0);
-      v = v * v * v;
-      const double u = uniform();
-      if (u < 1 - 0.0331 * x * x * x * x || std::log(u) < 0.5 * x * x + d * (1 - v + std::log(v))) return d * v;
-    }
-  }
-  double beta(double a, double b) {
-    const double x = gamma(a), y = gamma(b);
-    return x / (x + y);
-  }
-};
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  Rng r{a * 0x100000001B3ull ^ (b + 0x51ED270B27ull)};
-  return r.next();
-}
 
 bool active(const config::AugOpConfig& op, double progress) {
   if (op.p <= 0) return false;
@@ -75,7 +41,7 @@ void Augmenter::adapt(double train_accuracy, double eval_accuracy) {
 }
 
 bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progress, uint64_t key) const {
-  Rng rng{mix(seed_, key)};
+  SplitMix rng{stream_seed(seed_, key)};
   const double s = strength();
   bool changed = false;
   std::vector<float> tmp;
@@ -139,7 +105,7 @@ bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progre
 
 MixResult Augmenter::batch(torch::Tensor& x, const torch::Tensor& y, double progress, uint64_t key) const {
   MixResult r;
-  Rng rng{mix(seed_ ^ 0xC0FFEE, key)};
+  SplitMix rng{stream_seed(seed_ ^ 0xC0FFEE, key)};
   const bool mixup = active(cfg_.mixup, progress) && rng.uniform() < cfg_.mixup.p;
   const bool cutmix = !mixup && active(cfg_.cutmix, progress) && rng.uniform() < cfg_.cutmix.p;
   if (!mixup && !cutmix) return r;

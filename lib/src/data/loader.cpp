@@ -1,5 +1,7 @@
 #include "mltrain/data/loader.hpp"
 
+#include "mltrain/core/rng.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,38 +12,13 @@
 
 namespace mltrain::data {
 
-namespace {
-// SplitMix64: tiny, well-mixed, and identical on every platform (std:: distributions are not).
-struct SplitMix {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  uint64_t below(uint64_t n) {  // unbiased (Lemire's rejection)
-    uint64_t x = next();
-    __uint128_t m = static_cast<__uint128_t>(x) * n;
-    uint64_t l = static_cast<uint64_t>(m);
-    if (l < n) {
-      uint64_t t = -n % n;
-      while (l < t) {
-        x = next();
-        m = static_cast<__uint128_t>(x) * n;
-        l = static_cast<uint64_t>(m);
-      }
-    }
-    return static_cast<uint64_t>(m >> 64);
-  }
-};
-}  // namespace
 
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
                                  bool shuffle) {
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = i;
   if (shuffle) {
+    // One stream per (seed, epoch); changing this formula reorders every existing run.
     SplitMix rng{seed * 0x100000001B3ull ^ (static_cast<uint64_t>(epoch) + 0x51ED270B27ull)};
     for (int64_t i = n - 1; i > 0; --i)
       std::swap(perm[static_cast<size_t>(i)], perm[rng.below(static_cast<uint64_t>(i + 1))]);
