@@ -2,7 +2,7 @@
 # Training and loader throughput of mltrain against PyTorch Python scripts, all in one invocation
 # on the same machine with the same libraries, printing ratios against issue #2's targets.
 #
-#   scripts/bench/train_speed.sh            # ~6 minutes on 2 cores
+#   scripts/bench/train_speed.sh            # ~12 minutes on 2 cores
 #   QUICK=1 scripts/bench/train_speed.sh    # fewer steps
 #
 # Never part of the test suite: timings belong here, not in tests.
@@ -27,6 +27,19 @@ PYEOF
 
 # Echo a measurement to stderr and pass it on (tee /dev/stderr would reopen a redirected log with O_TRUNC).
 show() { local o; o=$(cat); echo "$o" >&2; echo "$o"; }
+# Best of N runs (this VM's timings vary by +-10% between runs): the same rule for mltrain and the
+# expert Python script; the idiomatic script runs once (it is 5-25x slower, the ratio is not close).
+best() {
+  local n=$1; shift
+  local top="" v
+  for _ in $(seq "$n"); do
+    local o; o=$("$@")
+    echo "$o" >&2
+    v=$(echo "$o" | jget samples_per_s)
+    if [ -z "$top" ] || $PY -c "import sys; sys.exit(0 if $v > $(echo "$top" | jget samples_per_s) else 1)"; then top="$o"; fi
+  done
+  echo "$top"
+}
 jget() { $PY -c "import json,sys; print(json.loads(sys.stdin.readlines()[-1])['$1'])"; }
 ratio() { $PY -c "print(f'{$1/$2:.2f}')"; }
 declare -A R
@@ -39,14 +52,14 @@ for model in mlp cnn; do
   if [ "$model" = mlp ]; then ms=600; ps=120; else ms=200; ps=60; fi
   [ "$Q" = 1 ] && ms=$((ms / 3)) && ps=$((ps / 2))
   echo "== $model"
-  R[$model.bare]=$($BENCH bare $cfg train.duration=${ms}u | show | jget samples_per_s)
-  out=$($BENCH train $cfg train.duration=${ms}u | show)
+  R[$model.bare]=$(best 3 $BENCH bare $cfg train.duration=${ms}u | jget samples_per_s)
+  out=$(best 3 $BENCH train $cfg train.duration=${ms}u)
   R[$model.train]=$(echo "$out" | jget samples_per_s)
   R[$model.rss]=$(echo "$out" | jget peak_rss_mib)
   out=$($PY scripts/bench/py_train.py --model $model --mode idiomatic --images $TMP/images.npy --labels $TMP/labels.npy --steps $ps | show)
   R[$model.py]=$(echo "$out" | jget samples_per_s)
   R[$model.pyrss]=$(echo "$out" | jget peak_rss_mib)
-  out=$(env $RETAIN_ENV $PY scripts/bench/py_train.py --model $model --mode expert --images $TMP/images.npy --labels $TMP/labels.npy --steps $ms | show)
+  out=$(best 3 env $RETAIN_ENV $PY scripts/bench/py_train.py --model $model --mode expert --images $TMP/images.npy --labels $TMP/labels.npy --steps $ms)
   R[$model.pyx]=$(echo "$out" | jget samples_per_s)
 done
 

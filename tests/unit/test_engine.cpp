@@ -284,6 +284,9 @@ TEST_CASE("every schedule matches PyTorch's LR at each of 2001 steps within 1e-9
     if (j.contains("t0")) sc.t0 = P::steps(j["t0"]), sc.t_mult = j["t_mult"];
     if (j.contains("pct_start")) sc.pct_start = j["pct_start"], sc.anneal = j["anneal"];
     if (j.contains("warmup")) sc.warmup = P::steps(j["warmup"]), sc.warmup_start = j["warmup_start"];
+    if (j.contains("step_size_down")) sc.step_size_down = P::steps(j["step_size_down"]);
+    if (j.contains("cyclic_mode")) sc.cyclic_mode = j["cyclic_mode"];
+    if (j.contains("power")) sc.power = j["power"];
     if (j.contains("patience")) {
       sc.patience = j["patience"], sc.threshold = j["threshold"], sc.cooldown = j["cooldown"], sc.min_lr = j["min_lr"];
       sc.mode = j["mode"];
@@ -305,7 +308,7 @@ TEST_CASE("every schedule matches PyTorch's LR at each of 2001 steps within 1e-9
     CHECK(worst <= 1e-9 * base);
     ++cases;
   }
-  CHECK(cases == 11);
+  CHECK(cases == 15);
   // PyTorch 1.13's recursive cosine stays within rounding of its closed form over 2000 steps.
   CHECK(golden["cosine_recursive_drift"].get<double>() < 1e-12);
 }

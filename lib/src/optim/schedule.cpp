@@ -11,6 +11,7 @@ Schedule::Schedule(const config::ScheduleConfig& cfg, double base_lr, int64_t to
     : cfg_(cfg), base_(base_lr), total_(total_steps) {
   warmup_ = cfg.warmup.to_steps(spe);
   step_size_ = cfg.step_size.to_steps(spe);
+  step_down_ = cfg.step_size_down.enabled() ? cfg.step_size_down.to_steps(spe) : step_size_;
   t0_ = cfg.t0.to_steps(spe);
   for (const auto& m : cfg.milestones) milestones_.push_back(m.to_steps(spe));
   gn_reference_steps_ = cfg.gn_reference.to_steps(spe);
@@ -50,6 +51,19 @@ double Schedule::inner(int64_t t, int64_t span) const {
     const double s = static_cast<double>(t);
     if (s <= end1) return anneal(initial, base_, s / end1);
     return anneal(base_, min_lr, (s - end1) / (end2 - end1));
+  }
+  if (c.name == "polynomial") {  // PolynomialLR with total_iters = span
+    const double x = static_cast<double>(std::min(t, span)) / static_cast<double>(std::max<int64_t>(1, span));
+    return base_ * std::pow(1 - x, c.power);
+  }
+  if (c.name == "cyclic") {  // CyclicLR(base_lr = eta_min, max_lr = lr), computed from t as PyTorch does
+    const double total = static_cast<double>(step_size_ + step_down_), ratio = step_size_ / total;
+    const double cycle = std::floor(1 + t / total), x = 1 + t / total - cycle;
+    const double scale = x <= ratio ? x / ratio : (x - 1) / (ratio - 1);
+    const double height = (base_ - c.eta_min) * scale;
+    if (c.cyclic_mode == "triangular2") return c.eta_min + height / std::pow(2.0, cycle - 1);
+    if (c.cyclic_mode == "exp_range") return c.eta_min + height * std::pow(c.gamma, static_cast<double>(t));
+    return c.eta_min + height;
   }
   if (c.name == "plateau") return base_;  // scaled by plateau_lr()
   if (c.name == "gradnorm") {

@@ -200,20 +200,24 @@ struct ScheduleConfig {
   double threshold = 1e-4;
   int64_t cooldown = 0;
   double min_lr = 0.0;
+  Period step_size_down = Period::never();
+  std::string cyclic_mode = "triangular";
+  double power = 1.0;
   double gn_beta = 0.98;
   Period gn_reference = Period::steps(100);
   double gn_min_factor = 0.1;
   template <class V> void visit(V& v) {
     v.field("name", name, "schedule",
             one_of({"constant", "step", "multistep", "exponential", "cosine", "cosine_restarts", "onecycle", "plateau",
-                    "gradnorm"}));
+                    "gradnorm", "cyclic", "polynomial"}));
     v.field("warmup", warmup, "linear warm-up in front of any schedule (never, 500u, 1ep)");
     v.field("warmup_start", warmup_start, "warm-up starts at this fraction of the LR", in_range(0.0, 1.0));
     v.field("gamma", gamma, "step/multistep: factor per drop; exponential: factor per step; plateau: factor",
             in_range(0.0, 1.0));
-    v.field("step_size", step_size, "step: drop every period", period_enabled());
+    v.field("step_size", step_size, "step: drop every period; cyclic: rising half-cycle", period_enabled());
     v.field("milestones", milestones, "multistep: drop at these periods (after warm-up)");
-    v.field("eta_min", eta_min, "cosine, cosine_restarts: the lowest LR", non_negative<double>());
+    v.field("eta_min", eta_min, "cosine, cosine_restarts: the lowest LR; cyclic: the base of each cycle (optim.lr is the peak)",
+            non_negative<double>());
     v.field("t0", t0, "cosine_restarts: length of the first cycle", period_enabled());
     v.field("t_mult", t_mult, "cosine_restarts: each cycle is t_mult times longer", positive<int64_t>());
     v.field("pct_start", pct_start, "onecycle: share of steps spent rising to the LR", in_range(0.0, 1.0));
@@ -226,6 +230,10 @@ struct ScheduleConfig {
     v.field("threshold", threshold, "plateau: relative improvement that counts", non_negative<double>());
     v.field("cooldown", cooldown, "plateau: evaluations to wait after a drop", non_negative<int64_t>());
     v.field("min_lr", min_lr, "plateau: lower bound", non_negative<double>());
+    v.field("step_size_down", step_size_down, "cyclic: falling half-cycle (never: same as step_size)");
+    v.field("cyclic_mode", cyclic_mode, "cyclic: triangular | triangular2 (halve each cycle) | exp_range (gamma^step)",
+            one_of({"triangular", "triangular2", "exp_range"}));
+    v.field("power", power, "polynomial: lr * (1 - t/T)^power over the schedule", positive<double>());
     v.field("gn_beta", gn_beta, "gradnorm: smoothing of the gradient-norm average", in_range(0.0, 0.9999));
     v.field("gn_reference", gn_reference, "gradnorm: the mean norm over this first period is the reference",
             period_enabled());

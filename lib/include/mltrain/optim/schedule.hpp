@@ -40,7 +40,7 @@ class Schedule {
   double plateau_lr(int64_t step) const;
   config::ScheduleConfig cfg_;
   double base_;
-  int64_t total_, warmup_, step_size_, t0_;
+  int64_t total_, warmup_, step_size_, step_down_, t0_;
   std::vector<int64_t> milestones_;
   std::vector<std::pair<int64_t, double>> history_;
   int64_t gn_reference_steps_ = 0, gn_count_ = 0;
