@@ -158,11 +158,9 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   spdlog::info("[runtime] {}", runtime::describe().dump());
 
   Trainer trainer(cfg, *model, *optimizer, train_loader, eval_loader);
-  const auto& aug = cfg.data.augment;
-  if (aug.crop.p > 0 || aug.flip.p > 0 || aug.rotate.p > 0 || aug.color.p > 0 || aug.erase.p > 0 || aug.mixup.p > 0 ||
-      aug.cutmix.p > 0)
-    train_loader.set_augmenter(std::make_shared<data::Augmenter>(aug, static_cast<uint64_t>(cfg.run.seed)),
-                               trainer.total_steps() * trainer.accumulate());
+  auto augmenter = std::make_shared<data::Augmenter>(cfg.data.augment, static_cast<uint64_t>(cfg.run.seed));
+  if (augmenter->any_sample_op() || augmenter->any_batch_op())
+    train_loader.set_augmenter(augmenter, trainer.total_steps() * trainer.accumulate());
   CheckpointStore store(run_dir / "checkpoints",
                         {cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.mode == "max"});
   if (ck) {

@@ -13,6 +13,7 @@ namespace mltrain::train {
 using Clock = std::chrono::steady_clock;
 static double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 namespace F = torch::nn::functional;
+static at::ScalarType amp_dtype(const config::AmpConfig& a) { return a.dtype == "fp16" ? at::kHalf : at::kBFloat16; }
 
 int64_t resolve_accumulate(const config::ExperimentConfig& cfg, int64_t world) {
   const auto& t = cfg.train;
@@ -70,7 +71,7 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   while (loader.next(b)) {
     torch::Tensor logits;
     {
-      compat::AutocastGuard amp(cfg_.amp.enabled, cfg_.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16, false);
+      compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), false);
       logits = model_.forward(b.x);
     }
     logits = logits.to(torch::kFloat32);
@@ -136,7 +137,6 @@ void Trainer::fit() {
   const int64_t eval_every = cfg_.train.eval_every.to_steps(steps_per_epoch_);
   const int64_t bpe = train_.batches_per_epoch();
   const double full_window = static_cast<double>(accumulate_ * cfg_.data.batch_size);
-  const auto amp_dtype = cfg_.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
   const auto params = model_.named_parameters();
   const auto fit_start = Clock::now();
   const double seconds_before = progress_.train_seconds;
@@ -159,7 +159,7 @@ void Trainer::fit() {
       const double eps = smoothing_->lr(opt_.steps());
       torch::Tensor logits;
       {
-        compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype, false);
+        compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), false);
         logits = model_.forward(batch.x);
       }
       logits = logits.to(torch::kFloat32);
