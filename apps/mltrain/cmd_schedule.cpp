@@ -8,6 +8,7 @@
 #include "mltrain/core/svg.hpp"
 #include "mltrain/optim/schedule.hpp"
 #include "mltrain/train/run.hpp"
+#include "mltrain/train/trainer.hpp"
 
 namespace mltrain::cli {
 
@@ -23,13 +24,16 @@ void setup_schedule(CLI::App& app, Action& run) {
   sub->callback([&run, o] {
     run = [o] {
       auto cfg = config::load_experiment(o->config, o->overrides);
-      // Epoch-based periods need the epoch length: count the training samples the run would use.
+      // Epoch-based periods need the epoch length: the loader the run would build knows it.
       auto splits = train::load_splits(cfg.data);
-      const int64_t spe = cfg.data.drop_last ? splits.train.count / cfg.data.batch_size
-                                             : (splits.train.count + cfg.data.batch_size - 1) / cfg.data.batch_size;
-      const int64_t total = cfg.train.duration.to_steps(spe);
-      const int64_t steps = o->steps > 0 ? o->steps : total;
-      optim::Schedule sched(cfg.schedule, cfg.optim.lr, total, spe);
+      data::LoaderOptions lo;
+      lo.batch_size = cfg.data.batch_size;
+      lo.drop_last = cfg.data.drop_last;
+      const data::Loader loader(splits.train, lo);
+      auto plan = train::plan_steps(cfg, loader.batches_per_epoch(), /*world=*/1);
+      const int64_t spe = plan.steps_per_epoch;
+      const int64_t steps = o->steps > 0 ? o->steps : plan.total_steps;
+      optim::Schedule& sched = *plan.lr;
       if (cfg.schedule.name == "plateau")
         std::cerr << "note: plateau depends on evaluations; without training it shows the LR before any drop\n";
       std::vector<double> xs, ys;

@@ -33,20 +33,30 @@ int64_t resolve_accumulate(const config::ExperimentConfig& cfg, int64_t world) {
   return t.accumulate.value;
 }
 
+StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epoch, int64_t world) {
+  StepPlan p;
+  p.accumulate = resolve_accumulate(cfg, world);
+  p.steps_per_epoch = (batches_per_epoch + p.accumulate - 1) / p.accumulate;
+  p.total_steps = cfg.train.duration.to_steps(p.steps_per_epoch);
+  // Larger effective batches may take a larger LR: linear (Goyal et al. 2017) or square-root scaling.
+  const double k = static_cast<double>(p.accumulate * world);
+  const double factor = cfg.train.lr_scaling == "linear" ? k : cfg.train.lr_scaling == "sqrt" ? std::sqrt(k) : 1.0;
+  p.lr = std::make_unique<optim::Schedule>(cfg.schedule, cfg.optim.lr * factor, p.total_steps, p.steps_per_epoch);
+  return p;
+}
+
 Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
                  data::Loader& eval)
     : cfg_(cfg), model_(model), opt_(opt), train_(train), eval_(eval), clipper_(cfg.clip), health_(cfg.grad_health), early_(cfg.early_stopping) {
-  accumulate_ = resolve_accumulate(cfg, /*world=*/1);
   const int64_t bpe = train_.batches_per_epoch();
-  steps_per_epoch_ = (bpe + accumulate_ - 1) / accumulate_;
   if (bpe == 0)
     throw ConfigError("data.batch_size", "larger than the training set (" + std::to_string(train_.samples_per_epoch()) +
                                              " samples): no full batch", "lower data.batch_size");
-  total_steps_ = cfg_.train.duration.to_steps(steps_per_epoch_);
-  // Larger effective batches may take a larger LR: linear (Goyal et al. 2017) or square-root scaling.
-  const double k = static_cast<double>(accumulate_);
-  const double lr_factor = cfg.train.lr_scaling == "linear" ? k : cfg.train.lr_scaling == "sqrt" ? std::sqrt(k) : 1.0;
-  schedule_ = std::make_unique<optim::Schedule>(cfg_.schedule, cfg_.optim.lr * lr_factor, total_steps_, steps_per_epoch_);
+  StepPlan plan = plan_steps(cfg, bpe, /*world=*/1);
+  accumulate_ = plan.accumulate;
+  steps_per_epoch_ = plan.steps_per_epoch;
+  total_steps_ = plan.total_steps;
+  schedule_ = std::move(plan.lr);
   smoothing_ = std::make_unique<optim::Schedule>(cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_,
                                                  steps_per_epoch_);
   if (cfg.amp.enabled && cfg.amp.dtype == "fp16") {

@@ -66,6 +66,14 @@ class Observer {
 // Micro-batches per optimizer step after resolving train.accumulate / train.global_batch.
 int64_t resolve_accumulate(const config::ExperimentConfig& cfg, int64_t world);
 
+// The step layout of a run: optimizer steps per epoch, total steps, and the LR schedule with
+// train.lr_scaling applied. The Trainer and `mltrain schedule` both use it, so they cannot differ.
+struct StepPlan {
+  int64_t accumulate = 1, steps_per_epoch = 0, total_steps = 0;
+  std::unique_ptr<optim::Schedule> lr;
+};
+StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epoch, int64_t world);
+
 class Trainer {
  public:
   Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
