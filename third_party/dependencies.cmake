@@ -8,7 +8,27 @@ find_package(ZLIB REQUIRED)
 find_package(Threads REQUIRED)
 
 # Debian's LibTorch links the system oneDNN; mltrain calls its sgemm directly (core/kernel_route.cpp).
-find_library(MLTRAIN_DNNL_LIB NAMES dnnl libdnnl.so.2 REQUIRED)
+# The pip/CUDA LibTorch links oneDNN statically and exports no sgemm: there the route is not
+# compiled and runtime.kernel_route=onednn falls back to LibTorch's own kernel (which in those
+# builds is MKL/OpenBLAS, already fast).
+find_library(MLTRAIN_DNNL_LIB NAMES dnnl libdnnl.so.2)
+if(NOT MLTRAIN_DNNL_LIB)
+  message(STATUS "mltrain: no libdnnl found; the oneDNN kernel route is not compiled")
+  set(MLTRAIN_DNNL_LIB "")
+endif()
+
+# LibTorch 2.13 and later need C++20 in their headers; 1.13 .. 2.12 are fine with C++17.
+if(Torch_VERSION VERSION_GREATER_EQUAL 2.13 AND CMAKE_CXX_STANDARD LESS 20)
+  set(CMAKE_CXX_STANDARD 20)
+endif()
+
+if(MLTRAIN_WITH_CUDA)
+  # Linkers that default to --as-needed would drop libtorch_cuda.so (nothing calls it by name),
+  # and with it every CUDA kernel registration.
+  add_link_options("LINKER:--no-as-needed")
+  # ProcessGroupNCCL's header includes nccl.h; pip wheels keep it under site-packages/nvidia/nccl.
+  find_path(MLTRAIN_NCCL_INCLUDE nccl.h HINTS ${MLTRAIN_NCCL_HINT} ENV NCCL_INCLUDE_DIR)
+endif()
 
 # yaml-cpp 0.7's config exports the target "yaml-cpp"; older ones only set YAML_CPP_LIBRARIES.
 if(TARGET yaml-cpp)

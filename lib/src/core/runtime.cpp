@@ -80,6 +80,8 @@ nlohmann::json describe() {
           {"libtorch", compat::torch_version()},
           {"mkldnn", compat::mkldnn_available()},
           {"cuda", compat::cuda_available()},
+          {"cuda_device", compat::cuda_device_name()},
+          {"cudnn_benchmark", compat::cuda_available() && compat::cudnn_benchmark()},
           {"cpu_flags", cpu_flags_of_interest()}};
 }
 

@@ -1,5 +1,7 @@
 #include "mltrain/data/loader.hpp"
 
+#include "mltrain/core/compat.hpp"
+
 #include "mltrain/core/rng.hpp"
 
 #include <algorithm>
@@ -72,8 +74,8 @@ Loader::Loader(Dataset ds, LoaderOptions opt) : ds_(std::move(ds)), opt_(opt), s
   shape.insert(shape.end(), ds_.sample_shape.begin(), ds_.sample_shape.end());
   st_->slots.resize(static_cast<size_t>(opt_.prefetch));
   for (auto& s : st_->slots) {
-    s.x = torch::empty(shape, torch::kFloat32);
-    s.y = torch::empty({opt_.batch_size}, torch::kInt64);
+    s.x = compat::host_empty(shape, torch::kFloat32, opt_.pin_memory);
+    s.y = compat::host_empty({opt_.batch_size}, torch::kInt64, opt_.pin_memory);
   }
 }
 

@@ -141,6 +141,7 @@ class ModuleModel : public Model {
     return out;
   }
   void set_training(bool on) override { m_->train(on); }
+  void to(const torch::Device& device) override { m_->to(device); }
   std::string describe() const override { return desc_; }
 
  private:
@@ -168,6 +169,7 @@ class ScriptModel : public Model {
     return out;
   }
   void set_training(bool on) override { m_.train(on); }
+  void to(const torch::Device& device) override { m_.to(device); }
   std::string describe() const override { return "torchscript(" + path_ + ")"; }
 
  private:

@@ -189,7 +189,7 @@ void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
                               "the checkpoint was written with another optimizer or model; use checkpoint.resume=never");
       if (f->second.sizes() != s.param.sizes())
         throw CheckpointError("optimizer state", "buffer '" + key + "' has the wrong shape");
-      buffers_[key] = f->second.clone();
+      buffers_[key] = f->second.to(s.param.device(), f->second.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
     }
 }
 

@@ -144,6 +144,7 @@ void CheckpointWriter::save(Trainer& t) {
         throw RuntimeError(name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
                            "lower optim.lr; the previous checkpoint is intact");
     state.emplace_back("__rng_cpu__", compat::cpu_rng_state());
+    if (t.device().is_cuda()) state.emplace_back("__rng_cuda__", compat::cuda_rng_state());
     save_safetensors((dir / "state.safetensors").string(), state);
   };
   store_.save(p.step, writer, ts, monitor);
@@ -185,6 +186,10 @@ void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
   if (rng == state.end()) throw CheckpointError(spath, "missing the RNG state");
   compat::set_cpu_rng_state(rng->second);
   state.erase(rng);
+  if (auto cu = state.find("__rng_cuda__"); cu != state.end()) {
+    if (t.device().is_cuda()) compat::set_cuda_rng_state(cu->second);
+    state.erase(cu);
+  }
   t.load_technique_tensors(state);
   t.optimizer().load_state(state);
   const auto& ts = ck.trainer_state;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "mltrain/config/format.hpp"
+#include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/core/runtime.hpp"
@@ -101,6 +102,13 @@ static nlohmann::json env_json(const config::ExperimentConfig& cfg, const RunOpt
 
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
   runtime::apply({static_cast<int>(cfg.runtime.threads.resolve(0)), cfg.runtime.kernel_route, cfg.runtime.allocator});
+  const torch::Device device = compat::resolve_device(cfg.runtime.device);
+  if (cfg.runtime.device == "cuda" && !compat::cuda_available())
+    throw ConfigError("runtime.device", "cuda asked for, but " +
+                                            std::string(compat::cuda_built() ? "no CUDA device is visible"
+                                                                             : "this mltrain was built without CUDA"),
+                      "use runtime.device=auto or cpu, or build with -DMLTRAIN_WITH_CUDA=ON against a CUDA LibTorch");
+  if (device.is_cuda()) compat::set_cudnn_benchmark(cfg.runtime.cudnn_benchmark);
 
   // Data, model and optimizer first: bad input fails before any run folder is created.
   Splits splits = load_splits(cfg.data);
@@ -115,6 +123,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   lo.seed = static_cast<uint64_t>(cfg.run.seed);
   lo.mean = static_cast<float>(cfg.data.mean);
   lo.std = static_cast<float>(cfg.data.std);
+  lo.pin_memory = device.is_cuda() && cfg.data.pin_memory;
   data::Loader train_loader(splits.train, lo);
   data::LoaderOptions eo = lo;
   eo.batch_size = cfg.data.eval_batch_size;
@@ -124,9 +133,11 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   data::Loader eval_loader(splits.eval, eo);
 
   auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
+  model->to(device);  // before the optimizer takes its parameter list
   auto optimizer = optim::Optimizer::create(cfg.optim, model->named_parameters());
-  spdlog::info("[model] {}: {} parameters; train {} samples, {} {} samples; {} loader workers", model->describe(),
-               model->num_parameters(), splits.train.count, splits.eval_name, splits.eval.count, lo.workers);
+  spdlog::info("[model] {}: {} parameters on {}; train {} samples, {} {} samples; {} loader workers{}", model->describe(),
+               model->num_parameters(), device.str(), splits.train.count, splits.eval_name, splits.eval.count, lo.workers,
+               lo.pin_memory ? " (pinned memory)" : "");
 
   RunResult result;
   fs::path run_dir;

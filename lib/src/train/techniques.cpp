@@ -12,15 +12,16 @@ LossScaler::LossScaler(const config::AmpConfig& cfg) : cfg_(cfg), scale_(cfg.ini
 
 bool LossScaler::unscale(const model::NamedTensors& params) const {
   torch::NoGradGuard no_grad;
-  bool found_inf = false;
   const double inv = 1.0 / scale_;
+  std::vector<torch::Tensor> finite;
   for (const auto& [name, p] : params) {
     auto& g = p.mutable_grad();
     if (!g.defined()) continue;
     g.mul_(inv);
-    if (!found_inf && !torch::isfinite(g).all().item<bool>()) found_inf = true;
+    finite.push_back(torch::isfinite(g).all());
   }
-  return found_inf;
+  // One host sync for all parameters (on a GPU each item() is a stream synchronisation).
+  return !finite.empty() && !torch::stack(finite).all().item<bool>();
 }
 
 void LossScaler::update(bool found_inf) {

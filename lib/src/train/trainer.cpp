@@ -48,6 +48,8 @@ StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epo
 Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
                  data::Loader& eval)
     : cfg_(cfg), model_(model), opt_(opt), train_(train), eval_(eval), clipper_(cfg.clip), health_(cfg.grad_health), early_(cfg.early_stopping) {
+  const auto params = model_.named_parameters();
+  device_ = params.empty() ? torch::Device(torch::kCPU) : params.front().second.device();
   const int64_t bpe = train_.batches_per_epoch();
   if (bpe == 0)
     throw ConfigError("data.batch_size", "larger than the training set (" + std::to_string(train_.samples_per_epoch()) +
@@ -60,12 +62,22 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
   smoothing_ = std::make_unique<optim::Schedule>(cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_,
                                                  steps_per_epoch_);
   if (cfg.amp.enabled && cfg.amp.dtype == "fp16") {
-    if (!compat::cuda_available())
-      throw ConfigError("amp.dtype", "fp16 autocast needs CUDA; this build/machine has none",
-                        "use amp.dtype=bf16 on CPU (AVX-512 BF16 runs it natively)");
+    if (!device_.is_cuda())
+      throw ConfigError("amp.dtype", "fp16 autocast needs a CUDA device; this run trains on the CPU",
+                        "use amp.dtype=bf16 on CPU (AVX-512 BF16 runs it natively), or runtime.device=cuda on a GPU");
     scaler_.emplace(cfg.amp);
   }
   if (cfg.ema.enabled) ema_ = std::make_unique<Ema>(cfg.ema, model_);
+}
+
+// Host batch -> training device. From pinned slots the copy is asynchronous; the caller fences it
+// before the loader may reuse the slot.
+void Trainer::to_device(data::Batch& b) const {
+  if (device_.is_cpu()) return;
+  const bool async = b.x.is_pinned();
+  b.x = b.x.to(device_, async);
+  b.y = b.y.to(device_, async);
+  if (b.y2.defined()) b.y2 = b.y2.to(device_, async);
 }
 
 EvalResult Trainer::evaluate(data::Loader& loader) {
@@ -78,10 +90,15 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   int64_t correct = 0, count = 0;
   loader.start_epoch(0);
   data::Batch b;
-  while (loader.next(b)) {
+  compat::CopyFence fence;
+  while (true) {
+    fence.wait();  // the previous batch's async copy has read its slot
+    if (!loader.next(b)) break;
+    to_device(b);
+    fence.record(device_);
     torch::Tensor logits;
     {
-      compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), false);
+      compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), device_.is_cuda());
       logits = model_.forward(b.x);
     }
     logits = logits.to(torch::kFloat32);
@@ -161,7 +178,12 @@ void Trainer::fit() {
     int64_t micro = 0, window_samples = 0;
     double data_s = 0;
     auto t_step = Clock::now(), t_data = Clock::now();
-    while (progress_.step < total_steps_ && train_.next(batch)) {
+    compat::CopyFence fence;
+    while (progress_.step < total_steps_) {
+      fence.wait();  // the async copy of the previous batch has read its pinned slot
+      if (!train_.next(batch)) break;
+      to_device(batch);
+      fence.record(device_);
       data_s += since(t_data);
 
       // A micro-batch: forward under autocast, loss in fp32, normalised by the samples of the
@@ -169,7 +191,7 @@ void Trainer::fit() {
       const double eps = smoothing_->lr(opt_.steps());
       torch::Tensor logits;
       {
-        compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), false);
+        compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), device_.is_cuda());
         logits = model_.forward(batch.x);
       }
       logits = logits.to(torch::kFloat32);

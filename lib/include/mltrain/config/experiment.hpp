@@ -29,7 +29,13 @@ struct RuntimeConfig {
   Count threads = Count::automatic();
   std::string kernel_route = "onednn";
   std::string allocator = "retain";
+  std::string device = "auto";
+  bool cudnn_benchmark = true;
   template <class V> void visit(V& v) {
+    v.field("device", device, "where the model trains: auto (cuda when this build and machine have it, else cpu) | cpu | cuda",
+            one_of({"auto", "cpu", "cuda"}));
+    v.field("cudnn_benchmark", cudnn_benchmark,
+            "CUDA: let cuDNN time its algorithms per input shape (fast when shapes are fixed, as with drop_last)");
     v.field("threads", threads, "intra-op threads (auto: all usable cores)");
     v.field("kernel_route", kernel_route, "kernel for fp32 Linear/matmul: oneDNN sgemm or LibTorch's BLAS call",
             one_of({"onednn", "native"}));
@@ -92,6 +98,7 @@ struct DataConfig {
   int64_t prefetch = 4;
   bool shuffle = true;
   bool drop_last = true;
+  bool pin_memory = true;
   double mean = 0.2860;  // Fashion-MNIST training-set pixel mean / std, in [0, 1] units
   double std = 0.3530;
   AugmentConfig augment;
@@ -113,6 +120,7 @@ struct DataConfig {
     v.field("prefetch", prefetch, "batches prepared ahead (bounded queue)", positive<int64_t>());
     v.field("shuffle", shuffle, "seeded shuffle, a pure function of (seed, epoch, rank, world)");
     v.field("drop_last", drop_last, "drop the last incomplete training batch");
+    v.field("pin_memory", pin_memory, "CUDA: batches in page-locked memory, copied to the GPU asynchronously");
     v.field("mean", mean, "normalisation mean (pixels scaled to [0,1] first)");
     v.field("std", std, "normalisation std", positive<double>());
     v.section("augment", augment, "augmentation in the loader workers (training split only)");

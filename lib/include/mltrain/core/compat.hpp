@@ -8,11 +8,25 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
+#ifdef MLTRAIN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 namespace mltrain::compat {
 
 inline std::string torch_version() { return TORCH_VERSION; }
 inline int torch_major() { return TORCH_VERSION_MAJOR; }
+
+inline constexpr bool cuda_built() {
+#ifdef MLTRAIN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 inline bool cuda_available() {
 #ifdef MLTRAIN_WITH_CUDA
@@ -23,6 +37,78 @@ inline bool cuda_available() {
 }
 
 inline bool mkldnn_available() { return at::hasMKLDNN(); }
+
+// The device a run trains on: "auto" picks CUDA when this build and machine have it.
+inline torch::Device resolve_device(const std::string& name) {
+  if (name == "cpu") return torch::kCPU;
+  if (name == "cuda" || (name == "auto" && cuda_available())) return torch::Device(torch::kCUDA, 0);
+  return torch::kCPU;
+}
+
+inline void set_cudnn_benchmark(bool on) { at::globalContext().setBenchmarkCuDNN(on); }
+inline bool cudnn_benchmark() { return at::globalContext().benchmarkCuDNN(); }
+
+// Page-locked host memory needs a CUDA runtime; on a CPU build a plain allocation is returned.
+inline torch::Tensor host_empty(at::IntArrayRef shape, at::ScalarType dtype, bool pinned) {
+  auto o = torch::TensorOptions().dtype(dtype);
+  return torch::empty(shape, cuda_available() && pinned ? o.pinned_memory(true) : o);
+}
+
+inline void cuda_synchronize() {
+#ifdef MLTRAIN_WITH_CUDA
+  if (cuda_available()) torch::cuda::synchronize();
+#endif
+}
+
+// Marks the point in the current CUDA stream after an asynchronous host-to-device copy; wait()
+// blocks until the copy has read its (pinned) source, so the loader may refill that buffer.
+// A no-op on CPU builds and for CPU batches.
+class CopyFence {
+ public:
+  void record(const torch::Device& dev) {
+#ifdef MLTRAIN_WITH_CUDA
+    if (dev.is_cuda()) {
+      event_.record(at::cuda::getCurrentCUDAStream(dev.index()));
+      armed_ = true;
+    }
+#endif
+  }
+  void wait() {
+#ifdef MLTRAIN_WITH_CUDA
+    if (armed_) event_.synchronize();
+    armed_ = false;
+#endif
+  }
+
+ private:
+#ifdef MLTRAIN_WITH_CUDA
+  at::cuda::CUDAEvent event_;
+  bool armed_ = false;
+#endif
+};
+
+struct CudaMemory {
+  int64_t allocated = 0, reserved = 0, peak_allocated = 0;
+};
+inline CudaMemory cuda_memory(int device = 0) {
+  CudaMemory m;
+#ifdef MLTRAIN_WITH_CUDA
+  if (!cuda_available()) return m;
+  const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  const size_t agg = 0;  // StatType::AGGREGATE in every version (the enum moved namespaces in 2.5)
+  m.allocated = s.allocated_bytes[agg].current;
+  m.reserved = s.reserved_bytes[agg].current;
+  m.peak_allocated = s.allocated_bytes[agg].peak;
+#endif
+  return m;
+}
+
+inline std::string cuda_device_name(int device = 0) {
+#ifdef MLTRAIN_WITH_CUDA
+  if (cuda_available()) return at::cuda::getDeviceProperties(device)->name;
+#endif
+  return "";
+}
 
 // RNG state of the default CPU generator, as a uint8 tensor (the same bytes torch.get_rng_state()
 // returns in Python).
@@ -35,6 +121,27 @@ inline void set_cpu_rng_state(const torch::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+// RNG state of the default CUDA generator (dropout on the GPU); empty on CPU builds.
+inline torch::Tensor cuda_rng_state() {
+#ifdef MLTRAIN_WITH_CUDA
+  if (cuda_available()) {
+    auto gen = at::cuda::detail::getDefaultCUDAGenerator(0);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+#endif
+  return {};
+}
+inline void set_cuda_rng_state(const torch::Tensor& state) {
+#ifdef MLTRAIN_WITH_CUDA
+  if (cuda_available() && state.defined()) {
+    auto gen = at::cuda::detail::getDefaultCUDAGenerator(0);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+#endif
 }
 
 // Autocast for one region (the forward pass). LibTorch 2.4 replaced the per-device setters with

@@ -29,6 +29,7 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int64_t rank = 0, world = 1;
   float mean = 0.f, std = 1.f;  // x = (pixel/255 - mean) / std for u8; (x - mean) / std for f32
+  bool pin_memory = false;      // slots in page-locked memory (only where CUDA exists)
 };
 
 // Indices this rank visits in `epoch`. Every rank gets floor(N / world) samples of one global

@@ -25,6 +25,7 @@ class Model {
   virtual NamedTensors named_parameters() = 0;
   virtual NamedTensors named_buffers() = 0;  // BatchNorm running stats, ...
   virtual void set_training(bool on) = 0;
+  virtual void to(const torch::Device& device) = 0;  // parameters and buffers, layouts kept
   virtual std::string describe() const = 0;
   int64_t num_parameters();
 };

@@ -94,6 +94,7 @@ class Trainer {
   std::optional<EvalResult> last_eval() const { return last_eval_; }
   double data_wait_seconds() const { return train_.wait_seconds(); }
   data::Loader& train_loader() { return train_; }
+  const torch::Device& device() const { return device_; }
   const std::string& stop_reason() const { return stop_reason_; }
   void request_stop(std::string reason) { stop_reason_ = std::move(reason); }
 
@@ -105,9 +106,11 @@ class Trainer {
 
  private:
   bool handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params, double norm);
+  void to_device(data::Batch& b) const;
   void take_snapshot();
 
   const config::ExperimentConfig& cfg_;
+  torch::Device device_ = torch::kCPU;  // where the model's parameters live
   model::Model& model_;
   optim::Optimizer& opt_;
   data::Loader& train_;
