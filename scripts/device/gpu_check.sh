@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU check for issue #9, run on a machine with an NVIDIA GPU and a CUDA PyTorch (pip):
+#   OUT=/tmp/gpu bash scripts/device/gpu_check.sh [--quick]
+# Needs .devdeps/ beside the sources (scripts/device/make_devdeps.sh fills it on a Debian 12
+# machine: the Debian packages' headers/libraries mltrain builds against, and Fashion-MNIST),
+# because such machines usually have no package registry. Builds mltrain against the machine's
+# LibTorch with -DMLTRAIN_WITH_CUDA=ON, then trains the CNN and the small ResNet on the GPU
+# (fp32, bf16 autocast, fp16 autocast + loss scaler; pinned memory, async copies,
+# cudnn.benchmark), runs the Python baseline on the same GPU, records PyTorch's GradScaler
+# sequence as a golden file, and writes $OUT/summary.json.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+DEPS=$ROOT/.devdeps
+DATA=$DEPS/fashion-mnist
+LOG=$OUT/log.txt
+: >"$LOG"
+say() { echo "== $*" | tee -a "$LOG"; }
+step() {  # step NAME CMD...: runs, logs, records the exit status
+  local name=$1; shift
+  say "$name: $*"
+  local t0=$(date +%s.%N)
+  "$@" >>"$LOG" 2>&1
+  local rc=$?
+  printf '%s\t%s\t%.1f\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" >>"$OUT/steps.tsv"
+  say "$name: exit $rc"
+  return $rc
+}
+: >"$OUT/steps.tsv"
+
+say "machine"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; g++ --version | head -1; cmake --version | head -1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())'; } >>"$LOG" 2>&1
+
+export PATH=/usr/local/cuda/bin:$PATH
+TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+NCCL_HINT=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH=$DEPS/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+step configure cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLTRAIN_WITH_CUDA=ON \
+  -DMLTRAIN_BUILD_TESTS=OFF -DMLTRAIN_BUILD_BENCH=OFF "-DCMAKE_PREFIX_PATH=$TORCH_PREFIX;$DEPS/root/usr" \
+  "-DMLTRAIN_NCCL_HINT=$NCCL_HINT" -DCMAKE_CXX_FLAGS=-Wno-deprecated-declarations || { cp "$LOG" "$OUT/"; exit 1; }
+step build ninja -C build-cuda -k 0 || { grep -n "error" "$LOG" | head -60 >"$OUT/build_errors.txt"; exit 1; }
+M=$ROOT/build-cuda/apps/mltrain/mltrain
+$M --version >>"$LOG" 2>&1
+
+step golden_grad_scaler python3 tests/golden/make_grad_scaler_golden.py "$OUT/grad_scaler_golden.json"
+
+RUNS=/tmp/mltrain_runs
+rm -rf "$RUNS"
+common=(runtime.device=cuda "data.root=$DATA" "run.dir=$RUNS" train.duration=3ep checkpoint.every=1ep train.log_every=50u)
+step cnn_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp32
+step cnn_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_bf16 amp.enabled=true amp.dtype=bf16
+step cnn_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16 amp.enabled=true amp.dtype=fp16
+step cnn_fp16_pageable "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16_pageable amp.enabled=true amp.dtype=fp16 data.pin_memory=false
+resnet=(model.name=resnet "model.widths=[32,64,128]" "model.depths=[1,1,1]")
+step resnet_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp32
+step resnet_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_bf16 amp.enabled=true amp.dtype=bf16
+step resnet_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp16 amp.enabled=true amp.dtype=fp16
+[ -n "${EXTRA:-}" ] && eval "$EXTRA"
+
+for model in cnn resnet; do
+  for amp in none bf16 fp16; do
+    step "py_${model}_${amp}_expert" python3 scripts/bench/py_train_cuda.py --model $model --mode expert --amp $amp --data "$DATA"
+  done
+  step "py_${model}_none_idiomatic" python3 scripts/bench/py_train_cuda.py --model $model --mode idiomatic --data "$DATA"
+done
+
+python3 scripts/device/summarize.py "$RUNS" "$LOG" "$OUT/steps.tsv" >"$OUT/summary.json" 2>>"$LOG"
+cat "$OUT/summary.json"

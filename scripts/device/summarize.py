@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Summarises scripts/device/gpu_check.sh: per mltrain run (metrics.jsonl) the median samples/s
+after the first epoch, the data-wait share, test accuracy and skipped (fp16 overflow) steps; the
+Python baselines' JSON lines from the log; and each step's exit status."""
+import json, statistics, sys
+from pathlib import Path
+
+runs, log, steps = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+out = {"mltrain": {}, "pytorch": [], "steps": {}}
+for line in steps.read_text().splitlines():
+    name, rc, secs = line.split("\t")
+    out["steps"][name] = {"exit": int(rc), "seconds": float(secs)}
+for m in sorted(runs.glob("*/v*/metrics.jsonl")):
+    ev = [json.loads(l) for l in m.read_text().splitlines() if l.strip()]
+    train = [e for e in ev if e.get("event") == "train"]
+    later = [e for e in train if e.get("epoch", 0) > 1.0] or train
+    summ = next((e for e in ev if e.get("event") == "summary"), {})
+    out["mltrain"][m.parent.parent.name] = {
+        "samples_per_s": round(statistics.median(e["samples_per_s"] for e in later), 1) if later else None,
+        "data_wait_share": round(statistics.mean(e.get("data_wait", 0) for e in later), 4) if later else None,
+        "test_accuracy": summ.get("test_accuracy"),
+        "train_seconds": summ.get("train_seconds"),
+        "skipped_steps": train[-1].get("skipped_steps") if train else None,
+        "loss_scale": train[-1].get("loss_scale") if train else None,
+    }
+for line in log.read_text(errors="replace").splitlines():
+    if line.startswith("{") and '"impl": "pytorch"' in line:
+        out["pytorch"].append(json.loads(line))
+json.dump(out, sys.stdout, indent=1)
+print()
