@@ -30,6 +30,16 @@ if(MLTRAIN_WITH_CUDA)
   find_path(MLTRAIN_NCCL_INCLUDE nccl.h HINTS ${MLTRAIN_NCCL_HINT} ENV NCCL_INCLUDE_DIR)
 endif()
 
+# Debian's spdlog 1.10 is built against the system fmt 9. The pip LibTorch 2.x ships its own,
+# newer fmt headers in its include folder, which spdlog must not see: when fmt lives outside
+# /usr/include (the carried .devdeps bundle on a GPU machine), its folder goes first.
+if(TARGET fmt::fmt)
+  get_target_property(MLTRAIN_FMT_INC fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  if(MLTRAIN_FMT_INC AND NOT MLTRAIN_FMT_INC STREQUAL "/usr/include")
+    include_directories(BEFORE SYSTEM ${MLTRAIN_FMT_INC})
+  endif()
+endif()
+
 # yaml-cpp 0.7's config exports the target "yaml-cpp"; older ones only set YAML_CPP_LIBRARIES.
 if(TARGET yaml-cpp)
   set(MLTRAIN_YAML_TARGET yaml-cpp)

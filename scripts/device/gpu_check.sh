@@ -21,10 +21,11 @@ say() { echo "== $*" | tee -a "$LOG"; }
 step() {  # step NAME CMD...: runs, logs, records the exit status
   local name=$1; shift
   say "$name: $*"
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s%N)
   "$@" >>"$LOG" 2>&1
   local rc=$?
-  printf '%s\t%s\t%.1f\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" >>"$OUT/steps.tsv"
+  local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  printf '%s\t%s\t%d.%03d\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) >>"$OUT/steps.tsv"
   say "$name: exit $rc"
   return $rc
 }
@@ -50,6 +51,13 @@ step golden_grad_scaler python3 tests/golden/make_grad_scaler_golden.py "$OUT/gr
 RUNS=/tmp/mltrain_runs
 rm -rf "$RUNS"
 common=(runtime.device=cuda "data.root=$DATA" "run.dir=$RUNS" train.duration=3ep checkpoint.every=1ep train.log_every=50u)
+if [ "${1:-}" = "--quick" ]; then  # build check plus one run of each kind
+  step cnn_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16 amp.enabled=true amp.dtype=fp16 train.duration=2ep
+  step py_cnn_fp16_expert python3 scripts/bench/py_train_cuda.py --model cnn --mode expert --amp fp16 --data "$DATA"
+  python3 scripts/device/summarize.py "$RUNS" "$LOG" "$OUT/steps.tsv" >"$OUT/summary.json" 2>>"$LOG"
+  cat "$OUT/summary.json"
+  exit 0
+fi
 step cnn_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp32
 step cnn_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_bf16 amp.enabled=true amp.dtype=bf16
 step cnn_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16 amp.enabled=true amp.dtype=fp16
