@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Records PyTorch's GradScaler scale sequence on a scripted overflow pattern (needs CUDA: in
 PyTorch the scale update only has a CUDA kernel). Run on a GPU machine:
-    python3 tests/golden/make_grad_scaler_golden.py OUT.json
+    python3 tests/golden/make_grad_scaler_golden.py tests/golden/grad_scaler_cuda.json
+(scripts/device/gpu_check.sh does this and returns the file.)
 tests/unit/test_engine.cpp replays the same pattern through mltrain's LossScaler.
 """
 import json, sys

@@ -83,10 +83,37 @@ TEST_CASE("clip by value and adaptive (AutoClip percentile)", "[clip]") {
   CHECK(q.grad().item<float>() == Approx(2.5).epsilon(1e-5));
 }
 
-// GradScaler's update rule (torch/cuda/amp/grad_scaler.py, _amp_update_scale_): on inf
-// scale *= backoff and the tracker resets; else after growth_interval clean steps scale *= growth.
-// PyTorch 1.13 has this kernel for CUDA only, so the expected sequence below is derived from that
-// rule by hand; tests/golden/make_grad_scaler_golden.py records the real one on a GPU machine.
+// PyTorch's GradScaler, recorded on a GPU (tests/golden/make_grad_scaler_golden.py ran with torch
+// 2.11 + CUDA on an H200; PyTorch 1.13 has the scale-update kernel for CUDA only): three scripted
+// overflow patterns, the scale after every update, and whether the optimizer stepped.
+TEST_CASE("loss scaler reproduces PyTorch GradScaler's recorded scale sequence", "[amp][golden]") {
+  std::ifstream in(std::string(MLTRAIN_SOURCE_DIR) + "/tests/golden/grad_scaler_cuda.json");
+  REQUIRE(in);
+  const auto g = nlohmann::json::parse(in);
+  REQUIRE(g["cases"].size() == 3);
+  for (const auto& c : g["cases"]) {
+    config::AmpConfig a;
+    a.init_scale = c["init_scale"];
+    a.growth_factor = c["growth_factor"];
+    a.backoff_factor = c["backoff_factor"];
+    a.growth_interval = c["growth_interval"];
+    a.min_scale = 0;  // PyTorch has no floor
+    LossScaler s(a);
+    const auto overflow = c["overflow"].get<std::vector<int>>();
+    int64_t skipped = 0;
+    for (int t = 0; t < c["steps"].get<int>(); ++t) {
+      INFO("init " << a.init_scale << " step " << t);
+      const bool inf = std::find(overflow.begin(), overflow.end(), t) != overflow.end();
+      CHECK(c["stepped"][t].get<bool>() == !inf);  // PyTorch skipped exactly the overflow steps
+      s.update(inf);
+      skipped += inf;
+      CHECK(s.value() == c["scale_after_update"][t].get<double>());
+    }
+    CHECK(s.skipped() == skipped);
+  }
+}
+
+// The same rule by hand, with mltrain's min_scale floor (PyTorch has none).
 TEST_CASE("loss scaler follows GradScaler's scale sequence, with a floor", "[amp]") {
   config::AmpConfig c;
   c.init_scale = 65536;
