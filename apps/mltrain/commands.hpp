@@ -11,4 +11,6 @@ void setup_config(CLI::App& app, Action& run);
 void setup_data(CLI::App& app, Action& run);
 void setup_schedule(CLI::App& app, Action& run);
 void setup_landscape(CLI::App& app, Action& run);
+void setup_profile(CLI::App& app, Action& run);
+void setup_checklist(CLI::App& app, Action& run);
 }  // namespace mltrain::cli

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   mltrain::cli::setup_data(app, run);
   mltrain::cli::setup_schedule(app, run);
   mltrain::cli::setup_landscape(app, run);
+  mltrain::cli::setup_profile(app, run);
+  mltrain::cli::setup_checklist(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

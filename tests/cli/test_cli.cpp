@@ -10,8 +10,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
 
 extern char** environ;
 namespace fs = std::filesystem;
@@ -331,4 +335,102 @@ TEST_CASE("landscape: slices of a trained run; bad paths exit 3", "[cli][landsca
   auto bad = run("landscape " + (d / "ls/v0/checkpoints/step_20").string());
   CHECK(bad.code == 3);
   CHECK_THAT(bad.out, Catch::Contains("damaged checkpoint"));
+}
+
+// ---------------------------------------------------------------- checklist and profile (#6)
+
+// The report printed by --json, after any log lines.
+static nlohmann::json json_of(const std::string& out) {
+  const size_t at = out.compare(0, 2, "{\n") == 0 ? 0 : out.find("\n{\n");
+  REQUIRE(at != std::string::npos);
+  return nlohmann::json::parse(out.substr(at == 0 ? 0 : at + 1));
+}
+
+static std::string gunzip(const fs::path& p) {
+  gzFile f = gzopen(p.c_str(), "rb");
+  REQUIRE(f != nullptr);
+  std::string out;
+  char buf[65536];
+  int n;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  gzclose(f);
+  return out;
+}
+
+TEST_CASE("checklist: every item has a status, SKIPs say why, FAIL exits 4", "[cli][checklist]") {
+  const auto d = tmpdir("checklist");
+  auto r = run("checklist " + kSrc + "/configs/fashion_mnist_cnn.yaml run.dir=" + d.string() + " --json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);  // this machine: no FAIL
+  auto j = json_of(r.out);
+  std::set<std::string> ids;
+  for (const auto& it : j["items"]) {
+    INFO(it.dump());
+    const std::string st = it["status"];
+    CHECK((st == "PASS" || st == "WARN" || st == "FAIL" || st == "SKIP"));
+    CHECK(!it["why"].get<std::string>().empty());
+    if (st == "SKIP") CHECK(!it["fix"].get<std::string>().empty());  // the reason
+    else CHECK(!it["measured"].get<std::string>().empty());
+    ids.insert(it["id"].get<std::string>());
+  }
+  for (const char* id : {"data.read_bandwidth", "data.loader_rate", "data.augmentation_cost", "data.pinned_copy",
+                         "compute.gemm_route", "compute.cudnn_benchmark", "compute.autocast_coverage", "compute.fusion",
+                         "system.swappiness", "system.transparent_hugepages", "system.cpu_governor", "system.threads",
+                         "system.allocator", "system.numa", "system.open_files", "system.disk_space", "gpu.versions",
+                         "gpu.nccl_allreduce"})
+    CHECK(ids.count(id) == 1);
+  for (const auto& it : j["items"]) {
+    if (it["id"] == "compute.fusion") CHECK(it["value"]["conv_bn_pairs"] == 2);  // conv1/bn1, conv2/bn2
+    if (it["id"] == "compute.autocast_coverage") CHECK(it["measured"].get<std::string>().find("aten::conv2d") != std::string::npos);
+  }
+
+  // Over-subscribed threads and a checkpoint budget no disk holds: FAIL, exit 4, named in the text.
+  r = run("checklist " + kSrc + "/configs/fashion_mnist_cnn.yaml run.dir=" + d.string() +
+          " runtime.threads=64 checkpoint.keep_last=10000000");
+  CHECK(r.code == 4);
+  CHECK(r.out.find("FAIL system.threads") != std::string::npos);
+  CHECK(r.out.find("FAIL system.disk_space") != std::string::npos);
+  // Without a config the pipeline items are skipped with the reason.
+  r = run("checklist --level quick");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("SKIP data.loader_rate: skipped: no config given") != std::string::npos);
+  CHECK(run("checklist --level fastest").code == 2);
+}
+
+TEST_CASE("profile: the plain CNN is compute-bound, with operators, a trace and the overhead", "[cli][profile]") {
+  const auto d = tmpdir("profile_cnn");
+  auto r = run("profile " + kSrc + "/configs/fashion_mnist_cnn.yaml --wait 2 --warmup 3 --active 12 --out " + d.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(slurp(d / "profile.json"));
+  CHECK(j["diagnosis"]["verdict"] == "compute-bound");
+  CHECK(j["measure"]["phase_share"]["data"].get<double>() < 0.15);
+  CHECK(j["profiler_overhead"]["ratio"].get<double>() > 0);
+  REQUIRE(j["operators"].size() >= 5);
+  bool conv = false;
+  for (const auto& op : j["operators"]) conv |= op["name"].get<std::string>().find("conv") != std::string::npos;
+  CHECK(conv);
+  double share = 0;
+  for (const auto& [k, v] : j["measure"]["phase_share"].items()) share += v.get<double>();
+  CHECK(share == Approx(1.0).margin(0.05));  // the phases account for the step
+  const auto trace = nlohmann::json::parse(gunzip(d / "trace.json.gz"));  // a valid Chrome trace
+  CHECK(trace["traceEvents"].size() > 100);
+  CHECK(slurp(d / "phases.svg").find("<svg") == 0);
+  CHECK(r.out.find("diagnosis: compute-bound") != std::string::npos);
+}
+
+TEST_CASE("profile: a starved loader is data-bound with evidence; --sweep measures each value", "[cli][profile]") {
+  const auto d = tmpdir("profile_starved");
+  auto r = run("profile " + kSrc + "/configs/starved_loader.yaml --no-ops --wait 2 --warmup 3 --active 20 "
+               "--sweep data.workers=0,1 --out " + d.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(slurp(d / "profile.json"));
+  CHECK(j["diagnosis"]["verdict"] == "data-bound");
+  CHECK(j["measure"]["phase_share"]["data"].get<double>() >= 0.15);
+  CHECK(j["diagnosis"]["evidence"].size() >= 2);
+  REQUIRE(j["sweep"]["rows"].size() == 2);
+  CHECK((j["sweep"]["best"] == "0" || j["sweep"]["best"] == "1"));
+  CHECK(r.out.find("sweep data.workers:") != std::string::npos);
+  CHECK(run("profile " + kSrc + "/configs/starved_loader.yaml --sweep data.workers --no-ops").code == 2);
 }

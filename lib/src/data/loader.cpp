@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <thread>
 
@@ -64,7 +65,7 @@ struct Loader::State {
   int64_t next_batch = 0, num_batches = 0;
   bool stop = false;
   double wait = 0;
-  std::atomic<int64_t> aug_ns{0}, aug_samples{0};
+  std::atomic<int64_t> aug_ns{0}, aug_samples{0}, fill_cpu_ns{0}, filled_samples{0};
   std::vector<std::thread> threads;
 };
 
@@ -161,6 +162,23 @@ void Loader::set_augmenter(std::shared_ptr<Augmenter> aug, int64_t total_batches
   aug_ = std::move(aug);
   total_batches_ = std::max<int64_t>(1, total_batches);
 }
+static int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// fill() plus the CPU time the calling thread spent in it (loader utilisation for `mltrain profile`).
+template <class Slot>
+void Loader::timed_fill(int64_t b, Slot& slot) {
+  const int64_t c0 = thread_cpu_ns();
+  fill(b, slot.x, slot.y, slot.y2, slot.lam);
+  st_->fill_cpu_ns += thread_cpu_ns() - c0;
+  st_->filled_samples += std::min<int64_t>(opt_.batch_size, static_cast<int64_t>(st_->order.size()) - b * opt_.batch_size);
+}
+double Loader::fill_cpu_seconds() const { return st_->fill_cpu_ns.load() * 1e-9; }
+int64_t Loader::filled_samples() const { return st_->filled_samples.load(); }
+
 double Loader::augment_seconds() const { return st_->aug_ns.load() * 1e-9; }
 int64_t Loader::augmented_samples() const { return st_->aug_samples.load(); }
 
@@ -193,7 +211,7 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
           if (st.stop) return;
           slot.free = false;
         }
-        fill(b, slot.x, slot.y, slot.y2, slot.lam);
+        timed_fill(b, slot);
         {
           std::lock_guard<std::mutex> lock(st.mu);
           slot.ready = b;
@@ -223,7 +241,7 @@ bool Loader::next(Batch& out) {
     slot.free = false;
     lock.unlock();
     auto t0 = std::chrono::steady_clock::now();
-    fill(b, slot.x, slot.y, slot.y2, slot.lam);
+    timed_fill(b, slot);
     st.wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     slot.ready = b;
   } else {

@@ -55,6 +55,31 @@ Splits load_splits(const config::DataConfig& c) {
   return s;
 }
 
+data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, const torch::Device& device) {
+  data::LoaderOptions lo;
+  lo.batch_size = cfg.data.batch_size;
+  lo.workers = cfg.data.workers.resolve(data::auto_workers(runtime::usable_cores()));
+  lo.prefetch = cfg.data.prefetch;
+  lo.shuffle = cfg.data.shuffle;
+  lo.drop_last = cfg.data.drop_last;
+  lo.seed = static_cast<uint64_t>(cfg.run.seed);
+  lo.mean = static_cast<float>(cfg.data.mean);
+  lo.std = static_cast<float>(cfg.data.std);
+  lo.pin_memory = device.is_cuda() && cfg.data.pin_memory;
+  return lo;
+}
+
+torch::Device prepare_device(const config::ExperimentConfig& cfg) {
+  const torch::Device device = compat::resolve_device(cfg.runtime.device);
+  if (cfg.runtime.device == "cuda" && !compat::cuda_available())
+    throw ConfigError("runtime.device", "cuda asked for, but " +
+                                            std::string(compat::cuda_built() ? "no CUDA device is visible"
+                                                                             : "this mltrain was built without CUDA"),
+                      "use runtime.device=auto or cpu, or build with -DMLTRAIN_WITH_CUDA=ON against a CUDA LibTorch");
+  if (device.is_cuda()) compat::set_cudnn_benchmark(cfg.runtime.cudnn_benchmark);
+  return device;
+}
+
 fs::path choose_run_dir(const config::ExperimentConfig& cfg, bool* resuming) {
   const fs::path base = fs::path(cfg.run.dir) / cfg.run.name;
   int64_t newest = -1;
@@ -102,28 +127,12 @@ static nlohmann::json env_json(const config::ExperimentConfig& cfg, const RunOpt
 
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
   runtime::apply({static_cast<int>(cfg.runtime.threads.resolve(0)), cfg.runtime.kernel_route, cfg.runtime.allocator});
-  const torch::Device device = compat::resolve_device(cfg.runtime.device);
-  if (cfg.runtime.device == "cuda" && !compat::cuda_available())
-    throw ConfigError("runtime.device", "cuda asked for, but " +
-                                            std::string(compat::cuda_built() ? "no CUDA device is visible"
-                                                                             : "this mltrain was built without CUDA"),
-                      "use runtime.device=auto or cpu, or build with -DMLTRAIN_WITH_CUDA=ON against a CUDA LibTorch");
-  if (device.is_cuda()) compat::set_cudnn_benchmark(cfg.runtime.cudnn_benchmark);
+  const torch::Device device = prepare_device(cfg);
 
   // Data, model and optimizer first: bad input fails before any run folder is created.
   Splits splits = load_splits(cfg.data);
 
-  const int64_t cores = runtime::usable_cores();
-  data::LoaderOptions lo;
-  lo.batch_size = cfg.data.batch_size;
-  lo.workers = cfg.data.workers.resolve(data::auto_workers(cores));
-  lo.prefetch = cfg.data.prefetch;
-  lo.shuffle = cfg.data.shuffle;
-  lo.drop_last = cfg.data.drop_last;
-  lo.seed = static_cast<uint64_t>(cfg.run.seed);
-  lo.mean = static_cast<float>(cfg.data.mean);
-  lo.std = static_cast<float>(cfg.data.std);
-  lo.pin_memory = device.is_cuda() && cfg.data.pin_memory;
+  const data::LoaderOptions lo = train_loader_options(cfg, device);
   data::Loader train_loader(splits.train, lo);
   data::LoaderOptions eo = lo;
   eo.batch_size = cfg.data.eval_batch_size;

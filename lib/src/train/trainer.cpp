@@ -15,6 +15,24 @@ static double since(Clock::time_point t) { return std::chrono::duration<double>(
 namespace F = torch::nn::functional;
 static at::ScalarType amp_dtype(const config::AmpConfig& a) { return a.dtype == "fp16" ? at::kHalf : at::kBFloat16; }
 
+const char* phase_name(Phase p) {
+  static const char* names[] = {"data", "h2d_copy", "forward", "backward", "optimizer", "allreduce", "other"};
+  return names[static_cast<int>(p)];
+}
+
+void PhaseClock::lap(Phase p) {
+  if (sync_cuda) compat::cuda_synchronize();
+  const auto now = Clock::now();
+  seconds[static_cast<size_t>(p)] += std::chrono::duration<double>(now - last).count();
+  last = now;
+}
+
+double PhaseClock::total() const {
+  double t = 0;
+  for (double s : seconds) t += s;
+  return t;
+}
+
 int64_t resolve_accumulate(const config::ExperimentConfig& cfg, int64_t world) {
   const auto& t = cfg.train;
   if (t.global_batch <= 0) return t.accumulate.resolve(1);
@@ -179,11 +197,17 @@ void Trainer::fit() {
     double data_s = 0;
     auto t_step = Clock::now(), t_data = Clock::now();
     compat::CopyFence fence;
+    auto lap = [this](Phase p) {
+      if (phases_) phases_->lap(p);
+    };
     while (progress_.step < total_steps_) {
+      lap(Phase::kOther);  // logging, observers, evaluation since the last phase
       fence.wait();  // the async copy of the previous batch has read its pinned slot
       if (!train_.next(batch)) break;
+      lap(Phase::kData);
       to_device(batch);
       fence.record(device_);
+      lap(Phase::kCopy);
       data_s += since(t_data);
 
       // A micro-batch: forward under autocast, loss in fp32, normalised by the samples of the
@@ -201,7 +225,9 @@ void Trainer::fit() {
         loss = loss * batch.lam + F::cross_entropy(logits, batch.y2, ce_opts) * (1 - batch.lam);
       const int64_t b = batch.y.size(0);
       auto part = loss * (static_cast<double>(b) / full_window);
+      lap(Phase::kForward);
       (scaler_ ? scaler_->scale(part) : part).backward();
+      lap(Phase::kBackward);
       info.loss += loss.item<double>() * b;
       const int64_t correct = logits.argmax(1).eq(batch.y).sum().item<int64_t>();
       info.correct += correct;
@@ -239,6 +265,7 @@ void Trainer::fit() {
       }
       if (scaler_) scaler_->update(found_inf);
       opt_.zero_grad();
+      lap(Phase::kOptimizer);
 
       info.skipped = !step_now;
       info.count = window_samples;

@@ -12,6 +12,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -101,6 +102,25 @@ inline CudaMemory cuda_memory(int device = 0) {
   m.peak_allocated = s.allocated_bytes[agg].peak;
 #endif
   return m;
+}
+
+// Versions for `mltrain checklist` and env.json: CUDA the LibTorch was built with, cuDNN it
+// loaded; empty strings on CPU builds.
+struct CudaVersions {
+  std::string cuda, cudnn;
+};
+inline CudaVersions cuda_versions() {
+  CudaVersions v;
+#ifdef MLTRAIN_WITH_CUDA
+#ifdef CUDA_VERSION
+  v.cuda = std::to_string(CUDA_VERSION / 1000) + "." + std::to_string((CUDA_VERSION % 1000) / 10);
+#endif
+  try {
+    if (cuda_available()) v.cudnn = std::to_string(at::detail::getCUDAHooks().versionCuDNN());
+  } catch (const std::exception&) {
+  }
+#endif
+  return v;
 }
 
 inline std::string cuda_device_name(int device = 0) {

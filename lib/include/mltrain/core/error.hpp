@@ -14,6 +14,7 @@ enum ExitCode : int {
   kExitRuntime = 1,    // anything unexpected while running
   kExitUsage = 2,      // command line or config error
   kExitBadInput = 3,   // bad data file or checkpoint
+  kExitCheckFailed = 4,  // `mltrain checklist` found a FAIL item
   kExitSignalBase = 128  // 128 + N: stopped cleanly (after a checkpoint) on signal N
 };
 

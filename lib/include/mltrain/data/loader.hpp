@@ -65,6 +65,8 @@ class Loader {
   void set_augmenter(std::shared_ptr<Augmenter> aug, int64_t total_batches);
   Augmenter* augmenter() const { return aug_.get(); }
   double augment_seconds() const;   // summed over workers
+  double fill_cpu_seconds() const;  // thread CPU time spent preparing batches, summed over threads
+  int64_t filled_samples() const;
   int64_t augmented_samples() const;
   const LoaderOptions& options() const { return opt_; }
   const Dataset& dataset() const { return ds_; }
@@ -73,6 +75,7 @@ class Loader {
   struct State;
   void stop_workers();
   void fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& y2, double& lam);
+  template <class Slot> void timed_fill(int64_t b, Slot& slot);
   Dataset ds_;
   LoaderOptions opt_;
   std::shared_ptr<State> st_;

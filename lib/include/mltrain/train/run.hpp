@@ -12,6 +12,7 @@
 
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/data/dataset.hpp"
+#include "mltrain/data/loader.hpp"
 
 namespace mltrain::train {
 
@@ -35,6 +36,14 @@ struct Splits {
   std::string eval_name;  // "val" or "test"
 };
 Splits load_splits(const config::DataConfig& cfg);
+
+// The training loader's options from the config (workers resolved against this machine's cores;
+// pinned memory only when training on CUDA).
+data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, const torch::Device& device);
+
+// runtime.device resolved and checked (ConfigError when cuda is asked for and absent); applies
+// runtime.cudnn_benchmark on CUDA.
+torch::Device prepare_device(const config::ExperimentConfig& cfg);
 
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt);
 

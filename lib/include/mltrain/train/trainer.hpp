@@ -9,6 +9,7 @@
 //   t.fit();                                   // throws Interrupted after a clean checkpoint on SIGTERM
 #include <torch/torch.h>
 
+#include <array>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -53,6 +54,19 @@ struct EvalResult {
 
 class Trainer;
 
+// Where a training step's wall time goes (`mltrain profile`). The trainer laps the clock at each
+// phase boundary when one is attached; on CUDA the clock can synchronise first, so each phase is
+// charged with its own kernels (that synchronisation is part of the profiler's overhead).
+enum class Phase : int { kData, kCopy, kForward, kBackward, kOptimizer, kAllreduce, kOther, kCount };
+const char* phase_name(Phase p);
+struct PhaseClock {
+  bool sync_cuda = false;
+  std::array<double, static_cast<size_t>(Phase::kCount)> seconds{};
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  void lap(Phase p);
+  double total() const;
+};
+
 class Observer {
  public:
   virtual ~Observer() = default;
@@ -79,6 +93,7 @@ class Trainer {
   Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
           data::Loader& eval);
   void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
+  void set_phase_clock(PhaseClock* clock) { phases_ = clock; }
   void fit();
   EvalResult evaluate(data::Loader& loader);  // with the EMA weights when ema.evaluate
 
@@ -116,6 +131,7 @@ class Trainer {
   data::Loader& train_;
   data::Loader& eval_;
   std::vector<std::unique_ptr<Observer>> observers_;
+  PhaseClock* phases_ = nullptr;
   Progress progress_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0, accumulate_ = 1;
   std::optional<EvalResult> last_eval_;
