@@ -2,6 +2,7 @@
 // codes: 0 ok, 1 runtime failure, 2 usage/config error, 3 bad data or checkpoint, 128+N after a
 // clean stop on signal N (as bash reports signal deaths, so parent scripts can tell).
 #include <c10/util/Exception.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <iostream>
@@ -28,6 +29,8 @@ static void print_version() {
 }
 
 int main(int argc, char** argv) {
+  // Logs go to stderr, so stdout carries only results (`--json` reports, `config schema`, ...).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("mltrain"));
   spdlog::set_pattern("%H:%M:%S %^%l%$ %v");
   CLI::App app{"mltrain: a training orchestrator on LibTorch.\nExit codes: 0 ok, 1 runtime failure, 2 usage or config error, "
                "3 bad data or checkpoint, 128+N stopped cleanly by signal N."};

@@ -26,5 +26,22 @@ for m in sorted(runs.glob("*/v*/metrics.jsonl")):
 for line in log.read_text(errors="replace").splitlines():
     if line.startswith("{") and '"impl": "pytorch"' in line:
         out["pytorch"].append(json.loads(line))
+outdir = steps.parent
+for f in sorted(outdir.glob("profile_*.json")):
+    p = json.loads(f.read_text())
+    out.setdefault("profile", {})[f.stem] = {
+        "verdict": p["diagnosis"]["verdict"], "step_ms": p["measure"]["step_ms"],
+        "samples_per_s": p["measure"]["samples_per_s"], "phase_share": p["measure"]["phase_share"],
+        "profiler_overhead": p.get("profiler_overhead", {}).get("ratio"),
+        "top_ops": [o["name"] for o in p.get("operators", [])[:5]]}
+cl = outdir / "checklist_full.json"
+if cl.exists():
+    try:
+        t = cl.read_text()
+        c = json.loads(t if t.startswith("{") else t[t.index("\n{\n") + 1:])
+        out["checklist_full"] = {"counts": c["counts"], "seconds": c["seconds"],
+                                 "items": {i["id"]: i["status"] + ": " + (i["measured"] or i["fix"]) for i in c["items"]}}
+    except Exception as e:  # noqa: BLE001
+        out["checklist_full"] = {"error": str(e)}
 json.dump(out, sys.stdout, indent=1)
 print()
