@@ -30,7 +30,8 @@ static void print_version() {
 
 int main(int argc, char** argv) {
   // Logs go to stderr, so stdout carries only results (`--json` reports, `config schema`, ...).
-  spdlog::set_default_logger(spdlog::stderr_color_mt("mltrain"));
+  // (The default logger keeps its identity and lifetime; only its sink changes.)
+  spdlog::default_logger()->sinks() = {std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};
   spdlog::set_pattern("%H:%M:%S %^%l%$ %v");
   CLI::App app{"mltrain: a training orchestrator on LibTorch.\nExit codes: 0 ok, 1 runtime failure, 2 usage or config error, "
                "3 bad data or checkpoint, 128+N stopped cleanly by signal N."};

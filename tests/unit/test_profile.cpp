@@ -4,11 +4,14 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "mltrain/core/compat.hpp"
+#include "mltrain/dist/nccl_check.hpp"
 #include "mltrain/train/checklist.hpp"
 #include "mltrain/train/op_profiler.hpp"
 #include "mltrain/train/profile.hpp"
@@ -111,4 +114,36 @@ TEST_CASE("operator profiler: counts, nesting and a readable Chrome trace", "[pr
   const auto dt = census.dtypes();
   REQUIRE(dt.count("aten::addmm"));
   CHECK(dt.at("aten::addmm").count("bf16") == 1);
+}
+
+// The checklist runs the NCCL helper as a child with a timeout. A stand-in helper placed beside
+// this test binary checks the parent's side: a report, a hang, a crash without a report.
+TEST_CASE("NCCL probe: report parsed, hang killed at the timeout, crash reported", "[checklist]") {
+  namespace fs = std::filesystem;
+  const fs::path helper = fs::read_symlink("/proc/self/exe").parent_path() / "mltrain_nccl_check";
+  REQUIRE_FALSE(fs::exists(helper));  // never a real helper in a CPU build's test folder
+  auto write = [&](const std::string& body) {
+    std::ofstream(helper) << "#!/bin/sh\n" << body << "\n";
+    fs::permissions(helper, fs::perms::owner_all);
+  };
+  write("echo '{\"ok\":true,\"version\":\"2.28.9\",\"world\":1,\"bytes\":268435456,\"seconds\":0.001,\"algbw_gbps\":268.4,"
+        "\"busbw_gbps\":0,\"error\":\"\"}'");
+  CHECK(dist::nccl_compiled());
+  auto r = dist::nccl_allreduce_check(268435456, 3, 10);
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(r.version == "2.28.9");
+  CHECK(r.algbw_gbps == Approx(268.4));
+  write("sleep 30");
+  const auto t0 = std::chrono::steady_clock::now();
+  r = dist::nccl_allreduce_check(1024, 1, 1.0);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("did not finish within 1 s") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  write("kill -SEGV $$");
+  r = dist::nccl_allreduce_check(1024, 1, 10);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("status 139") != std::string::npos);
+  fs::remove(helper);
+  CHECK_FALSE(dist::nccl_compiled());
 }

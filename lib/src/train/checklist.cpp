@@ -483,7 +483,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     const auto v = compat::cuda_versions();
     std::string driver = read_first_line("/proc/driver/nvidia/version");
     if (auto k = driver.find("Kernel Module"); k != std::string::npos) driver = driver.substr(k + 14, 20);
-    const auto nccl = dist::nccl_allreduce_check(full ? 1 << 30 : 256 << 20, full ? 20 : 10);
+    const auto nccl = dist::nccl_allreduce_check(full ? 1 << 30 : 256 << 20, full ? 20 : 10, full ? 180 : 60);
     rep.add({"gpu.versions", "gpu", "PASS",
              compat::cuda_device_name() + "; driver " + (driver.empty() ? "?" : driver) + ", CUDA " + v.cuda + " (LibTorch " +
                  compat::torch_version() + "), cuDNN " + v.cudnn + ", NCCL " + (nccl.version.empty() ? "?" : nccl.version),
