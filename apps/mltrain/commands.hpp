@@ -13,4 +13,6 @@ void setup_schedule(CLI::App& app, Action& run);
 void setup_landscape(CLI::App& app, Action& run);
 void setup_profile(CLI::App& app, Action& run);
 void setup_checklist(CLI::App& app, Action& run);
+void setup_runs(CLI::App& app, Action& run);
+void setup_report(CLI::App& app, Action& run);
 }  // namespace mltrain::cli

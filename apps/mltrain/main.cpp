@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
   mltrain::cli::setup_landscape(app, run);
   mltrain::cli::setup_profile(app, run);
   mltrain::cli::setup_checklist(app, run);
+  mltrain::cli::setup_runs(app, run);
+  mltrain::cli::setup_report(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

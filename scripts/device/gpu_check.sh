@@ -22,7 +22,7 @@ step() {  # step NAME CMD...: runs, logs, records the exit status
   local name=$1; shift
   say "$name: $*"
   local t0=$(date +%s%N)
-  timeout 180 "$@" >>"$LOG" 2>&1
+  timeout 150 "$@" >>"$LOG" 2>&1
   local rc=$?
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%s\t%s\t%d.%03d\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) >>"$OUT/steps.tsv"

@@ -17,7 +17,8 @@ static double epoch_float(Trainer& t) {
   return t.progress().epoch + double(t.progress().batch_in_epoch) / std::max<int64_t>(1, t.steps_per_epoch());
 }
 
-MetricsWriter::MetricsWriter(const fs::path& run_dir) {
+MetricsWriter::MetricsWriter(const fs::path& run_dir, bool tensorboard) {
+  if (tensorboard) tb_ = std::make_unique<TbWriter>(run_dir.string());
   const bool fresh = !fs::exists(run_dir / "metrics.csv");
   jsonl_.open(run_dir / "metrics.jsonl", std::ios::app);
   csv_.open(run_dir / "metrics.csv", std::ios::app);
@@ -37,10 +38,26 @@ void MetricsWriter::write(const nlohmann::json& j) {
        << "," << num("accuracy") << "," << num("samples_per_s") << "," << num("data_wait") << "," << num("lr") << ","
        << num("grad_norm") << "," << num("time_s") << "\n"
        << std::flush;
+  if (tb_) {  // the same record, so TensorBoard and metrics.jsonl cannot disagree
+    const std::string ev = j["event"].get<std::string>();
+    const int64_t step = j["step"].get<int64_t>();
+    for (const auto& [k, v] : j.items())
+      if (k != "step" && v.is_number()) tb_->scalar(ev + "/" + k, step, v.get<double>());
+    tb_->flush();
+  }
 }
 
 void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
   w_.add(s);
+  const int64_t hist = t.cfg().train.histograms_every.to_steps(t.steps_per_epoch());
+  if (tb_ && hist > 0 && t.progress().step % hist == 0) {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, p] : t.model().named_parameters()) {
+      auto flat = p.detach().to(torch::kCPU, torch::kDouble).flatten().contiguous();
+      tb_->histogram("weights/" + name, t.progress().step,
+                     std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel()));
+    }
+  }
   const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
   if (every <= 0 || (t.progress().step % every != 0 && t.progress().step != t.total_steps())) return;
   nlohmann::json j = {{"event", "train"},

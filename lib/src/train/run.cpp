@@ -188,7 +188,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     spdlog::info("[checkpoint] restored {} (step {}, epoch {}, batch {})", ck->dir.string(), ck->step,
                  trainer.progress().epoch, trainer.progress().batch_in_epoch);
   }
-  trainer.add_observer(std::make_unique<MetricsWriter>(run_dir));
+  trainer.add_observer(std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard));
   trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
   trainer.add_observer(std::make_unique<CheckpointWriter>(store));
 

@@ -361,6 +361,8 @@ struct TrainConfig {
   Period eval_every = Period::epochs(1);
   Period log_every = Period::steps(100);
   double target_accuracy = 0.0;
+  bool tensorboard = true;
+  Period histograms_every = Period::never();
   Count accumulate = Count::of(1);
   int64_t global_batch = 0;
   std::string lr_scaling = "none";
@@ -376,6 +378,8 @@ struct TrainConfig {
     v.field("log_every", log_every, "log training metrics every period (non-terminal output)");
     v.field("target_accuracy", target_accuracy, "report time-to-accuracy for this test accuracy (0: off)",
             in_range(0.0, 1.0));
+    v.field("tensorboard", tensorboard, "also write every metrics record as TensorBoard scalars (events.out.tfevents.* in the run folder)");
+    v.field("histograms_every", histograms_every, "TensorBoard histograms of every parameter every period (never: off)");
   }
 };
 

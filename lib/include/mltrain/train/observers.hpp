@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "mltrain/train/checkpoint.hpp"
+#include "mltrain/train/tensorboard.hpp"
 #include "mltrain/train/trainer.hpp"
 
 namespace mltrain::train {
@@ -26,7 +27,8 @@ struct Window {
 
 class MetricsWriter : public Observer {
  public:
-  explicit MetricsWriter(const std::filesystem::path& run_dir);
+  // tensorboard: also write each record as scalars "<event>/<field>" into an event file.
+  explicit MetricsWriter(const std::filesystem::path& run_dir, bool tensorboard = false);
   void on_step_end(Trainer& t, const StepInfo& s) override;
   void on_eval_end(Trainer& t, const EvalResult& r) override;
   static const char* csv_header();
@@ -34,6 +36,7 @@ class MetricsWriter : public Observer {
  private:
   void write(const nlohmann::json& j);
   std::ofstream jsonl_, csv_;
+  std::unique_ptr<TbWriter> tb_;
   Window w_;
 };
 

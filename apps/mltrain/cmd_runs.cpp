@@ -1,0 +1,40 @@
+#include <iostream>
+
+#include "commands.hpp"
+#include "mltrain/core/fs.hpp"
+#include "mltrain/train/runs.hpp"
+
+namespace mltrain::cli {
+
+void setup_runs(CLI::App& app, Action& run) {
+  auto dir = std::make_shared<std::string>("runs");
+  auto* sub = app.add_subcommand("runs", "table of runs: status, best metric, steps, time: mltrain runs [DIR]");
+  sub->add_option("dir", *dir, "runs folder (run.dir) or one run folder")->capture_default_str();
+  sub->callback([dir, &run] {
+    run = [dir] {
+      std::cout << train::runs_table(train::find_runs(*dir));
+      return 0;
+    };
+  });
+}
+
+void setup_report(CLI::App& app, Action& run) {
+  struct Opts {
+    std::vector<std::string> dirs;
+    std::string out = "report.html";
+  };
+  auto o = std::make_shared<Opts>();
+  auto* sub = app.add_subcommand("report", "one self-contained HTML page comparing runs: mltrain report RUN_DIR... [-o report.html]");
+  sub->add_option("runs", o->dirs, "run folders (runs/<name>/v<N>)")->required();
+  sub->add_option("-o,--output", o->out, "HTML file to write")->capture_default_str();
+  sub->callback([o, &run] {
+    run = [o] {
+      std::vector<std::filesystem::path> dirs(o->dirs.begin(), o->dirs.end());
+      write_file_atomic(o->out, train::html_report(dirs));
+      std::cout << "wrote " << o->out << " (" << dirs.size() << " run" << (dirs.size() == 1 ? "" : "s") << ")\n";
+      return 0;
+    };
+  });
+}
+
+}  // namespace mltrain::cli
