@@ -65,13 +65,7 @@ static int bench_main(int argc, char** argv) {
   const int64_t steps = cfg.train.duration.to_steps(splits.train.count / cfg.data.batch_size);
   const int64_t warmup = std::min<int64_t>(20, steps / 5);
 
-  data::LoaderOptions lo;
-  lo.batch_size = cfg.data.batch_size;
-  lo.workers = cfg.data.workers.resolve(data::auto_workers(runtime::usable_cores()));
-  lo.prefetch = cfg.data.prefetch;
-  lo.seed = cfg.run.seed;
-  lo.mean = cfg.data.mean;
-  lo.std = cfg.data.std;
+  const data::LoaderOptions lo = train::train_loader_options(cfg, torch::kCPU);
   nlohmann::json out = {{"mode", mode}, {"model", cfg.model.name}, {"batch", lo.batch_size},
                         {"threads", at::get_num_threads()}, {"route", runtime::kernel_route()},
                         {"allocator", cfg.runtime.allocator}};

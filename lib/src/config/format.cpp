@@ -35,4 +35,10 @@ std::string yaml_quote(const std::string& s) {
   return out + "\"";
 }
 
+std::string format_fixed(double v, int decimals) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", decimals, v);
+  return b;
+}
+
 }  // namespace mltrain::config

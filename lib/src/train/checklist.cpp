@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "mltrain/config/format.hpp"
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/runtime.hpp"
 #include "mltrain/data/augment.hpp"
@@ -26,18 +27,11 @@
 namespace fs = std::filesystem;
 
 namespace mltrain::train {
+using config::format_fixed;
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string fmt(double v, int prec = 1) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(prec);
-  s << v;
-  return s.str();
-}
 
 std::string read_first_line(const std::string& path) {
   std::ifstream in(path);
@@ -153,7 +147,7 @@ nlohmann::json judge_threads(int threads, int cores) {
   return {{"status", "PASS"}, {"expected", exp}};
 }
 nlohmann::json judge_disk(double free_b, double need_b) {
-  const std::string exp = ">= 2x the bytes the kept checkpoints need (" + fmt(need_b / 1e6) + " MB)";
+  const std::string exp = ">= 2x the bytes the kept checkpoints need (" + format_fixed(need_b / 1e6) + " MB)";
   if (free_b < need_b) return {{"status", "FAIL"}, {"expected", exp}};
   if (free_b < 2 * need_b) return {{"status", "WARN"}, {"expected", exp}};
   return {{"status", "PASS"}, {"expected", exp}};
@@ -207,7 +201,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     const double per = static_cast<double>(runtime::minor_faults() - f0) / iters;
     const std::string pol = cfg.runtime.allocator;
     allocator_item = Item{"system.allocator", "system", per > 1000 ? "WARN" : "PASS",
-             fmt(per, 0) + " page faults per training step (" + m->describe() + ", batch " +
+             format_fixed(per, 0) + " page faults per training step (" + m->describe() + ", batch " +
                  std::to_string(cfg.data.batch_size) + ") with runtime.allocator=" + pol,
              "< 1000 per step", "glibc hands large blocks back to the kernel; re-faulting them cost 4.6x on the CNN here",
              per > 1000 ? "runtime.allocator=retain" : "", {{"faults_per_step", per}}};
@@ -221,7 +215,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     cold_mbs = read_mb_per_s(files, true, &bytes);
     const double warm = read_mb_per_s(files, false, &bytes);
     Item it{"data.read_bandwidth", "data", warm >= 500 ? "PASS" : "WARN",
-            "cold " + fmt(cold_mbs) + " MB/s, cached " + fmt(warm) + " MB/s over " + fmt(bytes / 1e6) + " MB",
+            "cold " + format_fixed(cold_mbs) + " MB/s, cached " + format_fixed(warm) + " MB/s over " + format_fixed(bytes / 1e6) + " MB",
             ">= 500 MB/s cached", "a training epoch re-reads the data set; a slow disk shows up as data wait",
             warm >= 500 ? "" : "keep the data set on local SSD or in page cache (data convert to .shard, then mmap)",
             {{"cold_mb_s", cold_mbs}, {"cached_mb_s", warm}, {"bytes", bytes}}};
@@ -249,8 +243,8 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     const double mb_s = rate * static_cast<double>(splits->train.sample_bytes()) / 1e6;
     const bool disk_limited = cold_mbs > 0 && mb_s > 0.8 * cold_mbs && splits->train.source.find(".gz") == std::string::npos;
     rep.add({"data.loader_rate", "data", disk_limited ? "WARN" : "PASS",
-             fmt(rate, 0) + " samples/s = " + fmt(mb_s) + " MB/s of samples with " + std::to_string(lo.workers) +
-                 " worker(s); cold disk " + fmt(cold_mbs) + " MB/s",
+             format_fixed(rate, 0) + " samples/s = " + format_fixed(mb_s) + " MB/s of samples with " + std::to_string(lo.workers) +
+                 " worker(s); cold disk " + format_fixed(cold_mbs) + " MB/s",
              "below the disk's rate (not disk-bound)", "a loader at the disk limit cannot be helped by more workers",
              disk_limited ? "cache the data set in RAM or on faster storage" : "",
              {{"samples_per_s", rate}, {"mb_per_s", mb_s}, {"workers", lo.workers}}});
@@ -262,7 +256,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
       const double fill_us = l.filled_samples() > 0 ? l.fill_cpu_seconds() / l.filled_samples() * 1e6 : 0;
       const double share = fill_us > 0 ? per_sample_us / fill_us : 0;
       rep.add({"data.augmentation_cost", "data", share > 0.5 ? "WARN" : "PASS",
-               fmt(per_sample_us, 2) + " us/sample, " + fmt(100 * share) + "% of the loader's CPU per sample",
+               format_fixed(per_sample_us, 2) + " us/sample, " + format_fixed(100 * share) + "% of the loader's CPU per sample",
                "<= 50% of the loader's per-sample time", "costly augmentation starves the model of batches",
                share > 0.5 ? "add data.workers, lower p, or narrow the costly ops' window" : "",
                {{"us_per_sample", per_sample_us}, {"share_of_loader", share}}});
@@ -286,7 +280,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     const double pageable = rate(false), pinned = rate(true);
     const bool use_pin = !o.cfg || cfg.data.pin_memory;
     rep.add({"data.pinned_copy", "data", use_pin && pinned >= pageable ? "PASS" : "WARN",
-             "pageable " + fmt(pageable) + " GB/s, pinned " + fmt(pinned) + " GB/s; data.pin_memory=" + (use_pin ? "true" : "false"),
+             "pageable " + format_fixed(pageable) + " GB/s, pinned " + format_fixed(pinned) + " GB/s; data.pin_memory=" + (use_pin ? "true" : "false"),
              "pinned >= pageable, and pin_memory on", "pinned buffers copy by DMA, asynchronously with compute",
              use_pin ? "" : "set data.pin_memory=true", {{"pageable_gb_s", pageable}, {"pinned_gb_s", pinned}}});
   }
@@ -304,7 +298,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     }
     const double gflops = 2.0 * n * n * n / best / 1e9;
     auto j = judge_gemm(gflops);
-    Item it{"compute.gemm_route", "compute", j["status"].get<std::string>(), "fp32 " + std::to_string(n) + "^3 GEMM: " + fmt(gflops) +
+    Item it{"compute.gemm_route", "compute", j["status"].get<std::string>(), "fp32 " + std::to_string(n) + "^3 GEMM: " + format_fixed(gflops) +
                                                                " GFLOP/s via route '" + runtime::kernel_route() + "'",
             j["expected"].get<std::string>(), "Linear/matmul dominate MLPs and heads; the reference BLAS is 40x slower than oneDNN",
             j["status"] == "PASS" ? "" : "runtime.kernel_route=onednn (the default)", {{"gflops", gflops}}};
@@ -316,7 +310,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
       for (int i = 0; i < 10; ++i) torch::mm(ga, gb);
       compat::cuda_synchronize();
       const double tflops = 10 * 2.0 * 8192.0 * 8192.0 * 8192.0 / since(t0) / 1e12;
-      it.measured += "; GPU bf16 8192^3: " + fmt(tflops) + " TFLOP/s";
+      it.measured += "; GPU bf16 8192^3: " + format_fixed(tflops) + " TFLOP/s";
       it.value["gpu_bf16_tflops"] = tflops;
     }
     rep.add(it);
@@ -446,7 +440,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     rlimit rl{};
     getrlimit(RLIMIT_NOFILE, &rl);
     const double soft = rl.rlim_cur == RLIM_INFINITY ? 1e9 : static_cast<double>(rl.rlim_cur);
-    rep.add({"system.open_files", "system", soft >= 4096 ? "PASS" : "WARN", "ulimit -n = " + fmt(soft, 0), ">= 4096",
+    rep.add({"system.open_files", "system", soft >= 4096 ? "PASS" : "WARN", "ulimit -n = " + format_fixed(soft, 0), ">= 4096",
              "loader workers, memory-mapped shards and process-group sockets each hold descriptors",
              soft >= 4096 ? "" : "ulimit -n 65536 (or LimitNOFILE in the service / Slurm prolog)", {{"soft_limit", soft}}});
   }
@@ -459,15 +453,15 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     } else {
       const double free_b = static_cast<double>(sv.f_bavail) * sv.f_frsize;
       if (!o.cfg) {
-        rep.add({"system.disk_space", "system", free_b > 1e9 ? "PASS" : "WARN", fmt(free_b / 1e9) + " GB free under " + p.string(),
+        rep.add({"system.disk_space", "system", free_b > 1e9 ? "PASS" : "WARN", format_fixed(free_b / 1e9) + " GB free under " + p.string(),
                  "> 1 GB (give a config for its checkpoint size)", "a full disk fails the checkpoint write", "", {{"free_bytes", free_b}}});
       } else {
         const double ck = static_cast<double>(checkpoint_bytes(cfg, *model));
         const double copies = static_cast<double>(cfg.checkpoint.keep_last + cfg.checkpoint.keep_best + 1);
         auto j = judge_disk(free_b, ck * copies);
         rep.add({"system.disk_space", "system", j["status"].get<std::string>(),
-                 fmt(free_b / 1e9, 2) + " GB free under " + p.string() + "; a checkpoint is " + fmt(ck / 1e6, 2) + " MB x " +
-                     fmt(copies, 0) + " kept (keep_last + keep_best + the one being written)",
+                 format_fixed(free_b / 1e9, 2) + " GB free under " + p.string() + "; a checkpoint is " + format_fixed(ck / 1e6, 2) + " MB x " +
+                     format_fixed(copies, 0) + " kept (keep_last + keep_best + the one being written)",
                  j["expected"].get<std::string>(), "a checkpoint that cannot be written loses the run's progress",
                  j["status"] == "PASS" ? "" : "free space, lower checkpoint.keep_last/keep_best, or move run.dir",
                  {{"free_bytes", free_b}, {"checkpoint_bytes", ck}, {"copies", copies}}});
@@ -494,8 +488,8 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
                "data-parallel training all-reduces every step", dist::nccl_compiled() ? "check the NCCL install" : nccl.error, nullptr});
     } else {
       rep.add({"gpu.nccl_allreduce", "gpu", "PASS",
-               "ProcessGroupNCCL, world " + std::to_string(nccl.world) + ": " + fmt(nccl.bytes / (1 << 20), 0) + " MiB in " +
-                   fmt(nccl.seconds * 1e3, 3) + " ms, algbw " + fmt(nccl.algbw_gbps) + " GB/s, busbw " + fmt(nccl.busbw_gbps) +
+               "ProcessGroupNCCL, world " + std::to_string(nccl.world) + ": " + format_fixed(nccl.bytes / (1 << 20), 0) + " MiB in " +
+                   format_fixed(nccl.seconds * 1e3, 3) + " ms, algbw " + format_fixed(nccl.algbw_gbps) + " GB/s, busbw " + format_fixed(nccl.busbw_gbps) +
                    " GB/s" + (nccl.world == 1 ? " (busbw is 0 by definition with one rank: no link is crossed)" : ""),
                "completes; busbw near the link's rate with several GPUs", "all-reduce bandwidth bounds data-parallel scaling", "",
                {{"algbw_gb_s", nccl.algbw_gbps}, {"busbw_gb_s", nccl.busbw_gbps}, {"world", nccl.world}}});
@@ -532,7 +526,7 @@ std::string checklist_text(const nlohmann::json& r) {
   }
   const auto& c = r["counts"];
   o << "\n" << c["PASS"] << " pass, " << c["WARN"] << " warn, " << c["FAIL"] << " fail, " << c["SKIP"] << " skip in "
-    << fmt(r.value("seconds", 0.0)) << " s\n";
+    << format_fixed(r.value("seconds", 0.0)) << " s\n";
   return o.str();
 }
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "mltrain/config/format.hpp"
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
@@ -27,6 +28,7 @@
 namespace fs = std::filesystem;
 
 namespace mltrain::train {
+using config::format_fixed;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -179,14 +181,6 @@ nlohmann::json measure(const config::ExperimentConfig& base, const Splits& split
   return m;
 }
 
-std::string fmt(double v, int prec = 1) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(prec);
-  s << v;
-  return s.str();
-}
-
 // OMP_WAIT_POLICY, MALLOC_ARENA_MAX, ...: upper-case names are environment variables.
 bool is_env_name(const std::string& k) {
   if (k.empty() || !std::isupper(static_cast<unsigned char>(k[0]))) return false;
@@ -248,12 +242,12 @@ nlohmann::json diagnose(const nlohmann::json& m) {
   const double util = m.at("loader").value("cpu_utilisation", 0.0);
   nlohmann::json d;
   std::vector<std::string> evidence, advice;
-  auto pct = [](double x) { return fmt(100 * x) + "%"; };
+  auto pct = [](double x) { return format_fixed(100 * x) + "%"; };
   if (data >= 0.15) {
     d["verdict"] = "data-bound";
     evidence.push_back("the step waited for the next batch " + pct(data) + " of its time (threshold 15%)");
-    evidence.push_back("the loader alone supplies " + fmt(supply, 0) + " samples/s with " + std::to_string(workers) +
-                       " worker(s); training consumed " + fmt(consume, 0) + " samples/s");
+    evidence.push_back("the loader alone supplies " + format_fixed(supply, 0) + " samples/s with " + std::to_string(workers) +
+                       " worker(s); training consumed " + format_fixed(consume, 0) + " samples/s");
     evidence.push_back("loader threads were busy " + pct(util) + " of the time");
     const int64_t cores = runtime::usable_cores();
     if (workers + 1 < cores) advice.push_back("raise data.workers (this machine has " + std::to_string(cores) + " cores)");
@@ -275,7 +269,7 @@ nlohmann::json diagnose(const nlohmann::json& m) {
   } else {
     d["verdict"] = "compute-bound";
     evidence.push_back("forward, backward and optimizer took " + pct(compute) + " of the step; data wait " + pct(data));
-    if (supply > 0) evidence.push_back("the loader could supply " + fmt(supply / std::max(1.0, consume), 1) + "x what the model consumes");
+    if (supply > 0) evidence.push_back("the loader could supply " + format_fixed(supply / std::max(1.0, consume), 1) + "x what the model consumes");
     advice.push_back("bf16 autocast (amp.enabled=true), channels_last, and the oneDNN kernel route cut compute; see the operator table");
   }
   const auto& mem = m.at("memory");
@@ -283,11 +277,11 @@ nlohmann::json diagnose(const nlohmann::json& m) {
   bool rising = rss.size() >= 4;
   for (size_t i = 1; i < rss.size() && rising; ++i) rising = rss[i] >= rss[i - 1];
   if (rising && mem.value("rss_growth_mib", 0.0) > 32) {
-    d["memory"] = "RSS rose at every active step (+" + fmt(mem.value("rss_growth_mib", 0.0)) +
+    d["memory"] = "RSS rose at every active step (+" + format_fixed(mem.value("rss_growth_mib", 0.0)) +
                   " MiB): stair-step growth means tensors from earlier steps are kept alive (a loss kept with its graph, a list of outputs)";
   }
   if (mem.value("page_faults_per_step", 0.0) > 2000)
-    advice.push_back("page faults per step are high (" + fmt(mem.value("page_faults_per_step", 0.0), 0) +
+    advice.push_back("page faults per step are high (" + format_fixed(mem.value("page_faults_per_step", 0.0), 0) +
                      "): runtime.allocator=retain keeps freed memory");
   d["evidence"] = evidence;
   d["advice"] = advice;
@@ -386,10 +380,10 @@ std::string profile_text(const nlohmann::json& r) {
     << m.value("batch_size", 0) << " x accumulate " << m.value("accumulate", 1) << "; " << m.value("steps", 0)
     << " measured steps after " << r["schedule"].value("wait", 0) << " skipped and " << r["schedule"].value("warmup", 0)
     << " warm-up\n";
-  o << "step " << fmt(m.value("step_ms", 0.0), 2) << " ms, " << fmt(m.value("samples_per_s", 0.0), 0) << " samples/s";
+  o << "step " << format_fixed(m.value("step_ms", 0.0), 2) << " ms, " << format_fixed(m.value("samples_per_s", 0.0), 0) << " samples/s";
   if (r.contains("profiler_overhead"))
-    o << "; operator profiler overhead " << fmt(100 * (r["profiler_overhead"].value("ratio", 1.0) - 1)) << "% ("
-      << fmt(r["profiler_overhead"].value("step_ms_with", 0.0), 2) << " ms/step with it)";
+    o << "; operator profiler overhead " << format_fixed(100 * (r["profiler_overhead"].value("ratio", 1.0) - 1)) << "% ("
+      << format_fixed(r["profiler_overhead"].value("step_ms_with", 0.0), 2) << " ms/step with it)";
   o << "\n\n  phase          ms/step    share\n";
   for (size_t i = 0; i < kPhases; ++i) {
     const char* n = phase_name(static_cast<Phase>(i));
@@ -400,18 +394,18 @@ std::string profile_text(const nlohmann::json& r) {
   }
   const auto& l = m.at("loader");
   o << "\nloader: " << l.value("workers", 0) << " worker(s), prefetch " << l.value("prefetch", 0) << ": supplies "
-    << fmt(l.value("supply_samples_per_s", 0.0), 0) << " samples/s alone; threads busy "
-    << fmt(100 * l.value("cpu_utilisation", 0.0)) << "% while training\n";
+    << format_fixed(l.value("supply_samples_per_s", 0.0), 0) << " samples/s alone; threads busy "
+    << format_fixed(100 * l.value("cpu_utilisation", 0.0)) << "% while training\n";
   const auto& mem = m.at("memory");
-  o << "memory: RSS " << fmt(mem.value("rss_mib", 0.0)) << " MiB (peak " << fmt(mem.value("peak_rss_mib", 0.0))
-    << "), " << (mem.value("rss_growth_mib", 0.0) >= 0 ? "+" : "") << fmt(mem.value("rss_growth_mib", 0.0))
-    << " MiB over the measured steps; " << fmt(mem.value("page_faults_per_step", 0.0), 0) << " page faults/step";
+  o << "memory: RSS " << format_fixed(mem.value("rss_mib", 0.0)) << " MiB (peak " << format_fixed(mem.value("peak_rss_mib", 0.0))
+    << "), " << (mem.value("rss_growth_mib", 0.0) >= 0 ? "+" : "") << format_fixed(mem.value("rss_growth_mib", 0.0))
+    << " MiB over the measured steps; " << format_fixed(mem.value("page_faults_per_step", 0.0), 0) << " page faults/step";
   if (mem.contains("cuda_allocated_mib"))
-    o << "; CUDA allocated " << fmt(mem.value("cuda_allocated_mib", 0.0)) << " MiB, reserved "
-      << fmt(mem.value("cuda_reserved_mib", 0.0)) << " MiB, peak " << fmt(mem.value("cuda_peak_allocated_mib", 0.0));
+    o << "; CUDA allocated " << format_fixed(mem.value("cuda_allocated_mib", 0.0)) << " MiB, reserved "
+      << format_fixed(mem.value("cuda_reserved_mib", 0.0)) << " MiB, peak " << format_fixed(mem.value("cuda_peak_allocated_mib", 0.0));
   o << "\n";
   if (r.contains("operators")) {
-    o << "\ntop operators by self CPU time (" << fmt(r.value("operator_calls_per_step", 0.0), 0)
+    o << "\ntop operators by self CPU time (" << format_fixed(r.value("operator_calls_per_step", 0.0), 0)
       << " operator calls per step)\n";
     char line[200];
     std::snprintf(line, sizeof line, "  %-44s %8s %10s %10s %7s\n", "operator", "calls", "self ms", "total ms", "self%");
@@ -445,8 +439,8 @@ std::string profile_text(const nlohmann::json& r) {
                     row.value("verdict", "").c_str());
       o << line;
     }
-    o << "  best: " << s.value("key", "") << "=" << s.value("best", "") << " at " << fmt(s.value("best_samples_per_s", 0.0), 0)
-      << " samples/s (" << fmt(s.value("speedup_vs_first", 1.0), 2) << "x the first value)\n";
+    o << "  best: " << s.value("key", "") << "=" << s.value("best", "") << " at " << format_fixed(s.value("best_samples_per_s", 0.0), 0)
+      << " samples/s (" << format_fixed(s.value("speedup_vs_first", 1.0), 2) << "x the first value)\n";
   }
   if (r.contains("trace"))
     o << "\ntrace: " << r["trace"].value("path", "") << " (" << r["trace"].value("events", 0) << " events"
@@ -488,11 +482,11 @@ std::string phases_svg(const nlohmann::json& r) {
       const double ms = bars[b].ms.value(n, 0.0);
       total += ms;
       if (ms <= 0) continue;
-      s << "<rect x=\"" << fmt(x, 2) << "\" y=\"" << y << "\" width=\"" << fmt(ms * scale, 2) << "\" height=\"" << bar_h
-        << "\" fill=\"" << colours[i] << "\"><title>" << n << ": " << fmt(ms, 3) << " ms</title></rect>\n";
+      s << "<rect x=\"" << format_fixed(x, 2) << "\" y=\"" << y << "\" width=\"" << format_fixed(ms * scale, 2) << "\" height=\"" << bar_h
+        << "\" fill=\"" << colours[i] << "\"><title>" << n << ": " << format_fixed(ms, 3) << " ms</title></rect>\n";
       x += ms * scale;
     }
-    s << "<text x=\"" << fmt(x + 4, 1) << "\" y=\"" << y + bar_h / 2 + 4 << "\">" << fmt(total, 2) << "</text>\n";
+    s << "<text x=\"" << format_fixed(x + 4, 1) << "\" y=\"" << y + bar_h / 2 + 4 << "\">" << format_fixed(total, 2) << "</text>\n";
   }
   int lx = left;
   const int ly = H - 30;

@@ -13,12 +13,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mltrain/config/format.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/svg.hpp"
 
 namespace fs = std::filesystem;
 
 namespace mltrain::train {
+using config::format_fixed;
 namespace {
 
 std::vector<nlohmann::json> read_metrics(const fs::path& dir) {
@@ -33,14 +35,6 @@ std::vector<nlohmann::json> read_metrics(const fs::path& dir) {
     }
   }
   return out;
-}
-
-std::string fmt(double v, int prec) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(prec);
-  s << v;
-  return s.str();
 }
 
 std::string duration(double s) {
@@ -132,7 +126,7 @@ std::string runs_table(const std::vector<RunInfo>& runs) {
                 "ckpts", "detail");
   o << line;
   for (const auto& r : runs) {
-    const std::string best = r.best_eval_accuracy >= 0 ? fmt(100 * r.best_eval_accuracy, 2) + "%" : "-";
+    const std::string best = r.best_eval_accuracy >= 0 ? format_fixed(100 * r.best_eval_accuracy, 2) + "%" : "-";
     std::snprintf(line, sizeof line, "%-34s %-12s %10s %8lld %10s %6d  %s\n", r.name.c_str(), r.state.c_str(), best.c_str(),
                   (long long)r.step, duration(r.seconds).c_str(), r.checkpoints, r.detail.substr(0, 80).c_str());
     o << line;
@@ -190,7 +184,7 @@ std::string html_report(const std::vector<fs::path>& dirs) {
     const auto& i = r.info;
     h << "<tr><td>" << xml_escape(i.name) << "</td><td class=\"" << xml_escape(i.state) << "\">" << xml_escape(i.state)
       << (i.detail.empty() ? "" : ": " + xml_escape(i.detail)) << "</td><td>"
-      << (i.best_eval_accuracy >= 0 ? fmt(100 * i.best_eval_accuracy, 2) + " %" : "-") << "</td><td>"
+      << (i.best_eval_accuracy >= 0 ? format_fixed(100 * i.best_eval_accuracy, 2) + " %" : "-") << "</td><td>"
       << (i.best_step >= 0 ? std::to_string(i.best_step) : "-") << "</td><td>" << i.step << "</td><td>" << duration(i.seconds)
       << "</td><td>" << i.checkpoints << "</td><td>" << xml_escape(i.dir.string()) << "</td></tr>\n";
   }
@@ -257,8 +251,8 @@ std::string html_report(const std::vector<fs::path>& dirs) {
       }
       const std::string n = c.filename().string();
       h << "<tr><td>" << xml_escape(r.info.name) << "</td><td>" << xml_escape(n) << (n == latest ? " (latest)" : "")
-        << "</td><td>" << step << "</td><td>" << (std::isfinite(monitor) ? fmt(monitor, 4) : "-") << "</td><td>"
-        << fmt(bytes / 1e6, 2) << " MB</td></tr>\n";
+        << "</td><td>" << step << "</td><td>" << (std::isfinite(monitor) ? format_fixed(monitor, 4) : "-") << "</td><td>"
+        << format_fixed(bytes / 1e6, 2) << " MB</td></tr>\n";
     }
   }
   h << "</table>\n<p style=\"font-size:12px;color:#777\">Written by mltrain report; self-contained (no scripts, fonts or "
