@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   mltrain::cli::setup_checklist(app, run);
   mltrain::cli::setup_runs(app, run);
   mltrain::cli::setup_report(app, run);
+  mltrain::cli::setup_fuse(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

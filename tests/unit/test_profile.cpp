@@ -13,6 +13,7 @@
 #include "mltrain/core/compat.hpp"
 #include "mltrain/dist/nccl_check.hpp"
 #include "mltrain/train/checklist.hpp"
+#include "mltrain/train/fuse.hpp"
 #include "mltrain/train/op_profiler.hpp"
 #include "mltrain/train/profile.hpp"
 
@@ -146,4 +147,37 @@ TEST_CASE("NCCL probe: report parsed, hang killed at the timeout, crash reported
   CHECK(r.error.find("status 139") != std::string::npos);
   fs::remove(helper);
   CHECK_FALSE(dist::nccl_compiled());
+}
+
+// BN folding algebra against the unfused modules in eval mode, with non-trivial statistics.
+TEST_CASE("fold_batchnorm equals conv+BN and linear+BN in eval mode", "[fuse]") {
+  torch::manual_seed(3);
+  torch::NoGradGuard ng;
+  for (bool with_bias : {false, true}) {
+    torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).padding(1).bias(with_bias));
+    torch::nn::BatchNorm2d bn(8);
+    bn->weight.uniform_(0.5, 2.0);
+    bn->bias.normal_();
+    bn->running_mean.normal_();
+    bn->running_var.uniform_(0.1, 3.0);
+    bn->eval();
+    auto x = torch::randn({4, 3, 9, 9});
+    const auto want = bn(conv(x));
+    auto [w, b] = train::fold_batchnorm(conv->weight, with_bias ? conv->bias : torch::Tensor(), bn->weight, bn->bias,
+                                        bn->running_mean, bn->running_var, 1e-5);
+    const auto got = torch::conv2d(x, w, b, 1, 1);
+    CHECK((got - want).abs().max().item<double>() < 1e-5);
+    // and the per-channel rule by hand for one channel: s = gamma / sqrt(var + eps)
+    const double s0 = bn->weight[0].item<double>() / std::sqrt(bn->running_var[0].item<double>() + 1e-5);
+    CHECK(w[0][0][0][0].item<double>() == Approx(conv->weight[0][0][0][0].item<double>() * s0).epsilon(1e-6));
+  }
+  torch::nn::Linear lin(6, 5);
+  torch::nn::BatchNorm1d bn1(5);
+  bn1->running_mean.normal_();
+  bn1->running_var.uniform_(0.2, 2.0);
+  bn1->weight.uniform_(0.5, 1.5);
+  bn1->eval();
+  auto x = torch::randn({7, 6});
+  auto [w, b] = train::fold_batchnorm(lin->weight, lin->bias, bn1->weight, bn1->bias, bn1->running_mean, bn1->running_var, 1e-5);
+  CHECK((torch::linear(x, w, b) - bn1(lin(x))).abs().max().item<double>() < 1e-5);
 }

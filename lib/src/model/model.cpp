@@ -86,20 +86,22 @@ TORCH_MODULE(Cnn);
 struct BlockImpl : nn::Module {
   nn::Conv2d c1{nullptr}, c2{nullptr}, sc{nullptr};
   nn::BatchNorm2d b1{nullptr}, b2{nullptr}, sb{nullptr};
-  BlockImpl(int64_t in, int64_t out, int64_t stride) {
-    c1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
-    b1 = register_module("bn1", nn::BatchNorm2d(out));
-    c2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
-    b2 = register_module("bn2", nn::BatchNorm2d(out));
+  // bn=false: the BatchNorm-free form `mltrain fuse` writes (BN folded into biased convs).
+  BlockImpl(int64_t in, int64_t out, int64_t stride, bool bn = true) {
+    c1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(!bn)));
+    if (bn) b1 = register_module("bn1", nn::BatchNorm2d(out));
+    c2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(!bn)));
+    if (bn) b2 = register_module("bn2", nn::BatchNorm2d(out));
     if (stride != 1 || in != out) {
-      sc = register_module("shortcut", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
-      sb = register_module("shortcut_bn", nn::BatchNorm2d(out));
+      sc = register_module("shortcut", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(!bn)));
+      if (bn) sb = register_module("shortcut_bn", nn::BatchNorm2d(out));
     }
   }
+  static torch::Tensor maybe(nn::BatchNorm2d& b, torch::Tensor x) { return b ? b(x) : x; }
   torch::Tensor forward(torch::Tensor x) {
-    auto y = torch::relu(b1(c1(x)));
-    y = b2(c2(y));
-    return torch::relu(y + (sc ? sb(sc(x)) : x));
+    auto y = torch::relu(maybe(b1, c1(x)));
+    y = maybe(b2, c2(y));
+    return torch::relu(y + (sc ? maybe(sb, sc(x)) : x));
   }
 };
 TORCH_MODULE(Block);
@@ -112,13 +114,13 @@ struct ResNetImpl : nn::Module {
   nn::Dropout drop{nullptr};
   nn::Linear head{nullptr};
   ResNetImpl(const std::vector<int64_t>& shape, const config::ModelConfig& c, int64_t classes) {
-    stem = register_module("stem", nn::Conv2d(nn::Conv2dOptions(shape[0], c.widths[0], 3).padding(1).bias(false)));
-    stem_bn = register_module("stem_bn", nn::BatchNorm2d(c.widths[0]));
+    stem = register_module("stem", nn::Conv2d(nn::Conv2dOptions(shape[0], c.widths[0], 3).padding(1).bias(!c.batchnorm)));
+    if (c.batchnorm) stem_bn = register_module("stem_bn", nn::BatchNorm2d(c.widths[0]));
     stages = register_module("stages", nn::Sequential());
     int64_t in = c.widths[0];
     for (size_t s = 0; s < c.widths.size(); ++s)
       for (int64_t b = 0; b < c.depths[s]; ++b) {
-        stages->push_back(Block(in, c.widths[s], (b == 0 && s > 0) ? 2 : 1));
+        stages->push_back(Block(in, c.widths[s], (b == 0 && s > 0) ? 2 : 1, c.batchnorm));
         in = c.widths[s];
       }
     drop = register_module("drop", nn::Dropout(c.dropout));
@@ -127,7 +129,8 @@ struct ResNetImpl : nn::Module {
   bool cl = false;
   torch::Tensor forward(torch::Tensor x) {
     if (cl) x = channels_last(x);
-    x = torch::relu(stem_bn(stem(x)));
+    x = stem(x);
+    x = torch::relu(stem_bn ? stem_bn(x) : x);
     x = stages->forward(x);
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return head(drop(x));

@@ -1,5 +1,7 @@
 #include "mltrain/train/landscape.hpp"
 
+#include "mltrain/train/trained_model.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -22,45 +24,14 @@ namespace fs = std::filesystem;
 namespace mltrain::train {
 namespace {
 
-struct Located {
-  fs::path checkpoint, config;
-};
-
-Located locate(const fs::path& p) {
-  if (!fs::exists(p)) throw CheckpointError(p.string(), "does not exist", "pass a run folder (runs/<name>/v<N>) or a checkpoint folder");
-  if (fs::exists(p / "manifest.json")) return {p, p.parent_path().parent_path() / "config.yaml"};
-  if (fs::exists(p / "checkpoints")) {
-    CheckpointStore store(p / "checkpoints", {});
-    std::vector<std::string> warnings;
-    auto ck = store.load_latest(&warnings);
-    for (auto& w : warnings) spdlog::warn("[landscape] {}", w);
-    if (!ck) throw CheckpointError((p / "checkpoints").string(), "holds no intact checkpoint");
-    return {ck->dir, p / "config.yaml"};
-  }
-  throw CheckpointError(p.string(), "is neither a run folder nor a checkpoint folder",
-                        "pass runs/<name>/v<N> or runs/<name>/v<N>/checkpoints/step_<N>");
-}
-
 }  // namespace
 
 LandscapeResult compute_landscape(const fs::path& where, const LandscapeOptions& opt) {
-  const Located loc = locate(where);
-  CheckpointStore::load_dir(loc.checkpoint);  // verifies the manifest
-  if (!fs::exists(loc.config)) throw CheckpointError(loc.config.string(), "missing: the run's resolved config is needed to rebuild the model");
-  auto cfg = config::load_experiment(loc.config.string(), {});
-  runtime::apply({static_cast<int>(cfg.runtime.threads.resolve(0)), cfg.runtime.kernel_route, cfg.runtime.allocator});
-  Splits splits = load_splits(cfg.data);
-  auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
-  auto weights = load_safetensors((loc.checkpoint / "model.safetensors").string());
+  auto tm = load_trained_model(where, "landscape");
+  const auto& cfg = tm.cfg;
+  auto& splits = tm.splits;
+  auto& model = tm.model;
   torch::NoGradGuard no_grad;
-  model::NamedTensors params = model->named_parameters();
-  for (auto& b : model->named_buffers()) params.push_back(b);
-  for (auto& [name, t] : params) {
-    auto it = weights.find(name);
-    if (it == weights.end() || it->second.sizes() != t.sizes())
-      throw CheckpointError((loc.checkpoint / "model.safetensors").string(), "does not match the run's model at '" + name + "'");
-    t.copy_(it->second);
-  }
   model->set_training(false);
 
   // Fixed real batches from the training split (no augmentation, fixed order).
@@ -111,7 +82,7 @@ LandscapeResult compute_landscape(const fs::path& where, const LandscapeOptions&
   };
 
   LandscapeResult r;
-  r.checkpoint = loc.checkpoint.string();
+  r.checkpoint = tm.checkpoint.string();
   for (int64_t i = 0; i < opt.points; ++i) {
     const double a = opt.points == 1 ? 0 : -opt.range + 2 * opt.range * i / (opt.points - 1);
     set_point(a, 0);

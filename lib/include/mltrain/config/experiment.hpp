@@ -146,7 +146,7 @@ struct ModelConfig {
     v.field("fc", fc, "cnn: width of the hidden fully connected layer", positive<int64_t>());
     v.field("widths", widths, "resnet: channels per stage", each_positive());
     v.field("depths", depths, "resnet: basic blocks per stage", each_positive());
-    v.field("batchnorm", batchnorm, "mlp/cnn: BatchNorm after each hidden layer (resnet always has it)");
+    v.field("batchnorm", batchnorm, "BatchNorm after each conv/hidden layer (false: biased layers instead; what `mltrain fuse` writes)");
     v.field("channels_last", channels_last,
             "cnn/resnet: NHWC activations and weights (oneDNN convolutions skip layout reorders)");
     v.field("dropout", dropout, "dropout before the classifier", in_range(0.0, 0.95));
