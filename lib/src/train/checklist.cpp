@@ -369,7 +369,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     rep.add({"compute.fusion", "compute", "PASS",
              std::to_string(pairs) + " conv->BatchNorm pair(s) in " + model->describe(),
              "informational", "at inference each pair folds into one conv (no BN pass, less memory traffic)",
-             pairs > 0 ? "fold them for deployment (`mltrain fuse`, issue #7, is not built yet)" : "",
+             pairs > 0 ? "fold them for deployment: mltrain fuse RUN_DIR" : "",
              {{"conv_bn_pairs", pairs}}});
   }
 
