@@ -1,0 +1,94 @@
+// Quantization observers against torch.ao.quantization (tests/golden/make_quant_golden.py) and
+// hand-computed values; the entropy (KL) calibration's behaviour on clipped vs uniform data.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "mltrain/core/error.hpp"
+#include "mltrain/quant/observers.hpp"
+
+#ifndef MLTRAIN_SOURCE_DIR
+#define MLTRAIN_SOURCE_DIR "."
+#endif
+
+using namespace mltrain::quant;
+
+static nlohmann::json quant_golden() {
+  std::ifstream in(std::string(MLTRAIN_SOURCE_DIR) + "/tests/golden/quant.json");
+  REQUIRE(in);
+  return nlohmann::json::parse(in);
+}
+
+TEST_CASE("qparams by hand", "[quant]") {
+  auto a = affine_qparams(-1.f, 3.f, 0, 255);
+  CHECK(a.scale == Approx(4.0 / 255).epsilon(1e-7));
+  CHECK(a.zero_point == 64);  // 0 - round(-1 / (4/255)) = round(63.75)
+  auto r = affine_qparams(0.5f, 2.f, 0, 255);  // range widened to include 0
+  CHECK(r.scale == Approx(2.0 / 255).epsilon(1e-7));
+  CHECK(r.zero_point == 0);
+  auto s = symmetric_qparams(-2.f, 1.f, -128, 127);
+  CHECK(s.scale == Approx(2.0 / 127.5).epsilon(1e-7));
+  CHECK(s.zero_point == 0);
+  CHECK(symmetric_qparams(-2.f, 1.f, 0, 255).zero_point == 128);
+  auto z = affine_qparams(0.f, 0.f, 0, 255);  // an all-zero tensor: epsilon scale, no division by zero
+  CHECK(z.scale > 0);
+  CHECK(z.zero_point == 0);
+  CHECK_THROWS_AS(make_observer("median"), mltrain::ConfigError);
+}
+
+TEST_CASE("observers match torch.ao.quantization", "[quant][golden]") {
+  const auto g = quant_golden();
+  std::vector<torch::Tensor> batches;
+  for (const auto& b : g["batches"]) batches.push_back(torch::tensor(b.get<std::vector<float>>()).view({64, 16}));
+  MinMaxObserver mm;
+  MovingAverageMinMaxObserver ma(0.01f);
+  PercentileObserver pc(99.9);
+  for (auto& b : batches) mm.observe(b), ma.observe(b), pc.observe(b);
+  auto check = [](const char* what, std::pair<float, float> range, QParams q, const nlohmann::json& want) {
+    INFO(what);
+    CHECK(range.first == Approx(want["min"].get<double>()).epsilon(1e-6));
+    CHECK(range.second == Approx(want["max"].get<double>()).epsilon(1e-6));
+    CHECK(q.scale == Approx(want["scale"].get<double>()).epsilon(1e-6));
+    CHECK(q.zero_point == want["zero_point"].get<int64_t>());
+  };
+  check("minmax", mm.range(), affine_qparams(mm.range().first, mm.range().second, 0, 255), g["minmax"]);
+  check("moving average", ma.range(), affine_qparams(ma.range().first, ma.range().second, 0, 255), g["moving_average_minmax"]);
+  MinMaxObserver relu;
+  relu.observe(torch::relu(batches[0]));
+  check("relu", relu.range(), affine_qparams(relu.range().first, relu.range().second, 0, 255), g["minmax_relu"]);
+  MinMaxObserver sym;
+  sym.observe(batches[1]);
+  check("symmetric", sym.range(), symmetric_qparams(sym.range().first, sym.range().second, -128, 127), g["symmetric_int8"]);
+  const auto& w = g["per_channel_weight"];
+  const auto weight = torch::tensor(w["weight"].get<std::vector<float>>()).view(w["shape"].get<std::vector<int64_t>>());
+  const auto per = per_channel_symmetric(weight, -128, 127, 0);
+  REQUIRE(per.size() == w["scale"].size());
+  for (size_t c = 0; c < per.size(); ++c) {
+    CHECK(per[c].scale == Approx(w["scale"][c].get<double>()).epsilon(1e-6));
+    CHECK(per[c].zero_point == w["zero_point"][c].get<int64_t>());
+  }
+  CHECK(pc.range().first == Approx(g["percentile_99_9"]["lo"].get<double>()).epsilon(1e-5));
+  CHECK(pc.range().second == Approx(g["percentile_99_9"]["hi"].get<double>()).epsilon(1e-5));
+}
+
+TEST_CASE("entropy calibration clips rare outliers and keeps a uniform range", "[quant]") {
+  torch::manual_seed(1);
+  auto x = torch::randn({100000});
+  x.index_put_({torch::arange(0, 10)}, torch::full({10}, 50.f) * torch::tensor({1.f, -1.f}).repeat(5));
+  EntropyObserver e;
+  MinMaxObserver mm;
+  e.observe(x);
+  mm.observe(x);
+  CHECK(mm.range().second == 50.f);
+  const auto [lo, hi] = e.range();
+  CHECK(hi < 10.f);  // the 10 outliers are clipped: resolution goes to the bulk
+  CHECK(hi > 2.5f);  // but not the body of the Gaussian
+  CHECK(lo == -hi);  // negatives seen: symmetric range
+  EntropyObserver u;
+  u.observe(torch::rand({100000}));
+  CHECK(u.range().first == 0.f);                       // no negatives
+  CHECK(u.range().second > 0.9f);  // nothing worth clipping
+}
