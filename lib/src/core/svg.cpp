@@ -25,9 +25,14 @@ void SvgChart::add_series(std::string name, std::vector<double> x, std::vector<d
   series_.push_back({std::move(name), std::move(x), std::move(y)});
 }
 
+// Axis numbers short enough for the margin: 27600 -> "27.6k", 1.2e6 -> "1.2M", else %.4g.
 static std::string num(double v) {
   char b[32];
-  std::snprintf(b, sizeof b, "%.4g", v);
+  const double a = std::fabs(v);
+  if (a >= 1e9) std::snprintf(b, sizeof b, "%.3gG", v / 1e9);
+  else if (a >= 1e6) std::snprintf(b, sizeof b, "%.3gM", v / 1e6);
+  else if (a >= 1e4) std::snprintf(b, sizeof b, "%.3gk", v / 1e3);
+  else std::snprintf(b, sizeof b, "%.4g", v);
   return b;
 }
 
@@ -43,7 +48,7 @@ std::string SvgChart::render(int width, int height) const {
   if (!std::isfinite(x0)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + (y0 == 0 ? 1 : std::abs(y0) * 0.1);
-  const double L = 70, R = 20, T = 36, B = 46, pw = width - L - R, ph = height - T - B;
+  const double L = 76, R = 20, T = 36, B = 46, pw = width - L - R, ph = height - T - B;
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * pw; };
   auto py = [&](double y) { return T + (1 - (y - y0) / (y1 - y0)) * ph; };
   std::ostringstream o;
