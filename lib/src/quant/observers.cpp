@@ -124,8 +124,12 @@ std::pair<float, float> EntropyObserver::range() const {
   if (absmax == 0) return {0.f, 0.f};
   std::vector<double> hist(static_cast<size_t>(bins_), 0.0);
   const double width = absmax / bins_;
-  for (float x : v) hist[std::min<size_t>(static_cast<size_t>(std::fabs(x) / width), hist.size() - 1)] += 1;
-  const int i = best_bins(hist, levels_);
+  // Exact zeros (half of every post-ReLU tensor) are represented exactly by the zero point; left in,
+  // their spike dominates the divergence and the search clips the informative tail.
+  for (float x : v)
+    if (x != 0.f) hist[std::min<size_t>(static_cast<size_t>(std::fabs(x) / width), hist.size() - 1)] += 1;
+  // A one-sided range (after ReLU) gets all of uint8's levels; a symmetric one half per side.
+  const int i = best_bins(hist, negative ? levels_ : 2 * levels_);
   const float t = static_cast<float>(std::min<double>(absmax, (i + 0.5) * width));
   return {negative ? -t : 0.f, t};
 }
