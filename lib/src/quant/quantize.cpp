@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <filesystem>
 #include <sstream>
 
@@ -22,8 +21,6 @@ namespace F = torch::nn::functional;
 namespace mltrain::quant {
 using config::format_fixed;
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Boxed call of a quantized:: operator (its packed-weight types live in headers Debian does not ship).
 c10::IValue call(const char* op, const char* overload, torch::jit::Stack stack) {
@@ -105,13 +102,7 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
   };
 
   // 2. Calibration: observers on the input and each layer's output, over training batches.
-  data::LoaderOptions lo;
-  lo.batch_size = 128;
-  lo.shuffle = true;
-  lo.seed = static_cast<uint64_t>(cfg.run.seed);
-  lo.mean = static_cast<float>(cfg.data.mean);
-  lo.std = static_cast<float>(cfg.data.std);
-  data::Loader calib(tm.splits.train, lo);
+  data::Loader calib(tm.splits.train, train::plain_loader_options(cfg, 128, /*shuffle=*/true, /*drop_last=*/true));
   calib.start_epoch(0);
   std::vector<std::unique_ptr<RangeObserver>> obs;
   // The logits keep their full range whatever the observer: clipping them reorders the classes.
@@ -158,11 +149,7 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
   };
 
   // 4. Test accuracy: the trained model (as it runs in training) against int8.
-  data::LoaderOptions eo = lo;
-  eo.shuffle = false;
-  eo.drop_last = false;
-  eo.batch_size = 500;
-  data::Loader test(tm.splits.test, eo);
+  data::Loader test(tm.splits.test, train::plain_loader_options(cfg, 500, /*shuffle=*/false, /*drop_last=*/false));
   test.start_epoch(0);
   int64_t n = 0, right_fp = 0, right_q = 0, agree = 0;
   torch::Tensor first;
@@ -176,18 +163,8 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
     if (!first.defined()) first = x.slice(0, 0, std::min<int64_t>(128, x.size(0))).clone();
   }
   // 5. Speed at batch 128: the trained model as configured (channels-last, fp32) vs int8.
-  auto bench = [&](const std::function<torch::Tensor(const torch::Tensor&)>& f) {
-    for (int i = 0; i < 5; ++i) f(first);
-    double best = 1e30;
-    for (int r = 0; r < 3; ++r) {
-      const auto t0 = Clock::now();
-      for (int i = 0; i < 10; ++i) f(first);
-      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / 10);
-    }
-    return first.size(0) / best;
-  };
-  const double fp_sps = bench([&](const torch::Tensor& x) { return tm.model->forward(x); });
-  const double q_sps = bench(int8_forward);
+  const double fp_sps = train::batch_throughput([&](const torch::Tensor& x) { return tm.model->forward(x); }, first);
+  const double q_sps = train::batch_throughput(int8_forward, first);
 
   nlohmann::json r = {{"run", tm.run_dir.string()},
                       {"checkpoint", tm.checkpoint.string()},

@@ -92,10 +92,10 @@ LoadedCheckpoint CheckpointStore::load_dir(const fs::path& dir) {
   return ck;
 }
 
-std::vector<fs::path> CheckpointStore::complete() const {
+std::vector<fs::path> CheckpointStore::list_complete(const fs::path& root) {
   std::vector<fs::path> out;
-  if (!fs::exists(root_)) return out;
-  for (const auto& e : fs::directory_iterator(root_))
+  if (!fs::exists(root)) return out;
+  for (const auto& e : fs::directory_iterator(root))
     if (e.is_directory() && step_of(e.path()) >= 0 && fs::exists(e.path() / "manifest.json")) out.push_back(e.path());
   std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
   return out;

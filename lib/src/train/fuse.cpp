@@ -53,7 +53,7 @@ struct Timing {
 Timing time_model(const Forward& f, const torch::Tensor& x1, const torch::Tensor& x128) {
   torch::NoGradGuard ng;
   Timing t;
-  for (int i = 0; i < 5; ++i) f(x1), f(x128);
+  for (int i = 0; i < 5; ++i) f(x1);
   std::vector<double> lat;
   for (int i = 0; i < 200; ++i) {
     const auto t0 = Clock::now();
@@ -62,13 +62,7 @@ Timing time_model(const Forward& f, const torch::Tensor& x1, const torch::Tensor
   }
   std::nth_element(lat.begin(), lat.begin() + lat.size() / 2, lat.end());
   t.latency_ms_b1 = lat[lat.size() / 2];
-  double best = 1e30;
-  for (int r = 0; r < 3; ++r) {  // best of 3 blocks of 10 (this VM's timing noise is about 10 %)
-    const auto t0 = Clock::now();
-    for (int i = 0; i < 10; ++i) f(x128);
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / 10);
-  }
-  t.samples_per_s_b128 = x128.size(0) / best;
+  t.samples_per_s_b128 = batch_throughput(f, x128);
   return t;
 }
 
@@ -141,6 +135,18 @@ int batchnorm_calls(const torch::jit::Module& m) {
 
 }  // namespace
 
+double batch_throughput(const std::function<torch::Tensor(const torch::Tensor&)>& f, const torch::Tensor& batch) {
+  torch::NoGradGuard ng;
+  for (int i = 0; i < 5; ++i) f(batch);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 10; ++i) f(batch);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / 10);
+  }
+  return batch.size(0) / best;
+}
+
 std::pair<torch::Tensor, torch::Tensor> fold_batchnorm(const torch::Tensor& w, const torch::Tensor& b,
                                                        const torch::Tensor& gamma, const torch::Tensor& beta,
                                                        const torch::Tensor& mean, const torch::Tensor& var, double eps) {
@@ -162,13 +168,7 @@ nlohmann::json fuse_run(const std::string& where, const FuseOptions& opt) {
   torch::NoGradGuard ng;
 
   // Real batches of the test split, in order.
-  data::LoaderOptions lo;
-  lo.batch_size = 128;
-  lo.shuffle = false;
-  lo.drop_last = true;
-  lo.mean = static_cast<float>(cfg.data.mean);
-  lo.std = static_cast<float>(cfg.data.std);
-  data::Loader loader(tm.splits.test, lo);
+  data::Loader loader(tm.splits.test, plain_loader_options(cfg, 128, /*shuffle=*/false, /*drop_last=*/true));
   loader.start_epoch(0);
   std::vector<torch::Tensor> xs;
   data::Batch b;

@@ -35,11 +35,8 @@ LandscapeResult compute_landscape(const fs::path& where, const LandscapeOptions&
   model->set_training(false);
 
   // Fixed real batches from the training split (no augmentation, fixed order).
-  data::LoaderOptions lo;
-  lo.batch_size = opt.batch_size;
+  data::LoaderOptions lo = plain_loader_options(cfg, opt.batch_size, /*shuffle=*/true, /*drop_last=*/true);
   lo.seed = opt.seed;
-  lo.mean = cfg.data.mean;
-  lo.std = cfg.data.std;
   data::Loader loader(splits.train, lo);
   loader.start_epoch(0);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;

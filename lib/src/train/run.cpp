@@ -69,6 +69,18 @@ data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, co
   return lo;
 }
 
+data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, int64_t batch_size, bool shuffle,
+                                         bool drop_last) {
+  data::LoaderOptions lo;
+  lo.batch_size = batch_size;
+  lo.shuffle = shuffle;
+  lo.drop_last = drop_last;
+  lo.seed = static_cast<uint64_t>(cfg.run.seed);
+  lo.mean = static_cast<float>(cfg.data.mean);
+  lo.std = static_cast<float>(cfg.data.std);
+  return lo;
+}
+
 torch::Device prepare_device(const config::ExperimentConfig& cfg) {
   const torch::Device device = compat::resolve_device(cfg.runtime.device);
   if (cfg.runtime.device == "cuda" && !compat::cuda_available())

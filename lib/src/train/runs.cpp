@@ -16,6 +16,7 @@
 #include "mltrain/config/format.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/svg.hpp"
+#include "mltrain/train/checkpoint.hpp"
 
 namespace fs = std::filesystem;
 
@@ -97,12 +98,7 @@ RunInfo read_run(const fs::path& dir) {
     if (ev == "summary") r.seconds = m.value("train_seconds", r.seconds);
     if (m.contains("step") && r.state == "unknown") r.step = std::max(r.step, m.value("step", int64_t{0}));
   }
-  std::error_code ec;
-  if (fs::exists(dir / "checkpoints", ec))
-    for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec))
-      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
-          e.path().filename().string().find('.') == std::string::npos)
-        ++r.checkpoints;
+  r.checkpoints = static_cast<int>(CheckpointStore::list_complete(dir / "checkpoints").size());
   return r;
 }
 
@@ -230,14 +226,7 @@ std::string html_report(const std::vector<fs::path>& dirs) {
       std::ifstream in(cdir / "latest");
       std::getline(in, latest);
     }
-    std::vector<fs::path> cks;
-    if (fs::exists(cdir, ec))
-      for (const auto& e : fs::directory_iterator(cdir, ec))
-        if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
-            e.path().filename().string().find('.') == std::string::npos)
-          cks.push_back(e.path());
-    std::sort(cks.begin(), cks.end());
-    for (const auto& c : cks) {
+    for (const auto& c : CheckpointStore::list_complete(cdir)) {
       double bytes = 0, monitor = NAN;
       int64_t step = 0;
       for (const auto& f : fs::directory_iterator(c, ec))

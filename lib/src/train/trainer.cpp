@@ -98,6 +98,19 @@ void Trainer::to_device(data::Batch& b) const {
   if (b.y2.defined()) b.y2 = b.y2.to(device_, async);
 }
 
+// The next batch on the training device. The fence first waits until the previous batch's async
+// copy has read its pinned slot, so the loader may refill it; phases (when profiling) are charged
+// with the wait for data and the copy separately.
+bool Trainer::next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence, PhaseClock* phases) const {
+  fence.wait();
+  if (!loader.next(b)) return false;
+  if (phases) phases->lap(Phase::kData);
+  to_device(b);
+  fence.record(device_);
+  if (phases) phases->lap(Phase::kCopy);
+  return true;
+}
+
 EvalResult Trainer::evaluate(data::Loader& loader) {
   const auto t0 = Clock::now();
   const bool use_ema = ema_ && cfg_.ema.evaluate;
@@ -109,11 +122,7 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   loader.start_epoch(0);
   data::Batch b;
   compat::CopyFence fence;
-  while (true) {
-    fence.wait();  // the previous batch's async copy has read its slot
-    if (!loader.next(b)) break;
-    to_device(b);
-    fence.record(device_);
+  while (next_on_device(loader, b, fence)) {
     torch::Tensor logits;
     {
       compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), device_.is_cuda());
@@ -202,12 +211,7 @@ void Trainer::fit() {
     };
     while (progress_.step < total_steps_) {
       lap(Phase::kOther);  // logging, observers, evaluation since the last phase
-      fence.wait();  // the async copy of the previous batch has read its pinned slot
-      if (!train_.next(batch)) break;
-      lap(Phase::kData);
-      to_device(batch);
-      fence.record(device_);
-      lap(Phase::kCopy);
+      if (!next_on_device(train_, batch, fence, phases_)) break;
       data_s += since(t_data);
 
       // A micro-batch: forward under autocast, loss in fp32, normalised by the samples of the

@@ -46,7 +46,9 @@ class CheckpointStore {
   static LoadedCheckpoint load_dir(const std::filesystem::path& dir);
   static std::string verify(const std::filesystem::path& dir);  // "" when intact, else the reason
 
-  std::vector<std::filesystem::path> complete() const;  // sorted by step, ascending
+  std::vector<std::filesystem::path> complete() const { return list_complete(root_); }  // sorted by step, ascending
+  // The same listing for any folder, creating nothing (for read-only viewers: runs, report).
+  static std::vector<std::filesystem::path> list_complete(const std::filesystem::path& root);
   const std::filesystem::path& root() const { return root_; }
 
  private:

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -26,6 +27,10 @@ struct FuseOptions {
 std::pair<torch::Tensor, torch::Tensor> fold_batchnorm(const torch::Tensor& weight, const torch::Tensor& bias,
                                                        const torch::Tensor& gamma, const torch::Tensor& beta,
                                                        const torch::Tensor& mean, const torch::Tensor& var, double eps);
+
+// Inference samples/s of f on one batch: 5 warm-up calls, then the best of 3 blocks of 10 (this
+// VM's timing noise is about 10 %). Shared by fuse and quantize so their ratios mean the same.
+double batch_throughput(const std::function<torch::Tensor(const torch::Tensor&)>& f, const torch::Tensor& batch);
 
 nlohmann::json fuse_run(const std::string& run_or_checkpoint, const FuseOptions& opt);
 std::string fuse_text(const nlohmann::json& report);

@@ -45,6 +45,11 @@ data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, co
 // runtime.cudnn_benchmark on CUDA.
 torch::Device prepare_device(const config::ExperimentConfig& cfg);
 
+// A plain loader over real samples for commands that evaluate or calibrate (fuse, quantize,
+// landscape): the config's normalisation and seed, no augmentation, no worker threads.
+data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, int64_t batch_size, bool shuffle,
+                                         bool drop_last);
+
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt);
 
 // runs/<name>/v<N>: the newest unfinished version when resume is auto and it has a checkpoint,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mltrain/config/experiment.hpp"
+#include "mltrain/core/compat.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
@@ -122,6 +123,7 @@ class Trainer {
  private:
   bool handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params, double norm);
   void to_device(data::Batch& b) const;
+  bool next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence, PhaseClock* phases = nullptr) const;
   void take_snapshot();
 
   const config::ExperimentConfig& cfg_;
