@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from py_models import CNN, MLP  # the same models and op order as mltrain
+
 p = argparse.ArgumentParser()
 p.add_argument("--model", choices=["mlp", "cnn"], required=True)
 p.add_argument("--mode", choices=["idiomatic", "expert"], required=True)
@@ -72,35 +74,7 @@ class DnnlLinear(nn.Linear):
 Linear = DnnlLinear if args.mode == "expert" else nn.Linear
 
 
-class MLP(nn.Module):  # configs/fashion_mnist_mlp.yaml
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Flatten(), Linear(784, 512), nn.ReLU(), nn.Dropout(0.1), Linear(512, 256), nn.ReLU(),
-                                  nn.Dropout(0.1), Linear(256, 10))
-
-    def forward(self, x):
-        return self.body(x)
-
-
-class CNN(nn.Module):  # configs/fashion_mnist_cnn.yaml
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 5, padding=2, bias=False)
-        self.bn1 = nn.BatchNorm2d(32)
-        self.conv2 = nn.Conv2d(32, 64, 5, padding=2, bias=False)
-        self.bn2 = nn.BatchNorm2d(64)
-        self.fc1 = Linear(64 * 7 * 7, 256)
-        self.fc2 = Linear(256, 10)
-        self.drop = nn.Dropout(0.25)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(self.drop(x))
-
-
-model = MLP() if args.model == "mlp" else CNN()
+model = MLP(Linear) if args.model == "mlp" else CNN(Linear)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 images = np.load(args.images, mmap_mode="r")
 labels = np.load(args.labels, mmap_mode="r")

@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from py_models import CNN, ResNet  # the same models and op order as mltrain
+
 p = argparse.ArgumentParser()
 p.add_argument("--model", choices=["cnn", "resnet"], required=True)
 p.add_argument("--mode", choices=["idiomatic", "expert"], required=True)
@@ -42,55 +44,6 @@ def idx(path):
 
 images = idx(f"{args.data}/train-images-idx3-ubyte.gz")
 labels = idx(f"{args.data}/train-labels-idx1-ubyte.gz").astype(np.int64)
-
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 5, padding=2, bias=False)
-        self.bn1 = nn.BatchNorm2d(32)
-        self.conv2 = nn.Conv2d(32, 64, 5, padding=2, bias=False)
-        self.bn2 = nn.BatchNorm2d(64)
-        self.fc1 = nn.Linear(64 * 7 * 7, 256)
-        self.fc2 = nn.Linear(256, 10)
-        self.drop = nn.Dropout(0.25)
-
-    def forward(self, x):
-        x = F.relu(F.max_pool2d(self.bn1(self.conv1(x)), 2))
-        x = F.relu(F.max_pool2d(self.bn2(self.conv2(x)), 2))
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(self.drop(x))
-
-
-class Block(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.short = None
-        if stride != 1 or cin != cout:
-            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        y = F.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return F.relu(y + (self.short(x) if self.short is not None else x))
-
-
-class ResNet(nn.Module):  # widths [32, 64, 128], depths [1, 1, 1]
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(1, 32, 3, padding=1, bias=False)
-        self.stem_bn = nn.BatchNorm2d(32)
-        self.stages = nn.Sequential(Block(32, 32, 1), Block(32, 64, 2), Block(64, 128, 2))
-        self.head = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.stem_bn(self.stem(x)))
-        x = self.stages(x)
-        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
 model = (CNN() if args.model == "cnn" else ResNet()).to(dev)
