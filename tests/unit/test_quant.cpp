@@ -86,9 +86,34 @@ TEST_CASE("entropy calibration clips rare outliers and keeps a uniform range", "
   const auto [lo, hi] = e.range();
   CHECK(hi < 10.f);  // the 10 outliers are clipped: resolution goes to the bulk
   CHECK(hi > 2.5f);  // but not the body of the Gaussian
-  CHECK(lo == -hi);  // negatives seen: symmetric range
+  CHECK(lo > -10.f);  // the negative outliers too, on their own side
+  CHECK(lo < -2.5f);
+  // An asymmetric two-sided input (normalised images: a background spike at -0.81, pixels up to 2)
+  // keeps both ends; a search on |x| would clip the positive side at the spike.
+  EntropyObserver img;
+  auto px = torch::cat({torch::full({60000}, -0.81f), torch::rand({40000}) * 2.8f - 0.81f});
+  img.observe(px);
+  CHECK(img.range().first == Approx(-0.81f));
+  CHECK(img.range().second > 1.8f);
   EntropyObserver u;
   u.observe(torch::rand({100000}));
   CHECK(u.range().first == 0.f);                       // no negatives
   CHECK(u.range().second > 0.9f);  // nothing worth clipping
+}
+
+TEST_CASE("quantize_activation gives torch::quantize_per_tensor's integers, keeps channels-last", "[quant]") {
+  torch::manual_seed(3);
+  // Values on exact half-steps too (ties round to even in both), and out-of-range values that clamp.
+  auto x = torch::cat({torch::randn({4, 8, 5, 5}) * 3, (torch::arange(-20, 20).to(torch::kFloat) * 0.05f).reshape({1, 8, 5, 1}).expand({1, 8, 5, 5})}, 0)
+               .contiguous(at::MemoryFormat::ChannelsLast);
+  for (const QParams q : {QParams{0.1f, 0}, QParams{0.0173f, 3}, QParams{0.05f, 128}, QParams{0.02f, 255}}) {
+    const auto ours = quantize_activation(x, q);
+    const auto ref = torch::quantize_per_tensor(x, q.scale, q.zero_point, torch::kQUInt8);
+    INFO("scale " << q.scale << " zero point " << q.zero_point);
+    CHECK(ours.is_quantized());
+    CHECK(ours.q_scale() == Approx(q.scale));
+    CHECK(ours.q_zero_point() == q.zero_point);
+    CHECK(ours.int_repr().equal(ref.int_repr()));
+    CHECK(ours.is_contiguous(at::MemoryFormat::ChannelsLast));
+  }
 }
