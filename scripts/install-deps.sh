@@ -10,6 +10,7 @@ pkgs=(
 
   dataset-fashion-mnist               # the real data: gzipped IDX under /usr/share/datasets/fashion-mnist
   python3-torch python3-numpy         # reference values and the Python baseline in benchmarks only
+  python3-optuna                      # the tuner benchmark's side-by-side baseline (scripts/bench/tune/) only
   chromium                            # renders `mltrain report` pages in the report test (headless)
 )
 

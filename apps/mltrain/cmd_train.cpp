@@ -16,6 +16,7 @@ struct TrainOptions {
   bool print_config = false;
   std::string run_name;
   int threads = -1;
+  bool jsonl = false;
 };
 
 // Flags are the highest precedence: they replace an override of the same key.
@@ -33,6 +34,7 @@ void setup_train(CLI::App& app, Action& run) {
   sub->add_flag("--print-config", opt->print_config, "print the resolved config and exit");
   sub->add_option("--run-name", opt->run_name, "same as run.name=...");
   sub->add_option("--threads", opt->threads, "same as runtime.threads=...");
+  sub->add_flag("--jsonl", opt->jsonl, "print each evaluation and the final summary as JSON lines on stdout (what `mltrain tune` reads)");
   sub->callback([opt, &run, &app] {
     run = [opt, &app] {
       auto ov = opt->overrides;
@@ -48,16 +50,18 @@ void setup_train(CLI::App& app, Action& run) {
       ro.command_line = {"mltrain", "train", opt->config};
       ro.command_line.insert(ro.command_line.end(), ov.begin(), ov.end());
       ro.tty = ::isatty(STDERR_FILENO);
+      ro.jsonl_stdout = opt->jsonl;
       auto r = train::run_training(cfg, ro);
-      std::cout << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ") after " << r.steps
+      std::ostream& human = opt->jsonl ? std::cerr : std::cout;
+      human << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ") after " << r.steps
                 << " steps, " << r.train_seconds << " s of training\n";
       if (cfg.train.target_accuracy > 0) {
         if (r.time_to_target)
-          std::cout << "time to " << cfg.train.target_accuracy << " test accuracy: " << *r.time_to_target << " s\n";
+          human << "time to " << cfg.train.target_accuracy << " test accuracy: " << *r.time_to_target << " s\n";
         else
-          std::cout << "target accuracy " << cfg.train.target_accuracy << " not reached\n";
+          human << "target accuracy " << cfg.train.target_accuracy << " not reached\n";
       }
-      std::cout << "run folder: " << r.run_dir.string() << "\n";
+      human << "run folder: " << r.run_dir.string() << "\n";
       return 0;
     };
   });

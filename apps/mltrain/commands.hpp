@@ -17,4 +17,5 @@ void setup_runs(CLI::App& app, Action& run);
 void setup_report(CLI::App& app, Action& run);
 void setup_fuse(CLI::App& app, Action& run);
 void setup_quantize(CLI::App& app, Action& run);
+void setup_tune(CLI::App& app, Action& run);
 }  // namespace mltrain::cli

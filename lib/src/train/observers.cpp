@@ -17,7 +17,7 @@ static double epoch_float(Trainer& t) {
   return t.progress().epoch + double(t.progress().batch_in_epoch) / std::max<int64_t>(1, t.steps_per_epoch());
 }
 
-MetricsWriter::MetricsWriter(const fs::path& run_dir, bool tensorboard) {
+MetricsWriter::MetricsWriter(const fs::path& run_dir, bool tensorboard, bool eval_to_stdout) : eval_to_stdout_(eval_to_stdout) {
   if (tensorboard) tb_ = std::make_unique<TbWriter>(run_dir.string());
   const bool fresh = !fs::exists(run_dir / "metrics.csv");
   jsonl_.open(run_dir / "metrics.jsonl", std::ios::app);
@@ -31,6 +31,7 @@ const char* MetricsWriter::csv_header() {
 
 void MetricsWriter::write(const nlohmann::json& j) {
   jsonl_ << j.dump() << "\n" << std::flush;  // flushed per line: a killed run loses nothing it reported
+  if (eval_to_stdout_ && j.value("event", "") == "eval") std::cout << j.dump() << std::endl;
   auto num = [&](const char* k) {
     return j.contains(k) && j[k].is_number() ? config::format_double(j[k].get<double>()) : std::string();
   };

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iostream>
 
 #include "mltrain/config/format.hpp"
 #include "mltrain/core/compat.hpp"
@@ -200,7 +201,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     spdlog::info("[checkpoint] restored {} (step {}, epoch {}, batch {})", ck->dir.string(), ck->step,
                  trainer.progress().epoch, trainer.progress().batch_in_epoch);
   }
-  trainer.add_observer(std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard));
+  trainer.add_observer(std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard, opt.jsonl_stdout));
   trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
   trainer.add_observer(std::make_unique<CheckpointWriter>(store));
 
@@ -238,6 +239,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     std::ofstream out(run_dir / "metrics.jsonl", std::ios::app);
     out << summary.dump() << "\n";
   }
+  if (opt.jsonl_stdout) std::cout << summary.dump() << std::endl;
   write_status(run_dir, "finished", result.steps);
   return result;
 }

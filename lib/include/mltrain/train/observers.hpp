@@ -28,7 +28,8 @@ struct Window {
 class MetricsWriter : public Observer {
  public:
   // tensorboard: also write each record as scalars "<event>/<field>" into an event file.
-  explicit MetricsWriter(const std::filesystem::path& run_dir, bool tensorboard = false);
+  // eval_to_stdout: also print each eval record as a JSON line on stdout (`train --jsonl`).
+  explicit MetricsWriter(const std::filesystem::path& run_dir, bool tensorboard = false, bool eval_to_stdout = false);
   void on_step_end(Trainer& t, const StepInfo& s) override;
   void on_eval_end(Trainer& t, const EvalResult& r) override;
   static const char* csv_header();
@@ -38,6 +39,7 @@ class MetricsWriter : public Observer {
   std::ofstream jsonl_, csv_;
   std::unique_ptr<TbWriter> tb_;
   Window w_;
+  bool eval_to_stdout_ = false;
 };
 
 class ConsoleReporter : public Observer {

@@ -1,0 +1,67 @@
+#include "mltrain/tune/functions.hpp"
+
+#include <cmath>
+
+namespace mltrain::tune {
+namespace {
+
+double branin(const std::vector<double>& x) {
+  const double a = 1, b = 5.1 / (4 * M_PI * M_PI), c = 5 / M_PI, r = 6, s = 10, t = 1 / (8 * M_PI);
+  const double u = x[1] - b * x[0] * x[0] + c * x[0] - r;
+  return a * u * u + s * (1 - t) * std::cos(x[0]) + s;
+}
+
+double hartmann6(const std::vector<double>& x) {
+  static const double alpha[4] = {1.0, 1.2, 3.0, 3.2};
+  static const double A[4][6] = {{10, 3, 17, 3.5, 1.7, 8}, {0.05, 10, 17, 0.1, 8, 14}, {3, 3.5, 1.7, 10, 17, 8}, {17, 8, 0.05, 10, 0.1, 14}};
+  static const double P[4][6] = {{1312, 1696, 5569, 124, 8283, 5886},
+                                 {2329, 4135, 8307, 3736, 1004, 9991},
+                                 {2348, 1451, 3522, 2883, 3047, 6650},
+                                 {4047, 8828, 8732, 5743, 1091, 381}};
+  double s = 0;
+  for (int i = 0; i < 4; ++i) {
+    double e = 0;
+    for (int j = 0; j < 6; ++j) e += A[i][j] * (x[size_t(j)] - P[i][j] * 1e-4) * (x[size_t(j)] - P[i][j] * 1e-4);
+    s += alpha[i] * std::exp(-e);
+  }
+  return -s;
+}
+
+double rosenbrock(const std::vector<double>& x) {
+  double s = 0;
+  for (size_t i = 0; i + 1 < x.size(); ++i) s += 100 * (x[i + 1] - x[i] * x[i]) * (x[i + 1] - x[i] * x[i]) + (1 - x[i]) * (1 - x[i]);
+  return s;
+}
+
+std::vector<TestFunction> make_all() {
+  std::vector<TestFunction> v;
+  v.push_back({"branin", {Param::floating("x1", -5, 10), Param::floating("x2", 0, 15)}, 0.397887357729739, branin});
+  Space h;
+  for (int i = 1; i <= 6; ++i) h.push_back(Param::floating("x" + std::to_string(i), 0, 1));
+  v.push_back({"hartmann6", h, -3.32236801141551, hartmann6});
+  Space r;
+  for (int i = 1; i <= 4; ++i) r.push_back(Param::floating("x" + std::to_string(i), -5, 10));
+  v.push_back({"rosenbrock4", r, 0.0, rosenbrock});
+  return v;
+}
+
+const std::vector<TestFunction>& all() {
+  static const auto v = make_all();
+  return v;
+}
+
+}  // namespace
+
+const TestFunction* find_test_function(const std::string& name) {
+  for (const auto& f : all())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+std::vector<std::string> test_function_names() {
+  std::vector<std::string> n;
+  for (const auto& f : all()) n.push_back(f.name);
+  return n;
+}
+
+}  // namespace mltrain::tune

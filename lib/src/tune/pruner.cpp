@@ -1,0 +1,118 @@
+#include "mltrain/tune/pruner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace mltrain::tune {
+namespace {
+
+double percentile_of(std::vector<double> v, double p) {  // linear interpolation (numpy's default)
+  std::sort(v.begin(), v.end());
+  const double pos = p / 100.0 * double(v.size() - 1);
+  const size_t lo = size_t(std::floor(pos)), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
+}
+
+class NoPruner : public Pruner {
+ public:
+  bool should_prune(const TrialCurve&, const std::vector<TrialCurve>&) const override { return false; }
+};
+
+class PercentilePruner : public Pruner {
+ public:
+  explicit PercentilePruner(PrunerOptions o) : o_(std::move(o)) {}
+  bool should_prune(const TrialCurve& me, const std::vector<TrialCurve>& others) const override {
+    const size_t k = me.values.size();
+    if (k == 0 || int(k) <= o_.n_warmup_steps) return false;
+    int finished = 0;
+    std::vector<double> at;
+    for (const auto& t : others) {
+      if (t.number == me.number) continue;
+      finished += t.finished;
+      if (t.finished && t.values.size() >= k && std::isfinite(t.values[k - 1])) at.push_back(t.values[k - 1]);
+    }
+    if (finished < o_.n_startup_trials || at.empty()) return false;
+    double best = INFINITY;
+    for (double v : me.values) best = std::min(best, v);
+    if (!std::isfinite(best)) return true;  // a NaN curve never recovers
+    return best > percentile_of(at, o_.percentile);
+  }
+
+ private:
+  PrunerOptions o_;
+};
+
+// Asynchronous successive halving over one set of trials. A trial is judged when its report count
+// reaches a rung: it continues when its value there ranks within the top floor(n / eta) (at least
+// one) of the n trials that reached that rung so far, itself included.
+class AshaPruner : public Pruner {
+ public:
+  AshaPruner(PrunerOptions o, int bracket = -1) : o_(std::move(o)), bracket_(bracket) {}
+  bool should_prune(const TrialCurve& me, const std::vector<TrialCurve>& others) const override {
+    const int eta = std::max(2, o_.reduction_factor);
+    const int b = bracket_ >= 0 ? bracket_ : (o_.name == "hyperband" ? hyperband_bracket(o_, me.number) : 0);
+    const int64_t r0 = int64_t(o_.min_resource) * int64_t(std::pow(eta, b));
+    const int64_t k = int64_t(me.values.size());
+    if (k < r0) return false;
+    int64_t rung = r0;
+    while (rung * eta <= k) rung *= eta;
+    if (rung != k) return false;  // judged only when a rung is reached
+    if (o_.max_resource > 0 && k >= o_.max_resource) return false;
+    std::vector<double> at;
+    for (const auto& t : others) {
+      if (t.number == me.number) continue;
+      if (o_.name == "hyperband" && hyperband_bracket(o_, t.number) != b) continue;
+      if (int64_t(t.values.size()) >= k) at.push_back(t.values[size_t(k - 1)]);
+    }
+    const double mine = me.values[size_t(k - 1)];
+    if (!std::isfinite(mine)) return true;
+    at.push_back(mine);
+    std::sort(at.begin(), at.end());
+    const size_t top = std::max<size_t>(1, at.size() / size_t(eta));
+    return mine > at[top - 1];
+  }
+
+ private:
+  PrunerOptions o_;
+  int bracket_;
+};
+
+}  // namespace
+
+int hyperband_bracket(const PrunerOptions& o, int trial_number) {
+  const int eta = std::max(2, o.reduction_factor);
+  const int max_r = o.max_resource > 0 ? o.max_resource : 27 * std::max(1, o.min_resource);
+  int n = 1;  // brackets: min_resource * eta^b <= max_resource
+  while (int64_t(std::max(1, o.min_resource)) * int64_t(std::pow(eta, n)) <= max_r) ++n;
+  // Trials spread over brackets in proportion to each bracket's share of the budget (Li et al.:
+  // bracket b starts ~eta^(s-b) / (s-b+1) times as many trials), deterministically by number.
+  std::vector<double> w;
+  double total = 0;
+  for (int b = 0; b < n; ++b) {
+    w.push_back(std::pow(eta, n - 1 - b) / double(n - b));
+    total += w.back();
+  }
+  const double u = std::fmod(double(trial_number) * 0.6180339887498949, 1.0) * total;
+  double acc = 0;
+  for (int b = 0; b < n; ++b) {
+    acc += w[size_t(b)];
+    if (u < acc) return b;
+  }
+  return n - 1;
+}
+
+std::unique_ptr<Pruner> make_pruner(const PrunerOptions& o) {
+  if (o.name == "none") return std::make_unique<NoPruner>();
+  if (o.name == "median") {
+    auto m = o;
+    m.percentile = 50;
+    return std::make_unique<PercentilePruner>(m);
+  }
+  if (o.name == "percentile") return std::make_unique<PercentilePruner>(o);
+  if (o.name == "asha") return std::make_unique<AshaPruner>(o, 0);
+  if (o.name == "hyperband") return std::make_unique<AshaPruner>(o);
+  throw std::invalid_argument("unknown pruner '" + o.name + "' (use none, median, percentile, asha or hyperband)");
+}
+
+}  // namespace mltrain::tune

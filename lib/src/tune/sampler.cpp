@@ -1,0 +1,683 @@
+#include "mltrain/tune/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+namespace mltrain::tune {
+namespace detail {
+
+uint64_t seed_for(uint64_t seed, int number) {  // SplitMix64 of (seed, number)
+  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + uint64_t(number) + 0x632BE59BD9B4E019ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace detail
+namespace {
+
+constexpr double kSqrt2 = 1.4142135623730951;
+constexpr double kLogSqrt2Pi = 0.91893853320467274;
+double norm_cdf(double z) { return 0.5 * std::erfc(-z / kSqrt2); }
+double norm_logpdf(double z) { return -0.5 * z * z - kLogSqrt2Pi; }
+double logsumexp(const std::vector<double>& v) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (double x : v) m = std::max(m, x);
+  if (!std::isfinite(m)) return m;
+  double s = 0;
+  for (double x : v) s += std::exp(x - m);
+  return m + std::log(s);
+}
+
+// ---- random and grid -------------------------------------------------------------------------
+
+class RandomSampler : public Sampler {
+ public:
+  std::optional<std::vector<double>> sample(const Space& space, const std::vector<Observation>&, uint64_t seed, int number) override {
+    std::mt19937_64 rng(detail::seed_for(seed, number));
+    std::vector<double> x;
+    for (const auto& p : space) x.push_back(p.sample(rng));
+    return x;
+  }
+  std::string name() const override { return "random"; }
+};
+
+// Trial n takes the n-th point of a seeded permutation of the full grid (mixed-radix decoding),
+// so every point is visited once, in an order that does not favour the first parameter.
+class GridSampler : public Sampler {
+ public:
+  explicit GridSampler(const Space& space) {
+    for (const auto& p : space) {
+      values_.push_back(p.grid_values());
+      if (values_.back().empty())
+        throw std::invalid_argument("the grid sampler needs `grid: [...]` or a `step` for continuous parameter '" + p.name + "'");
+      total_ *= values_.back().size();
+      if (total_ > 10'000'000) throw std::invalid_argument("the grid has more than 10 million points; use tpe, gp or random");
+    }
+  }
+  std::optional<std::vector<double>> sample(const Space&, const std::vector<Observation>&, uint64_t seed, int number) override {
+    if (size_t(number) >= total_) return std::nullopt;
+    if (order_.empty()) {
+      order_.resize(total_);
+      std::iota(order_.begin(), order_.end(), size_t{0});
+      std::mt19937_64 rng(detail::seed_for(seed, -1));
+      std::shuffle(order_.begin(), order_.end(), rng);
+    }
+    size_t k = order_[size_t(number)];
+    std::vector<double> x;
+    for (const auto& v : values_) {
+      x.push_back(v[k % v.size()]);
+      k /= v.size();
+    }
+    return x;
+  }
+  std::string name() const override { return "grid"; }
+
+ private:
+  std::vector<std::vector<double>> values_;
+  size_t total_ = 1;
+  std::vector<size_t> order_;
+};
+
+// ---- TPE ------------------------------------------------------------------------------------
+
+// A Parzen estimator over the unit cube: one mixture component per observation plus a prior
+// component (centre, width 1). Numeric dimensions: Gaussians truncated to [0, 1]; categorical:
+// per-component distributions over the choices.
+struct Parzen {
+  std::vector<double> logw;                     // mixture log weights, prior last
+  std::vector<std::vector<double>> mu, sigma;   // [dim][component], numeric dims
+  std::vector<std::vector<std::vector<double>>> cat_logp;  // [dim][component][choice]
+  std::vector<double> log_norm;                 // unused (per-dim normalisers inline)
+
+  static double trunc_logpdf(double u, double m, double s) {
+    const double z = norm_cdf((1.0 - m) / s) - norm_cdf((0.0 - m) / s);
+    return norm_logpdf((u - m) / s) - std::log(s) - std::log(std::max(z, 1e-300));
+  }
+};
+
+class TpeSampler : public Sampler {
+ public:
+  explicit TpeSampler(SamplerOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return o_.multivariate ? "tpe (multivariate)" : "tpe (independent)"; }
+
+  std::optional<std::vector<double>> sample(const Space& space, const std::vector<Observation>& hist, uint64_t seed, int number) override {
+    std::mt19937_64 rng(detail::seed_for(seed, number));
+    std::vector<const Observation*> complete, pruned;
+    for (const auto& h : hist)
+      if (!h.pruned && std::isfinite(h.value)) complete.push_back(&h);
+      else if (h.pruned) pruned.push_back(&h);
+    if (int(complete.size()) < o_.n_startup) {
+      std::vector<double> x;
+      for (const auto& p : space) x.push_back(p.sample(rng));
+      return x;
+    }
+    // Good group: the best ceil(gamma * n) complete trials (at most 25); everything else is bad,
+    // pruned trials included (ranked after every complete one).
+    std::sort(complete.begin(), complete.end(), [](auto a, auto b) { return a->value < b->value || (a->value == b->value && a->number < b->number); });
+    const size_t n = complete.size() + pruned.size();
+    const size_t n_below = std::clamp<size_t>(size_t(std::ceil(o_.gamma * double(n))), 1, std::min<size_t>(25, complete.size()));
+    std::vector<const Observation*> below(complete.begin(), complete.begin() + long(n_below));
+    std::vector<const Observation*> above(complete.begin() + long(n_below), complete.end());
+    above.insert(above.end(), pruned.begin(), pruned.end());
+    n_total_ = n;
+    const Parzen l = build(space, below), g = build(space, above);
+    std::vector<double> best;
+    double best_score = -std::numeric_limits<double>::infinity();
+    for (int c = 0; c < o_.n_candidates; ++c) {
+      const auto u = draw(space, l, rng);
+      const double score = logpdf(space, l, u) - logpdf(space, g, u);
+      if (score > best_score || best.empty()) best_score = score, best = u;
+    }
+    std::vector<double> x;
+    for (size_t d = 0; d < space.size(); ++d) x.push_back(space[d].numeric() ? space[d].from_unit(best[d]) : best[d]);
+    return x;
+  }
+
+ private:
+  // Older trials weigh less once there are more than 25 (a linear ramp, as in Optuna's default).
+  static std::vector<double> weights_by_age(std::vector<const Observation*>& obs) {
+    std::sort(obs.begin(), obs.end(), [](auto a, auto b) { return a->number < b->number; });
+    const size_t n = obs.size();
+    std::vector<double> w(n, 1.0);
+    if (n >= 25) {
+      const size_t ramp = n - 25;
+      for (size_t i = 0; i < ramp; ++i) w[i] = ramp == 1 ? 1.0 / double(n) : 1.0 / double(n) + (1.0 - 1.0 / double(n)) * double(i) / double(ramp - 1);
+    }
+    return w;
+  }
+
+  Parzen build(const Space& space, std::vector<const Observation*> obs) const {
+    Parzen p;
+    const auto w = weights_by_age(obs);
+    const size_t n = obs.size(), K = n + 1;
+    std::vector<double> raw(w);
+    raw.push_back(o_.prior_weight);
+    const double total = std::accumulate(raw.begin(), raw.end(), 0.0);
+    for (double r : raw) p.logw.push_back(std::log(r / total));
+    int numeric_dims = 0;
+    for (const auto& prm : space) numeric_dims += prm.numeric();
+    p.mu.resize(space.size()), p.sigma.resize(space.size()), p.cat_logp.resize(space.size());
+    for (size_t d = 0; d < space.size(); ++d) {
+      const auto& prm = space[d];
+      if (prm.numeric()) {
+        auto& mu = p.mu[d];
+        auto& sg = p.sigma[d];
+        for (const auto* o : obs) mu.push_back(prm.to_unit(o->x[d]));
+        mu.push_back(0.5);
+        sg.assign(K, 1.0);
+        if (o_.multivariate) {  // Scott's rule on the centres' spread in this dimension
+          double m = 0, v = 0;
+          for (size_t i = 0; i < n; ++i) m += mu[i];
+          m /= double(std::max<size_t>(n, 1));
+          for (size_t i = 0; i < n; ++i) v += (mu[i] - m) * (mu[i] - m);
+          const double spread = n > 1 ? std::sqrt(v / double(n - 1)) : 0.2;
+          const double s = std::max(spread, 0.1) * std::pow(double(std::max<size_t>(n, 1)), -1.0 / (numeric_dims + 4));
+          for (size_t i = 0; i < n; ++i) sg[i] = s;
+        } else {  // distance to the farther neighbour among the sorted centres (prior included)
+          std::vector<size_t> idx(K);
+          std::iota(idx.begin(), idx.end(), size_t{0});
+          std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return mu[a] < mu[b]; });
+          for (size_t r = 0; r < K; ++r) {
+            const double left = r == 0 ? mu[idx[r]] - 0.0 : mu[idx[r]] - mu[idx[r - 1]];
+            const double right = r + 1 == K ? 1.0 - mu[idx[r]] : mu[idx[r + 1]] - mu[idx[r]];
+            sg[idx[r]] = std::max(left, right);
+          }
+          sg[n] = 1.0;
+        }
+        // Magic clip: no component narrower than 1 / min(100, n + 1) of the range.
+        const double lo = 1.0 / std::min(100.0, double(o_.multivariate ? n_total_ + 1 : K));
+        for (auto& s : sg) s = std::clamp(s, lo, 1.0);
+      } else {
+        const size_t C = prm.n_choices();
+        auto& cl = p.cat_logp[d];
+        for (size_t i = 0; i < n; ++i) {
+          std::vector<double> q(C, o_.prior_weight / double(std::max<size_t>(n, 1)));
+          q[size_t(obs[i]->x[d])] += 1.0;
+          const double s = std::accumulate(q.begin(), q.end(), 0.0);
+          for (auto& v : q) v = std::log(v / s);
+          cl.push_back(q);
+        }
+        cl.push_back(std::vector<double>(C, -std::log(double(C))));
+      }
+    }
+    return p;
+  }
+
+  std::vector<double> draw(const Space& space, const Parzen& p, std::mt19937_64& rng) const {
+    std::vector<double> prob;
+    for (double lw : p.logw) prob.push_back(std::exp(lw));
+    std::discrete_distribution<size_t> pick(prob.begin(), prob.end());
+    std::normal_distribution<double> N(0.0, 1.0);
+    std::uniform_real_distribution<double> U(0.0, 1.0);
+    size_t k = pick(rng);
+    std::vector<double> u(space.size());
+    for (size_t d = 0; d < space.size(); ++d) {
+      if (!o_.multivariate) k = pick(rng);  // independent: each parameter its own component
+      if (space[d].numeric()) {
+        const double m = p.mu[d][k], s = p.sigma[d][k];
+        double v = m + s * N(rng);
+        for (int t = 0; t < 100 && (v < 0.0 || v > 1.0); ++t) v = m + s * N(rng);
+        u[d] = std::clamp(v, 0.0, 1.0);
+      } else {
+        std::vector<double> q;
+        for (double lp : p.cat_logp[d][k]) q.push_back(std::exp(lp));
+        std::discrete_distribution<size_t> c(q.begin(), q.end());
+        u[d] = double(c(rng));
+      }
+    }
+    return u;
+  }
+
+  double logpdf(const Space& space, const Parzen& p, const std::vector<double>& u) const {
+    const size_t K = p.logw.size();
+    auto comp = [&](size_t d, size_t k) {
+      return space[d].numeric() ? Parzen::trunc_logpdf(u[d], p.mu[d][k], p.sigma[d][k]) : p.cat_logp[d][k][size_t(u[d])];
+    };
+    if (o_.multivariate) {
+      std::vector<double> terms(K);
+      for (size_t k = 0; k < K; ++k) {
+        double s = p.logw[k];
+        for (size_t d = 0; d < space.size(); ++d) s += comp(d, k);
+        terms[k] = s;
+      }
+      return logsumexp(terms);
+    }
+    double total = 0;
+    std::vector<double> terms(K);
+    for (size_t d = 0; d < space.size(); ++d) {
+      for (size_t k = 0; k < K; ++k) terms[k] = p.logw[k] + comp(d, k);
+      total += logsumexp(terms);
+    }
+    return total;
+  }
+
+  SamplerOptions o_;
+  size_t n_total_ = 0;
+};
+
+// ---- GP-EI ----------------------------------------------------------------------------------
+
+// Minimises f (value and gradient) from x within [lo, hi] by L-BFGS with projected backtracking steps.
+double minimize_box(const std::function<double(const std::vector<double>&, std::vector<double>&)>& f, std::vector<double>& x,
+                    const std::vector<double>& lo, const std::vector<double>& hi, int iters) {
+  const size_t D = x.size();
+  const int M = 8;
+  std::vector<double> g(D), gn(D), xn(D), d(D);
+  double fx = f(x, g);
+  std::vector<std::vector<double>> S, Y;
+  std::vector<double> rho;
+  for (int it = 0; it < iters; ++it) {
+    // two-loop recursion
+    d = g;
+    std::vector<double> a(S.size());
+    for (int i = int(S.size()) - 1; i >= 0; --i) {
+      a[size_t(i)] = rho[size_t(i)] * std::inner_product(S[size_t(i)].begin(), S[size_t(i)].end(), d.begin(), 0.0);
+      for (size_t j = 0; j < D; ++j) d[j] -= a[size_t(i)] * Y[size_t(i)][j];
+    }
+    if (!S.empty()) {
+      const auto& s = S.back();
+      const auto& y = Y.back();
+      const double gamma = std::inner_product(s.begin(), s.end(), y.begin(), 0.0) / std::inner_product(y.begin(), y.end(), y.begin(), 0.0);
+      for (auto& v : d) v *= gamma;
+    }
+    for (size_t i = 0; i < S.size(); ++i) {
+      const double b = rho[i] * std::inner_product(Y[i].begin(), Y[i].end(), d.begin(), 0.0);
+      for (size_t j = 0; j < D; ++j) d[j] += S[i][j] * (a[i] - b);
+    }
+    for (auto& v : d) v = -v;
+    // Directions into an active bound are dropped.
+    for (size_t j = 0; j < D; ++j)
+      if ((x[j] <= lo[j] && d[j] < 0) || (x[j] >= hi[j] && d[j] > 0)) d[j] = 0;
+    double slope = std::inner_product(g.begin(), g.end(), d.begin(), 0.0);
+    if (slope >= 0) {  // not a descent direction: steepest descent, memory reset
+      S.clear(), Y.clear(), rho.clear();
+      for (size_t j = 0; j < D; ++j) d[j] = ((x[j] <= lo[j] && g[j] > 0) || (x[j] >= hi[j] && g[j] < 0)) ? 0 : -g[j];
+      slope = std::inner_product(g.begin(), g.end(), d.begin(), 0.0);
+      if (slope >= -1e-16) break;
+      if (it == 0 || true) {  // scale the first steepest-descent step to a unit-cube-sized move
+        double nd = std::sqrt(std::inner_product(d.begin(), d.end(), d.begin(), 0.0));
+        if (nd > 0.5) {
+          for (auto& v : d) v *= 0.5 / nd;
+          slope *= 0.5 / nd;
+        }
+      }
+    }
+    double t = 1.0, fn = 0;
+    bool ok = false;
+    for (int ls = 0; ls < 30; ++ls) {
+      for (size_t j = 0; j < D; ++j) xn[j] = std::clamp(x[j] + t * d[j], lo[j], hi[j]);
+      fn = f(xn, gn);
+      if (std::isfinite(fn) && fn <= fx + 1e-4 * t * slope) {
+        ok = true;
+        break;
+      }
+      t *= 0.5;
+    }
+    if (!ok) break;
+    std::vector<double> s(D), y(D);
+    for (size_t j = 0; j < D; ++j) s[j] = xn[j] - x[j], y[j] = gn[j] - g[j];
+    const double sy = std::inner_product(s.begin(), s.end(), y.begin(), 0.0);
+    if (sy > 1e-12) {
+      S.push_back(s), Y.push_back(y), rho.push_back(1.0 / sy);
+      if (int(S.size()) > M) S.erase(S.begin()), Y.erase(Y.begin()), rho.erase(rho.begin());
+    }
+    const double improvement = fx - fn;
+    x = xn, g = gn, fx = fn;
+    if (improvement < 1e-10 * std::max(1.0, std::fabs(fx))) break;
+  }
+  return fx;
+}
+
+}  // namespace
+
+namespace detail {
+
+constexpr double kSqrt5 = 2.2360679774997896;
+
+static double matern52(double r2, double amp) {
+  const double r = std::sqrt(std::max(r2, 0.0));
+  return amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * std::exp(-kSqrt5 * r);
+}
+
+bool GpModel::factor() {
+  const size_t n = X.size(), D = log_ls.size();
+  const double amp = std::exp(log_amp), noise = std::exp(log_noise);
+  std::vector<double> ils(D);
+  for (size_t d = 0; d < D; ++d) ils[d] = std::exp(-log_ls[d]);
+  L.assign(n * n, 0.0);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j <= i; ++j) {
+      double r2 = 0;
+      for (size_t d = 0; d < D; ++d) {
+        const double t = (X[i][d] - X[j][d]) * ils[d];
+        r2 += t * t;
+      }
+      L[i * n + j] = matern52(r2, amp) + (i == j ? noise + 1e-10 : 0.0);
+    }
+  for (size_t j = 0; j < n; ++j) {  // in-place Cholesky (lower)
+    double s = L[j * n + j];
+    for (size_t k = 0; k < j; ++k) s -= L[j * n + k] * L[j * n + k];
+    if (!(s > 0)) return false;
+    const double ljj = std::sqrt(s);
+    L[j * n + j] = ljj;
+    for (size_t i = j + 1; i < n; ++i) {
+      double v = L[i * n + j];
+      for (size_t k = 0; k < j; ++k) v -= L[i * n + k] * L[j * n + k];
+      L[i * n + j] = v / ljj;
+    }
+  }
+  alpha = y;  // solve L L^T alpha = y
+  for (size_t i = 0; i < n; ++i) {
+    double v = alpha[i];
+    for (size_t k = 0; k < i; ++k) v -= L[i * n + k] * alpha[k];
+    alpha[i] = v / L[i * n + i];
+  }
+  for (size_t i = n; i-- > 0;) {
+    double v = alpha[i];
+    for (size_t k = i + 1; k < n; ++k) v -= L[k * n + i] * alpha[k];
+    alpha[i] = v / L[i * n + i];
+  }
+  return true;
+}
+
+// log p(y | X, theta) + log prior(theta); gradient over (log_ls..., log_amp, log_noise).
+double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
+  const size_t n = X.size(), D = log_ls.size();
+  double lml = 0;
+  for (size_t i = 0; i < n; ++i) lml -= 0.5 * y[i] * alpha[i] + std::log(L[i * n + i]);
+  lml -= 0.5 * double(n) * std::log(2 * M_PI);
+  // Weak log-normal priors keep the fit away from degenerate length scales and amplitudes.
+  auto prior = [](double v, double m, double s) { return -0.5 * ((v - m) / s) * ((v - m) / s); };
+  auto dprior = [](double v, double m, double s) { return -(v - m) / (s * s); };
+  for (size_t d = 0; d < D; ++d) lml += prior(log_ls[d], std::log(0.5), 1.5);
+  lml += prior(log_amp, 0.0, 1.5);
+  if (!grad) return lml;
+  // K^-1 from the Cholesky factor: W = alpha alpha^T - K^-1; dlml/dtheta = 0.5 tr(W dK/dtheta).
+  std::vector<double> Kinv(n * n, 0.0), col(n);
+  for (size_t c = 0; c < n; ++c) {
+    std::fill(col.begin(), col.end(), 0.0);
+    col[c] = 1.0;
+    for (size_t i = 0; i < n; ++i) {
+      double v = col[i];
+      for (size_t k = 0; k < i; ++k) v -= L[i * n + k] * col[k];
+      col[i] = v / L[i * n + i];
+    }
+    for (size_t i = n; i-- > 0;) {
+      double v = col[i];
+      for (size_t k = i + 1; k < n; ++k) v -= L[k * n + i] * col[k];
+      col[i] = v / L[i * n + i];
+    }
+    for (size_t i = 0; i < n; ++i) Kinv[i * n + c] = col[i];
+  }
+  grad->assign(D + 2, 0.0);
+  const double amp = std::exp(log_amp), noise = std::exp(log_noise);
+  std::vector<double> ils(D);
+  for (size_t d = 0; d < D; ++d) ils[d] = std::exp(-log_ls[d]);
+  std::vector<double> t2(D);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j <= i; ++j) {
+      const double w = alpha[i] * alpha[j] - Kinv[i * n + j];
+      const double mult = i == j ? 0.5 : 1.0;  // symmetric: off-diagonal pairs count twice
+      double r2 = 0;
+      for (size_t d = 0; d < D; ++d) {
+        const double t = (X[i][d] - X[j][d]) * ils[d];
+        t2[d] = t * t;
+        r2 += t2[d];
+      }
+      const double r = std::sqrt(r2);
+      const double e = std::exp(-kSqrt5 * r);
+      const double k = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e;
+      const double base = amp * 5.0 / 3.0 * (1.0 + kSqrt5 * r) * e;  // dk/dlog_ls_d = base * t2_d
+      for (size_t d = 0; d < D; ++d) (*grad)[d] += mult * w * base * t2[d];
+      (*grad)[D] += mult * w * k;
+      if (i == j) (*grad)[D + 1] += 0.5 * w * noise;
+    }
+  for (size_t d = 0; d < D; ++d) (*grad)[d] += dprior(log_ls[d], std::log(0.5), 1.5);
+  (*grad)[D] += dprior(log_amp, 0.0, 1.5);
+  return lml;
+}
+
+void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector<double>& yin, uint64_t seed) {
+  X = Xin, y = yin;
+  const size_t D = X.empty() ? 0 : X[0].size();
+  std::vector<double> lo(D + 2), hi(D + 2);
+  for (size_t d = 0; d < D; ++d) lo[d] = std::log(0.01), hi[d] = std::log(20.0);
+  lo[D] = std::log(0.05), hi[D] = std::log(20.0);
+  lo[D + 1] = std::log(1e-8), hi[D + 1] = std::log(0.1);
+  auto set = [&](const std::vector<double>& th) {
+    log_ls.assign(th.begin(), th.begin() + long(D));
+    log_amp = th[D], log_noise = th[D + 1];
+  };
+  auto objective = [&](const std::vector<double>& th, std::vector<double>& g) {
+    set(th);
+    if (!factor()) {
+      g.assign(th.size(), 0.0);
+      return std::numeric_limits<double>::infinity();
+    }
+    const double v = log_marginal_likelihood(&g);
+    for (auto& x : g) x = -x;
+    return -v;
+  };
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> U(0, 1);
+  std::vector<std::vector<double>> starts;
+  std::vector<double> th0(D + 2, std::log(0.3));
+  th0[D] = 0.0, th0[D + 1] = std::log(1e-6);
+  starts.push_back(th0);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<double> th(D + 2);
+    for (size_t i = 0; i < D + 2; ++i) th[i] = lo[i] + U(rng) * (hi[i] - lo[i]);
+    th[D + 1] = std::log(1e-6);
+    starts.push_back(th);
+  }
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<double> best_th = th0;
+  for (auto th : starts) {
+    const double v = minimize_box(objective, th, lo, hi, 60);
+    if (v < best) best = v, best_th = th;
+  }
+  set(best_th);
+  if (!factor()) {  // numerically hopeless: fall back to a noisier model
+    log_noise = std::log(1e-3);
+    factor();
+  }
+}
+
+void GpModel::predict(const std::vector<double>& x, double& mean, double& sd) const {
+  const size_t n = X.size(), D = log_ls.size();
+  const double amp = std::exp(log_amp);
+  std::vector<double> k(n);
+  for (size_t i = 0; i < n; ++i) {
+    double r2 = 0;
+    for (size_t d = 0; d < D; ++d) {
+      const double t = (x[d] - X[i][d]) * std::exp(-log_ls[d]);
+      r2 += t * t;
+    }
+    k[i] = matern52(r2, amp);
+  }
+  mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
+  double vv = 0;  // v = L^-1 k
+  for (size_t i = 0; i < n; ++i) {
+    double v = k[i];
+    for (size_t j = 0; j < i; ++j) v -= L[i * n + j] * k[j];
+    k[i] = v / L[i * n + i];
+    vv += k[i] * k[i];
+  }
+  sd = std::sqrt(std::max(amp - vv, 1e-12));
+}
+
+double expected_improvement(double mean, double sd, double best, double xi) {
+  const double imp = best - mean - xi;
+  const double z = imp / sd;
+  return imp * norm_cdf(z) + sd * std::exp(norm_logpdf(z));
+}
+
+// log EI, accurate far into the tail (where EI itself underflows and gives no gradient).
+static double log_ei(double mean, double sd, double best, double xi) {
+  const double z = (best - mean - xi) / sd;
+  if (z > -6) return std::log(std::max(z * norm_cdf(z) + std::exp(norm_logpdf(z)), 1e-300)) + std::log(sd);
+  // phi(z) + z Phi(z) ~ phi(z) / z^2 (1 - 3 / z^2) for z -> -inf (Mills ratio)
+  return norm_logpdf(z) - 2 * std::log(-z) + std::log1p(-3.0 / (z * z)) + std::log(sd);
+}
+
+}  // namespace detail
+
+namespace {
+
+class GpSampler : public Sampler {
+ public:
+  GpSampler(SamplerOptions o, const Space& space) : o_(std::move(o)) {
+    for (const auto& p : space) {
+      offset_.push_back(width_);
+      width_ += p.numeric() ? 1 : p.n_choices();
+    }
+  }
+  std::string name() const override { return "gp"; }
+
+  std::optional<std::vector<double>> sample(const Space& space, const std::vector<Observation>& hist, uint64_t seed, int number) override {
+    std::mt19937_64 rng(detail::seed_for(seed, number));
+    std::vector<const Observation*> obs;
+    for (const auto& h : hist)
+      if (!h.pruned && std::isfinite(h.value)) obs.push_back(&h);
+    const int n_init = std::max(o_.n_startup, 2);
+    if (int(obs.size()) < n_init) return latin_hypercube(space, seed, number, n_init);
+    std::sort(obs.begin(), obs.end(), [](auto a, auto b) { return a->number < b->number; });
+    std::vector<std::vector<double>> X;
+    std::vector<double> y;
+    for (const auto* o : obs) X.push_back(encode(space, o->x)), y.push_back(o->value);
+    const double mean = std::accumulate(y.begin(), y.end(), 0.0) / double(y.size());
+    double var = 0;
+    for (double v : y) var += (v - mean) * (v - mean);
+    const double sdv = std::sqrt(var / double(y.size())) > 0 ? std::sqrt(var / double(y.size())) : 1.0;
+    for (auto& v : y) v = (v - mean) / sdv;
+    detail::GpModel gp;
+    gp.fit(X, y, detail::seed_for(seed, number) ^ 0x5bd1e995);
+    const double best = *std::min_element(y.begin(), y.end());
+    auto acq = [&](const std::vector<double>& z) {
+      double m, s;
+      gp.predict(round_trip(space, z), m, s);
+      return detail::log_ei(m, s, best, o_.xi);
+    };
+    // Candidates: uniform points plus perturbations of the best observations; the top few are
+    // refined by L-BFGS over the continuous coordinates (finite-difference gradients).
+    std::uniform_real_distribution<double> U(0, 1);
+    std::normal_distribution<double> N(0, 1);
+    std::vector<std::pair<double, std::vector<double>>> cand;
+    for (int i = 0; i < 2000; ++i) {
+      std::vector<double> z(width_);
+      for (auto& v : z) v = U(rng);
+      cand.emplace_back(acq(z), z);
+    }
+    std::vector<size_t> order(y.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return y[a] < y[b]; });
+    for (size_t r = 0; r < std::min<size_t>(5, order.size()); ++r)
+      for (int i = 0; i < 100; ++i) {
+        auto z = X[order[r]];
+        const double s = i < 50 ? 0.02 : 0.1;
+        for (auto& v : z) v = std::clamp(v + s * N(rng), 0.0, 1.0);
+        cand.emplace_back(acq(z), z);
+      }
+    std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<bool> cont(width_, false);
+    for (size_t d = 0; d < space.size(); ++d)
+      if (space[d].kind == Param::Kind::Float && space[d].step == 0) cont[size_t(offset_[d])] = true;
+    std::vector<double> lo(width_, 0.0), hi(width_, 1.0);
+    for (size_t j = 0; j < width_; ++j)
+      if (!cont[j]) lo[j] = hi[j] = 0;  // fixed below by freezing
+    double best_acq = cand[0].first;
+    std::vector<double> best_z = cand[0].second;
+    for (size_t c = 0; c < std::min<size_t>(5, cand.size()); ++c) {
+      std::vector<double> z = cand[c].second;
+      std::vector<double> free_lo, free_hi, u;
+      std::vector<size_t> idx;
+      for (size_t j = 0; j < width_; ++j)
+        if (cont[j]) idx.push_back(j), u.push_back(z[j]), free_lo.push_back(0.0), free_hi.push_back(1.0);
+      if (idx.empty()) break;
+      auto f = [&](const std::vector<double>& uu, std::vector<double>& g) {
+        auto zz = z;
+        for (size_t k = 0; k < idx.size(); ++k) zz[idx[k]] = uu[k];
+        const double v = -acq(zz);
+        g.assign(uu.size(), 0.0);
+        for (size_t k = 0; k < idx.size(); ++k) {
+          const double h = 1e-6;
+          auto zp = zz, zm = zz;
+          zp[idx[k]] = std::min(1.0, zz[idx[k]] + h), zm[idx[k]] = std::max(0.0, zz[idx[k]] - h);
+          g[k] = (-acq(zp) + acq(zm)) / (zp[idx[k]] - zm[idx[k]]);
+        }
+        return v;
+      };
+      const double v = -minimize_box(f, u, free_lo, free_hi, 40);
+      if (v > best_acq) {
+        best_acq = v;
+        for (size_t k = 0; k < idx.size(); ++k) z[idx[k]] = u[k];
+        best_z = z;
+      }
+    }
+    return decode(space, best_z);
+  }
+
+ private:
+  std::vector<double> encode(const Space& space, const std::vector<double>& x) const {
+    std::vector<double> z(width_, 0.0);
+    for (size_t d = 0; d < space.size(); ++d)
+      if (space[d].numeric()) z[size_t(offset_[d])] = space[d].to_unit(x[d]);
+      else z[size_t(offset_[d]) + size_t(x[d])] = 1.0;
+    return z;
+  }
+  std::vector<double> decode(const Space& space, const std::vector<double>& z) const {
+    std::vector<double> x;
+    for (size_t d = 0; d < space.size(); ++d) {
+      const size_t o = size_t(offset_[d]);
+      if (space[d].numeric()) {
+        x.push_back(space[d].from_unit(z[o]));
+      } else {
+        size_t best = 0;
+        for (size_t c = 1; c < space[d].n_choices(); ++c)
+          if (z[o + c] > z[o + best]) best = c;
+        x.push_back(double(best));
+      }
+    }
+    return x;
+  }
+  // What the objective will actually see: integers and steps snapped, one-hot categoricals.
+  std::vector<double> round_trip(const Space& space, const std::vector<double>& z) const { return encode(space, decode(space, z)); }
+
+  // Trial `number` (< n) of an n-point Latin hypercube drawn from the study seed.
+  std::vector<double> latin_hypercube(const Space& space, uint64_t seed, int number, int n) const {
+    std::mt19937_64 rng(detail::seed_for(seed, -7));
+    std::uniform_real_distribution<double> U(0, 1);
+    std::vector<double> x;
+    for (const auto& p : space) {
+      std::vector<int> perm(static_cast<size_t>(n));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<double> jit(static_cast<size_t>(n));
+      for (auto& j : jit) j = U(rng);
+      const double u = (perm[size_t(number % n)] + jit[size_t(number % n)]) / n;
+      x.push_back(p.numeric() ? p.from_unit(u) : std::min(std::floor(u * double(p.n_choices())), double(p.n_choices() - 1)));
+    }
+    return x;
+  }
+
+  SamplerOptions o_;
+  std::vector<int> offset_;
+  size_t width_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Sampler> make_sampler(const SamplerOptions& opt, const Space& space) {
+  if (opt.name == "random") return std::make_unique<RandomSampler>();
+  if (opt.name == "grid") return std::make_unique<GridSampler>(space);
+  if (opt.name == "tpe") return std::make_unique<TpeSampler>(opt);
+  if (opt.name == "gp") return std::make_unique<GpSampler>(opt, space);
+  throw std::invalid_argument("unknown sampler '" + opt.name + "' (use grid, random, tpe or gp)");
+}
+
+}  // namespace mltrain::tune

@@ -1,0 +1,536 @@
+#include "mltrain/tune/study.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "mltrain/core/error.hpp"
+#include "mltrain/core/fs.hpp"
+#include "mltrain/tune/analysis.hpp"
+#include "mltrain/tune/functions.hpp"
+
+namespace fs = std::filesystem;
+
+namespace mltrain::tune {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string hostname() {
+  char h[256] = {0};
+  ::gethostname(h, sizeof h - 1);
+  return h;
+}
+
+// ---- the journal --------------------------------------------------------------------------------
+// One JSON object per line, appended under an exclusive flock (whole-file lock; works on local
+// file systems and on NFS v4 / Lustre with flock support). A torn last line (a writer killed
+// mid-write) is skipped by readers and terminated by the next writer, so it never merges with a
+// following record.
+class Journal {
+ public:
+  explicit Journal(fs::path p) : path_(std::move(p)) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw RuntimeError(path_.string(), std::string("cannot open the study journal: ") + std::strerror(errno), "check the study folder's permissions");
+  }
+  ~Journal() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  // fn(records) returns the records to append; both under one exclusive lock.
+  template <class F>
+  void transact(F&& fn) {
+    Lock l(fd_, LOCK_EX);
+    auto recs = read_unlocked();
+    auto add = fn(recs);
+    append_unlocked(add);
+  }
+  std::vector<nlohmann::json> read() {
+    Lock l(fd_, LOCK_SH);
+    return read_unlocked();
+  }
+  void append(const std::vector<nlohmann::json>& recs) {
+    Lock l(fd_, LOCK_EX);
+    append_unlocked(recs);
+  }
+
+ private:
+  struct Lock {
+    int fd;
+    Lock(int f, int op) : fd(f) {
+      while (::flock(fd, op) != 0 && errno == EINTR) {
+      }
+    }
+    ~Lock() { ::flock(fd, LOCK_UN); }
+  };
+  std::vector<nlohmann::json> read_unlocked() {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(path_);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof()) break;  // no trailing newline: a torn write
+      try {
+        out.push_back(nlohmann::json::parse(line));
+      } catch (const std::exception&) {
+        // a torn line followed by a newline written by a later writer: skipped
+      }
+    }
+    return out;
+  }
+  void append_unlocked(const std::vector<nlohmann::json>& recs) {
+    if (recs.empty()) return;
+    std::string s;
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && st.st_size > 0) {
+      char last = '\n';
+      if (::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n') s += "\n";
+    }
+    for (const auto& r : recs) s += r.dump() + "\n";
+    size_t off = 0;
+    while (off < s.size()) {
+      const ssize_t w = ::write(fd_, s.data() + off, s.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) throw RuntimeError(path_.string(), std::string("journal write failed: ") + std::strerror(errno), "free disk space");
+      off += size_t(w);
+    }
+    ::fdatasync(fd_);
+  }
+  fs::path path_;
+  int fd_ = -1;
+};
+
+struct Replay {
+  std::vector<TrialState> trials;
+  std::map<std::string, double> heartbeat;  // worker -> last time
+};
+
+Replay replay(const std::vector<nlohmann::json>& recs, const Space& space) {
+  Replay r;
+  for (const auto& j : recs) {
+    const std::string op = j.value("op", "");
+    if (op == "heartbeat") {
+      r.heartbeat[j.value("worker", "")] = j.value("t", 0.0);
+      continue;
+    }
+    const int n = j.value("trial", -1);
+    if (n < 0) continue;
+    if (op == "create") {
+      if (size_t(n) >= r.trials.size()) r.trials.resize(size_t(n) + 1);
+      auto& t = r.trials[size_t(n)];
+      t.number = n;
+      t.params = j.at("params");
+      try {
+        t.x = params_from_json(space, t.params);
+      } catch (const std::exception&) {
+        t.x.clear();  // written by a study with another space: ignored by the sampler
+      }
+      t.worker = j.value("worker", "");
+      t.retry_of = j.value("retry_of", -1);
+      t.started = j.value("t", 0.0);
+      r.heartbeat[t.worker] = std::max(r.heartbeat[t.worker], t.started);
+      continue;
+    }
+    if (size_t(n) >= r.trials.size() || r.trials[size_t(n)].number < 0) continue;
+    auto& t = r.trials[size_t(n)];
+    if (op == "report") {
+      t.intermediate.emplace_back(j.value("step", int64_t(t.intermediate.size())), j.value("value", NAN));
+    } else if (op == "finish" && t.state == "RUNNING") {
+      t.state = j.value("state", "FAIL");
+      t.value = j.contains("value") && j["value"].is_number() ? j["value"].get<double>() : NAN;
+      t.reason = j.value("reason", "");
+      t.finished = j.value("t", 0.0);
+      if (j.contains("attrs")) t.attrs = j["attrs"];
+    }
+  }
+  return r;
+}
+
+bool pid_alive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// worker id: host:pid:start-time
+std::string make_worker_id() { return hostname() + ":" + std::to_string(::getpid()) + ":" + std::to_string(int64_t(now_s() * 1000)); }
+
+bool worker_dead_here(const std::string& w) {
+  const auto a = w.find(':'), b = w.find(':', a + 1);
+  if (a == std::string::npos || b == std::string::npos) return false;
+  if (w.substr(0, a) != hostname()) return false;  // another machine: only the heartbeat tells
+  return !pid_alive(std::atoi(w.substr(a + 1, b - a - 1).c_str()));
+}
+
+// ---- trial processes ---------------------------------------------------------------------------
+
+struct Child {
+  int number = -1;
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string buf;
+  std::vector<double> values;  // intermediate, as reported
+  double last_value = NAN;
+  bool has_value = false;
+  bool pruned = false;
+  double started = 0;
+  nlohmann::json attrs = nlohmann::json::object();
+  fs::path log;
+};
+
+std::string env_name(const std::string& p) {
+  std::string s = "MLTRAIN_PARAM_";
+  for (char c : p) s += std::isalnum(static_cast<unsigned char>(c)) ? char(std::toupper(static_cast<unsigned char>(c))) : '_';
+  return s;
+}
+
+std::string value_text(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+Child spawn(const StudyConfig& cfg, const RunStudyOptions& opt, const TrialState& t) {
+  const fs::path dir = cfg.study_dir() / "trials";
+  fs::create_directories(dir);
+  char name[32];
+  std::snprintf(name, sizeof name, "t%04d", t.number);
+  std::vector<std::string> argv;
+  if (!cfg.train_config.empty()) {
+    argv = {opt.self_exe, "train", cfg.train_config};
+    argv.insert(argv.end(), cfg.overrides.begin(), cfg.overrides.end());
+    for (auto it = t.params.begin(); it != t.params.end(); ++it) argv.push_back(it.key() + "=" + value_text(it.value()));
+    argv.push_back("run.dir=" + dir.string());
+    argv.push_back("run.name=" + std::string(name));
+    argv.push_back("runtime.threads=" + std::to_string(cfg.threads));
+    argv.push_back("--jsonl");
+  } else {
+    argv = cfg.command;
+    for (auto it = t.params.begin(); it != t.params.end(); ++it) argv.push_back("--" + it.key() + "=" + value_text(it.value()));
+  }
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  for (auto it = t.params.begin(); it != t.params.end(); ++it) env.push_back(env_name(it.key()) + "=" + value_text(it.value()));
+  env.push_back("MLTRAIN_TRIAL_NUMBER=" + std::to_string(t.number));
+  env.push_back("MLTRAIN_TRIAL_DIR=" + (dir / name).string());
+  env.push_back("OMP_NUM_THREADS=" + std::to_string(cfg.threads));
+  Child c;
+  c.number = t.number;
+  c.started = now_s();
+  c.log = dir / (std::string(name) + ".log");
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) throw RuntimeError("tune", std::string("pipe: ") + std::strerror(errno));
+  const int logfd = ::open(c.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::vector<char*> av, ev;
+  for (auto& s : argv) av.push_back(s.data());
+  av.push_back(nullptr);
+  for (auto& s : env) ev.push_back(s.data());
+  ev.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw RuntimeError("tune", std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a trial never outlives its driver (SIGKILLed drivers included)
+    if (::getppid() != parent) ::_exit(127);
+    ::dup2(p[1], STDOUT_FILENO);
+    if (logfd >= 0) ::dup2(logfd, STDERR_FILENO);
+    ::execve(av[0], av.data(), ev.data());
+    ::execvpe(av[0], av.data(), ev.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", av[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(p[1]);
+  if (logfd >= 0) ::close(logfd);
+  c.pid = pid;
+  c.out_fd = p[0];
+  return c;
+}
+
+std::string last_line(const fs::path& log) {
+  std::ifstream in(log);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last.size() > 300 ? last.substr(0, 300) + "..." : last;
+}
+
+}  // namespace
+
+std::vector<TrialState> read_trials(const fs::path& study_dir, const Space& space) {
+  if (!fs::exists(study_dir / "journal.jsonl"))
+    throw DataError(study_dir.string(), "is not a study folder (no journal.jsonl)", "pass the folder `mltrain tune` printed, e.g. runs/tune/<name>");
+  Journal j(study_dir / "journal.jsonl");
+  return replay(j.read(), space).trials;
+}
+
+nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
+  const fs::path sd = cfg.study_dir();
+  fs::create_directories(sd);
+  // The study folder remembers its space: resuming with another space would mix incomparable trials.
+  const fs::path saved = sd / "study.json";
+  if (fs::exists(saved)) {
+    const auto prev = nlohmann::json::parse(read_file(saved.string()));
+    if (prev.value("space", nlohmann::json()) != cfg.resolved["space"] || prev["objective"] != cfg.resolved["objective"])
+      throw ConfigError(cfg.source, "study '" + cfg.name + "' in " + sd.string() + " was created with another space or objective",
+                        "use a new study.name, or delete " + sd.string());
+  }
+  write_file_atomic(saved.string(), cfg.resolved.dump(2) + "\n");
+
+  Journal journal(sd / "journal.jsonl");
+  auto sampler = make_sampler(cfg.sampler, cfg.space);
+  auto pruner = make_pruner(cfg.pruner);
+  const std::string me = make_worker_id();
+  const TestFunction* fn = cfg.function.empty() ? nullptr : find_test_function(cfg.function);
+  const double sign = cfg.maximize ? -1.0 : 1.0;
+  const double t0 = now_s();
+  double sampler_s = 0;
+  int sampled = 0;
+  bool exhausted = false;
+  std::map<int, Child> running;
+  double last_beat = 0;
+
+  auto observations = [&](const std::vector<TrialState>& ts) {
+    std::vector<Observation> obs;
+    for (const auto& t : ts) {
+      if (t.x.empty()) continue;
+      if (t.state == "COMPLETE" && std::isfinite(t.value)) obs.push_back({t.number, t.x, sign * t.value, false});
+      else if (t.state == "PRUNED" && !t.intermediate.empty()) obs.push_back({t.number, t.x, sign * t.intermediate.back().second, true});
+    }
+    return obs;
+  };
+  auto curves = [&](const std::vector<TrialState>& ts) {
+    std::vector<TrialCurve> cs;
+    for (const auto& t : ts) {
+      TrialCurve c{t.number, t.state == "COMPLETE" || t.state == "PRUNED", {}};
+      for (const auto& [s, v] : t.intermediate) c.values.push_back(sign * v);
+      cs.push_back(std::move(c));
+    }
+    return cs;
+  };
+  // Trials that count toward n_trials: all but stale failures that were (or will be) retried.
+  auto retry_target = [&](const std::vector<TrialState>& ts, int& used) {
+    std::map<int, int> retried_by;
+    for (const auto& t : ts)
+      if (t.retry_of >= 0) retried_by[t.retry_of] = t.number;
+    auto depth = [&](int n) {
+      int d = 0;
+      while (n >= 0 && ts[size_t(n)].retry_of >= 0) n = ts[size_t(n)].retry_of, ++d;
+      return d;
+    };
+    int target = -1;
+    used = 0;
+    for (const auto& t : ts) {
+      if (t.number < 0) continue;
+      const bool stale = t.state == "FAIL" && t.reason.rfind("stale", 0) == 0;
+      if (stale && retried_by.count(t.number)) continue;  // replaced by its retry
+      if (stale && depth(t.number) < cfg.max_retry) {
+        if (target < 0) target = t.number;
+        continue;  // its retry will take its place
+      }
+      ++used;
+    }
+    return target;
+  };
+
+  auto finish = [&](Child& c, const std::string& state, double value, const std::string& reason) {
+    nlohmann::json r = {{"op", "finish"}, {"trial", c.number}, {"state", state}, {"t", now_s()}, {"reason", reason}, {"attrs", c.attrs}};
+    if (std::isfinite(value)) r["value"] = value;
+    journal.append({r});
+    if (!opt.quiet) {
+      std::ostringstream m;
+      m << "[tune] trial " << c.number << " " << state;
+      if (std::isfinite(value)) m << " " << cfg.metric << "=" << value;
+      if (!reason.empty()) m << " (" << reason << ")";
+      std::cerr << m.str() << "\n";
+    }
+  };
+
+  while (true) {
+    // 1. Start trials while there is room (one journal transaction per start).
+    const bool time_left = cfg.timeout_s <= 0 || now_s() - t0 < cfg.timeout_s;
+    bool started = false, done = false;
+    if (int(running.size()) < cfg.max_concurrent && time_left && !exhausted) {
+      TrialState next;
+      journal.transact([&](const std::vector<nlohmann::json>& recs) {
+        std::vector<nlohmann::json> add;
+        auto rp = replay(recs, cfg.space);
+        for (auto& t : rp.trials)  // stale: RUNNING under a driver that is gone
+          if (t.number >= 0 && t.state == "RUNNING" && t.worker != me &&
+              (worker_dead_here(t.worker) || now_s() - rp.heartbeat[t.worker] > cfg.stale_after_s)) {
+            add.push_back({{"op", "finish"}, {"trial", t.number}, {"state", "FAIL"}, {"t", now_s()},
+                           {"reason", "stale: driver " + t.worker + " stopped"}});
+            t.state = "FAIL", t.reason = "stale";
+          }
+        int used = 0;
+        const int retry = retry_target(rp.trials, used);
+        int in_flight = 0;
+        if (used >= cfg.n_trials && retry < 0) {
+          done = true;
+          return add;
+        }
+        if (used + (retry >= 0 ? 1 : 0) > cfg.n_trials) return add;
+        (void)in_flight;
+        next = TrialState();
+        next.number = int(rp.trials.size());
+        if (retry >= 0) {
+          next.params = rp.trials[size_t(retry)].params;
+          next.x = rp.trials[size_t(retry)].x;
+          next.retry_of = retry;
+        } else {
+          const auto s0 = std::chrono::steady_clock::now();
+          auto x = sampler->sample(cfg.space, observations(rp.trials), cfg.seed, next.number);
+          sampler_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+          ++sampled;
+          if (!x) {
+            exhausted = true;
+            return add;
+          }
+          next.x = *x;
+          next.params = params_json(cfg.space, *x);
+        }
+        nlohmann::json cr = {{"op", "create"}, {"trial", next.number}, {"params", next.params}, {"worker", me}, {"t", now_s()}};
+        if (next.retry_of >= 0) cr["retry_of"] = next.retry_of;
+        add.push_back(cr);
+        started = true;
+        return add;
+      });
+      if (started) {
+        if (!opt.quiet) std::cerr << "[tune] trial " << next.number << " " << next.params.dump() << (next.retry_of >= 0 ? " (retry of " + std::to_string(next.retry_of) + ")" : "") << "\n";
+        if (fn) {  // in-process test function
+          Child c;
+          c.number = next.number;
+          const double v = fn->f(next.x);
+          finish(c, std::isfinite(v) ? "COMPLETE" : "FAIL", v, std::isfinite(v) ? "" : "diverged (value not finite)");
+        } else {
+          running[next.number] = spawn(cfg, opt, next);
+        }
+        continue;  // fill every free slot before waiting
+      }
+    }
+    if (running.empty()) {
+      if (done || exhausted || !time_left) break;
+      if (!started) {
+        // Other drivers hold the remaining trials: wait for them to finish (or go stale).
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        continue;
+      }
+    }
+    // 2. Wait for output from the running trials.
+    std::vector<pollfd> pfds;
+    for (auto& [n, c] : running) pfds.push_back({c.out_fd, POLLIN, 0});
+    ::poll(pfds.data(), pfds.size(), 200);
+    for (auto& [n, c] : running) {
+      char buf[4096];
+      for (;;) {
+        pollfd one{c.out_fd, POLLIN, 0};
+        if (::poll(&one, 1, 0) <= 0 || !(one.revents & (POLLIN | POLLHUP))) break;
+        const ssize_t k = ::read(c.out_fd, buf, sizeof buf);
+        if (k <= 0) break;
+        c.buf.append(buf, size_t(k));
+      }
+      size_t nl;
+      while ((nl = c.buf.find('\n')) != std::string::npos) {
+        const std::string line = c.buf.substr(0, nl);
+        c.buf.erase(0, nl + 1);
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (...) {
+          continue;  // not a JSON line: ordinary output
+        }
+        if (!j.is_object()) continue;
+        if (j.value("event", "") == "summary") {
+          for (auto it = j.begin(); it != j.end(); ++it)
+            if (it.key() != "event") c.attrs[it.key()] = it.value();
+          continue;
+        }
+        if (!j.contains(cfg.metric) || !j[cfg.metric].is_number()) continue;
+        const double v = j[cfg.metric].get<double>();
+        c.last_value = v, c.has_value = true;
+        if (!j.contains("step") || c.pruned) continue;
+        c.values.push_back(v);
+        journal.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", v}}});
+        auto ts = replay(journal.read(), cfg.space).trials;
+        TrialCurve mine{c.number, false, {}};
+        for (double x : c.values) mine.values.push_back(sign * x);
+        if (pruner->should_prune(mine, curves(ts))) {
+          c.pruned = true;
+          ::kill(-c.pid, SIGTERM);
+        }
+      }
+    }
+    // 3. Reap finished trials.
+    for (auto it = running.begin(); it != running.end();) {
+      int status = 0;
+      const pid_t r = ::waitpid(it->second.pid, &status, WNOHANG);
+      if (r != it->second.pid) {
+        ++it;
+        continue;
+      }
+      Child& c = it->second;
+      // Drain what is left in the pipe (lines written just before exit).
+      char buf[4096];
+      ssize_t k;
+      while ((k = ::read(c.out_fd, buf, sizeof buf)) > 0) c.buf.append(buf, size_t(k));
+      std::istringstream rest(c.buf);
+      std::string line;
+      while (std::getline(rest, line)) {
+        try {
+          auto j = nlohmann::json::parse(line);
+          if (j.value("event", "") == "summary") {
+            for (auto jt = j.begin(); jt != j.end(); ++jt)
+              if (jt.key() != "event") c.attrs[jt.key()] = jt.value();
+          } else if (j.contains(cfg.metric) && j[cfg.metric].is_number()) {
+            c.last_value = j[cfg.metric].get<double>(), c.has_value = true;
+            if (j.contains("step") && !c.pruned) {
+              c.values.push_back(c.last_value);
+              journal.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", c.last_value}}});
+            }
+          }
+        } catch (...) {
+        }
+      }
+      ::close(c.out_fd);
+      c.attrs["duration_s"] = now_s() - c.started;
+      if (c.pruned) {
+        finish(c, "PRUNED", c.has_value ? c.last_value : NAN, "pruned by " + cfg.pruner.name + " at report " + std::to_string(c.values.size()));
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        if (!c.has_value) finish(c, "FAIL", NAN, "exited 0 without reporting '" + cfg.metric + "' on stdout (JSON lines); log: " + c.log.string());
+        else if (!std::isfinite(c.last_value)) finish(c, "FAIL", NAN, "diverged (" + cfg.metric + " not finite)");
+        else finish(c, "COMPLETE", c.last_value, "");
+      } else {
+        std::string why = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status)) +
+                                                    (WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "")
+                                              : "exit status " + std::to_string(WEXITSTATUS(status));
+        const auto tail = last_line(c.log);
+        if (!tail.empty()) why += ": " + tail;
+        finish(c, "FAIL", NAN, why);
+      }
+      it = running.erase(it);
+    }
+    // 4. Heartbeat for this driver's running trials.
+    if (!running.empty() && now_s() - last_beat >= cfg.heartbeat_s) {
+      journal.append({{{"op", "heartbeat"}, {"worker", me}, {"t", now_s()}}});
+      last_beat = now_s();
+    }
+  }
+  const auto trials = replay(journal.read(), cfg.space).trials;
+  auto summary = write_study_outputs(cfg, trials);
+  summary["sampler_ms_per_trial_this_run"] = sampled ? 1000.0 * sampler_s / sampled : 0.0;
+  summary["stopped_by"] = exhausted ? "grid exhausted" : (cfg.timeout_s > 0 && now_s() - t0 >= cfg.timeout_s) ? "timeout" : "n_trials";
+  write_file_atomic((sd / "summary.json").string(), summary.dump(2) + "\n");
+  return summary;
+}
+
+}  // namespace mltrain::tune
