@@ -152,7 +152,9 @@ Replay replay(const std::vector<nlohmann::json>& recs, const Space& space) {
     if (size_t(n) >= r.trials.size() || r.trials[size_t(n)].number < 0) continue;
     auto& t = r.trials[size_t(n)];
     if (op == "report") {
-      t.intermediate.emplace_back(j.value("step", int64_t(t.intermediate.size())), j.value("value", NAN));
+      const double v = j.contains("value") && j["value"].is_number() ? j["value"].get<double>() : NAN;  // NaN is stored as null
+      const int64_t step = j.contains("step") && j["step"].is_number() ? j["step"].get<int64_t>() : int64_t(t.intermediate.size());
+      t.intermediate.emplace_back(step, v);
     } else if (op == "finish" && t.state == "RUNNING") {
       t.state = j.value("state", "FAIL");
       t.value = j.contains("value") && j["value"].is_number() ? j["value"].get<double>() : NAN;
@@ -455,8 +457,8 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
             if (it.key() != "event") c.attrs[it.key()] = it.value();
           continue;
         }
-        if (!j.contains(cfg.metric) || !j[cfg.metric].is_number()) continue;
-        const double v = j[cfg.metric].get<double>();
+        if (!j.contains(cfg.metric) || !(j[cfg.metric].is_number() || j[cfg.metric].is_null())) continue;
+        const double v = j[cfg.metric].is_null() ? NAN : j[cfg.metric].get<double>();  // JSON has no NaN: null
         c.last_value = v, c.has_value = true;
         if (!j.contains("step") || c.pruned) continue;
         c.values.push_back(v);
@@ -491,8 +493,8 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
           if (j.value("event", "") == "summary") {
             for (auto jt = j.begin(); jt != j.end(); ++jt)
               if (jt.key() != "event") c.attrs[jt.key()] = jt.value();
-          } else if (j.contains(cfg.metric) && j[cfg.metric].is_number()) {
-            c.last_value = j[cfg.metric].get<double>(), c.has_value = true;
+          } else if (j.contains(cfg.metric) && (j[cfg.metric].is_number() || j[cfg.metric].is_null())) {
+            c.last_value = j[cfg.metric].is_null() ? NAN : j[cfg.metric].get<double>(), c.has_value = true;
             if (j.contains("step") && !c.pruned) {
               c.values.push_back(c.last_value);
               journal.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", c.last_value}}});

@@ -5,6 +5,7 @@
 #include <set>
 #include <thread>
 
+#include "mltrain/config/format.hpp"
 #include "mltrain/config/reader.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/tune/functions.hpp"
@@ -32,6 +33,10 @@ nlohmann::json yaml_to_json(const YAML::Node& n) {
       if (n.Tag() == "!") return s;  // quoted in the file: a string
       if (s == "true" || s == "True") return true;
       if (s == "false" || s == "False") return false;
+      // Numbers only when they look like one ("nan", "inf" and "infinity" stay strings).
+      const bool numeric_start = !s.empty() && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '+' || s[0] == '.') &&
+                                 s.find_first_of("nNiI") == std::string::npos;
+      if (!numeric_start) return s;
       try {
         size_t pos = 0;
         const long long i = std::stoll(s, &pos);
@@ -156,7 +161,7 @@ Param read_param(const std::string& name, const YAML::Node n, const std::string&
     const auto why = config::decode(n["log"], log);
     if (!why.empty()) issues.add(config::mark_text(file, n["log"].Mark()), path + ".log", why);
   }
-  if (!(lo < hi)) issues.add(where, path, "low must be below high (" + std::to_string(lo) + " >= " + std::to_string(hi) + ")");
+  if (!(lo < hi)) issues.add(where, path, "low must be below high (" + config::format_double(lo) + " >= " + config::format_double(hi) + ")");
   if (log && lo <= 0) issues.add(where, path + ".low", "a log-scaled parameter needs low > 0");
   if (log && step > 0 && type == "float") issues.add(where, path, "log and step cannot be combined");
   if (type == "int") {
@@ -170,7 +175,7 @@ Param read_param(const std::string& name, const YAML::Node n, const std::string&
     const auto why = config::decode(n["grid"], g);
     if (!why.empty()) issues.add(config::mark_text(file, n["grid"].Mark()), path + ".grid", why);
     for (double v : g)
-      if (v < lo || v > hi) issues.add(config::mark_text(file, n["grid"].Mark()), path + ".grid", "value " + std::to_string(v) + " is outside [low, high]");
+      if (v < lo || v > hi) issues.add(config::mark_text(file, n["grid"].Mark()), path + ".grid", "value " + config::format_double(v) + " is outside [low, high]");
     p.grid = g;
   }
   return p;
