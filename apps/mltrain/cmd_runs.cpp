@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "mltrain/tune/analysis.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/train/runs.hpp"
 
@@ -24,14 +25,22 @@ void setup_report(CLI::App& app, Action& run) {
     std::string out = "report.html";
   };
   auto o = std::make_shared<Opts>();
-  auto* sub = app.add_subcommand("report", "one self-contained HTML page comparing runs: mltrain report RUN_DIR... [-o report.html]");
-  sub->add_option("runs", o->dirs, "run folders (runs/<name>/v<N>)")->required();
+  auto* sub = app.add_subcommand("report", "one self-contained HTML page comparing runs and tuning studies: mltrain report RUN_DIR|STUDY_DIR... [-o report.html]");
+  sub->add_option("runs", o->dirs, "run folders (runs/<name>/v<N>) and study folders (runs/tune/<name>)")->required();
   sub->add_option("-o,--output", o->out, "HTML file to write")->capture_default_str();
   sub->callback([o, &run] {
     run = [o] {
-      std::vector<std::filesystem::path> dirs(o->dirs.begin(), o->dirs.end());
-      write_file_atomic(o->out, train::html_report(dirs));
-      std::cout << "wrote " << o->out << " (" << dirs.size() << " run" << (dirs.size() == 1 ? "" : "s") << ")\n";
+      // Study folders (mltrain tune) become sections with their plots; everything else is a run.
+      std::vector<std::filesystem::path> dirs;
+      std::vector<std::string> sections;
+      for (const auto& d : o->dirs) {
+        if (std::filesystem::exists(std::filesystem::path(d) / "study.json")) sections.push_back(tune::study_html(d));
+        else dirs.emplace_back(d);
+      }
+      write_file_atomic(o->out, train::html_report(dirs, sections));
+      std::cout << "wrote " << o->out << " (" << dirs.size() << " run" << (dirs.size() == 1 ? "" : "s");
+      if (!sections.empty()) std::cout << ", " << sections.size() << " stud" << (sections.size() == 1 ? "y" : "ies");
+      std::cout << ")\n";
       return 0;
     };
   });

@@ -550,6 +550,40 @@ TEST_CASE("runs table and an HTML report of two real runs, rendered by headless 
   CHECK(red > 500);                                // run 2's curves
 }
 
+TEST_CASE("report of a tuning study: history, importance and parallel coordinates, rendered by Chromium", "[cli][report][tune]") {
+  const auto d = tmpdir("report_study");
+  auto t = run("tune " + kSrc + "/configs/tune/branin.yaml study.n_trials=30 study.dir=" + d.string() + " -q");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  CHECK(t.out.find("study branin (tpe sampler, none pruner): 30 trials: 30 complete") != std::string::npos);
+  const auto html = d / "study.html";
+  auto r = run("report " + (d / "branin").string() + " -o " + html.string());
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("0 runs, 1 study") != std::string::npos);
+  const std::string page = slurp(html);
+  CHECK(page.find("Tuning study branin") != std::string::npos);
+  CHECK(page.find("optimisation history: branin") != std::string::npos);
+  CHECK(page.find("parameter importance") != std::string::npos);
+  CHECK(page.find("parallel coordinates: branin") != std::string::npos);
+  for (const char* ext : {"<script", "<link", "src=", "url(", "@import"}) CHECK(page.find(ext) == std::string::npos);
+  const auto png = d / "shot.png";
+  REQUIRE(std::system(("chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1400 --screenshot=" +
+                       png.string() + " file://" + html.string() + " >/dev/null 2>&1").c_str()) == 0);
+  const Image img = decode_png(slurp(png));
+  int64_t nonwhite = 0, blue = 0, red = 0;
+  for (size_t i = 0; i + 2 < img.rgb.size(); i += 3) {
+    const int R = img.rgb[i], G = img.rgb[i + 1], B = img.rgb[i + 2];
+    nonwhite += (R < 240 || G < 240 || B < 240);
+    blue += std::abs(R - 0x1f) < 25 && std::abs(G - 0x77) < 25 && std::abs(B - 0xb4) < 25;  // trial values, importance bars
+    red += std::abs(R - 0xd6) < 25 && std::abs(G - 0x27) < 25 && std::abs(B - 0x28) < 25;   // best-so-far line
+  }
+  INFO("non-white " << nonwhite << ", blue " << blue << ", red " << red);
+  CHECK(nonwhite > int64_t(img.w) * img.h / 50);
+  CHECK(blue > 2000);  // the bars alone are solid blue
+  CHECK(red > 300);
+  CHECK(run("report " + (d / "nothing").string()).code == 3);
+}
+
 // ---------------------------------------------------------------- fuse (#7)
 
 TEST_CASE("fuse: CNN and TorchScript runs fold BN within tolerance; damaged or mismatched input exits 3", "[cli][fuse]") {

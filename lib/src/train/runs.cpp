@@ -131,8 +131,9 @@ std::string runs_table(const std::vector<RunInfo>& runs) {
   return o.str();
 }
 
-std::string html_report(const std::vector<fs::path>& dirs) {
-  if (dirs.empty()) throw ConfigError("report", "no run folders given", "mltrain report runs/<name>/v0 [more runs...]");
+std::string html_report(const std::vector<fs::path>& dirs, const std::vector<std::string>& sections) {
+  if (dirs.empty() && sections.empty())
+    throw ConfigError("report", "no run or study folders given", "mltrain report runs/<name>/v0 [more runs or runs/tune/<study>...]");
   struct Loaded {
     RunInfo info;
     std::vector<nlohmann::json> metrics;
@@ -173,7 +174,11 @@ std::string html_report(const std::vector<fs::path>& dirs) {
        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f2f2f2}"
        ".grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;border:1px solid #ddd}"
        ".finished{color:#2a7d2a}.failed,.stale{color:#b22}.interrupted,.running{color:#b70}</style></head><body>\n";
-  h << "<h1>mltrain report: " << runs.size() << " run" << (runs.size() == 1 ? "" : "s") << "</h1>\n";
+  h << "<h1>mltrain report: " << runs.size() << " run" << (runs.size() == 1 ? "" : "s");
+  if (!sections.empty()) h << ", " << sections.size() << " tuning stud" << (sections.size() == 1 ? "y" : "ies");
+  h << "</h1>\n";
+  for (const auto& sec : sections) h << sec;
+  if (!runs.empty()) {
   h << "<h2>Runs</h2>\n<table><tr><th>run</th><th>status</th><th>best eval accuracy</th><th>at step</th><th>steps</th>"
        "<th>training time</th><th>checkpoints</th><th>folder</th></tr>\n";
   for (const auto& r : runs) {
@@ -244,8 +249,10 @@ std::string html_report(const std::vector<fs::path>& dirs) {
         << format_fixed(bytes / 1e6, 2) << " MB</td></tr>\n";
     }
   }
-  h << "</table>\n<p style=\"font-size:12px;color:#777\">Written by mltrain report; self-contained (no scripts, fonts or "
-       "requests). Tuning studies (mltrain tune) are not built yet, so no study plots.</p>\n</body></html>\n";
+  h << "</table>\n";
+  }  // runs
+  h << "<p style=\"font-size:12px;color:#777\">Written by mltrain report; self-contained (no scripts, fonts or "
+       "requests).</p>\n</body></html>\n";
   return h.str();
 }
 

@@ -298,4 +298,30 @@ std::string study_text(const nlohmann::json& s) {
   return o.str();
 }
 
+std::string study_html(const std::string& dir) {
+  auto cfg = study_config_from_folder(dir);
+  const auto trials = read_trials(cfg.study_dir(), cfg.space);
+  const auto s = write_study_outputs(cfg, trials);
+  std::ostringstream h;
+  h << "<h2>Tuning study " << xml_escape(cfg.name) << "</h2>\n<p>" << s.value("trials", 0) << " trials (" << s.value("complete", 0)
+    << " complete, " << s.value("pruned", 0) << " pruned, " << s.value("failed", 0) << " failed); " << xml_escape(cfg.sampler.name)
+    << " sampler, " << xml_escape(cfg.pruner.name) << " pruner; objective: " << (cfg.maximize ? "maximize " : "minimize ")
+    << xml_escape(cfg.metric) << ".";
+  if (s.contains("best"))
+    h << " Best: trial " << s["best"]["number"].get<int>() << ", " << xml_escape(cfg.metric) << " " << config::format_double(s["best"]["value"].get<double>())
+      << ", " << xml_escape(s["best"]["params"].dump()) << ".";
+  h << "</p>\n<div class=\"grid\">\n";
+  for (const char* f : {"history.svg", "importance.svg", "parallel.svg"})
+    h << "<figure>" << read_file((cfg.study_dir() / f).string()) << "</figure>\n";
+  h << "</div>\n";
+  if (!s["importance"].empty()) {
+    h << "<table><tr><th>parameter</th><th>importance</th><th>Spearman rho with " << xml_escape(cfg.metric) << "</th></tr>\n";
+    for (const auto& r : s["importance"])
+      h << "<tr><td>" << xml_escape(r["param"].get<std::string>()) << "</td><td>" << config::format_fixed(r["importance"].get<double>(), 3)
+        << "</td><td>" << (r["spearman"].is_null() ? "-" : config::format_fixed(r["spearman"].get<double>(), 2)) << "</td></tr>\n";
+    h << "</table>\n";
+  }
+  return h.str();
+}
+
 }  // namespace mltrain::tune

@@ -397,23 +397,28 @@ double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
   for (size_t d = 0; d < D; ++d) lml += prior(log_ls[d], std::log(0.5), 1.5);
   lml += prior(log_amp, 0.0, 1.5);
   if (!grad) return lml;
-  // K^-1 from the Cholesky factor: W = alpha alpha^T - K^-1; dlml/dtheta = 0.5 tr(W dK/dtheta).
-  std::vector<double> Kinv(n * n, 0.0), col(n);
-  for (size_t c = 0; c < n; ++c) {
-    std::fill(col.begin(), col.end(), 0.0);
-    col[c] = 1.0;
-    for (size_t i = 0; i < n; ++i) {
-      double v = col[i];
-      for (size_t k = 0; k < i; ++k) v -= L[i * n + k] * col[k];
-      col[i] = v / L[i * n + i];
+  // K^-1 = L^-T L^-1 from the Cholesky factor, with L^-1 kept transposed (row j = column j of L^-1)
+  // so both passes run over contiguous memory. W = alpha alpha^T - K^-1;
+  // dlml/dtheta = 0.5 tr(W dK/dtheta).
+  std::vector<double> LiT(n * n, 0.0), Kinv(n * n, 0.0);
+  for (size_t j = 0; j < n; ++j) {
+    double* col = &LiT[j * n];  // column j of L^-1: entries i >= j
+    col[j] = 1.0 / L[j * n + j];
+    for (size_t i = j + 1; i < n; ++i) {
+      double v = 0;
+      const double* Li = &L[i * n];
+      for (size_t k = j; k < i; ++k) v -= Li[k] * col[k];
+      col[i] = v / Li[i];
     }
-    for (size_t i = n; i-- > 0;) {
-      double v = col[i];
-      for (size_t k = i + 1; k < n; ++k) v -= L[k * n + i] * col[k];
-      col[i] = v / L[i * n + i];
-    }
-    for (size_t i = 0; i < n; ++i) Kinv[i * n + c] = col[i];
   }
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j <= i; ++j) {
+      const double* a = &LiT[i * n];
+      const double* b = &LiT[j * n];
+      double v = 0;
+      for (size_t k = i; k < n; ++k) v += a[k] * b[k];
+      Kinv[i * n + j] = Kinv[j * n + i] = v;
+    }
   grad->assign(D + 2, 0.0);
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
   std::vector<double> ils(D);

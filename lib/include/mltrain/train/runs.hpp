@@ -27,6 +27,8 @@ RunInfo read_run(const std::filesystem::path& dir);
 // DIR itself when it is a run folder, else every <name>/v<N> below it, sorted by name.
 std::vector<RunInfo> find_runs(const std::filesystem::path& root);
 std::string runs_table(const std::vector<RunInfo>& runs);
-std::string html_report(const std::vector<std::filesystem::path>& run_dirs);
+// sections: extra HTML fragments placed after the runs table (`mltrain report` passes one per
+// tune study: its summary and history / importance / parallel-coordinates plots).
+std::string html_report(const std::vector<std::filesystem::path>& run_dirs, const std::vector<std::string>& sections = {});
 
 }  // namespace mltrain::train

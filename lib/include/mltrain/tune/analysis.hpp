@@ -24,6 +24,9 @@ nlohmann::json parameter_importance(const Space& space, const std::vector<TrialS
 // Rebuilds the settings a study folder was run with (study.json).
 StudyConfig study_config_from_folder(const std::string& study_dir);
 std::string study_text(const nlohmann::json& summary);
+// An HTML section for `mltrain report`: the study's summary, best trial, trials table head, and its
+// history, importance and parallel-coordinates SVGs (regenerated from the journal).
+std::string study_html(const std::string& study_dir);
 
 std::string svg_bars(const std::string& title, const std::vector<std::string>& labels, const std::vector<double>& values);
 std::string svg_parallel(const std::string& title, const Space& space, const std::vector<TrialState>& trials, bool maximize,
