@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 #include "mltrain/config/experiment.hpp"
+#include "mltrain/dist/launch.hpp"
 #include "mltrain/train/run.hpp"
 
 namespace mltrain::cli {
@@ -45,6 +46,20 @@ void setup_train(CLI::App& app, Action& run) {
         std::cout << config::to_yaml(cfg);
         return 0;
       }
+      if (cfg.distributed.nproc_per_node > 1 && !std::getenv("RANK") && !std::getenv("SLURM_PROCID")) {
+        // The `distributed:` block: this process becomes the launcher of nproc_per_node copies of itself.
+        char buf[4096];
+        const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+        dist::LaunchOptions lo;
+        lo.nproc = static_cast<int>(cfg.distributed.nproc_per_node);
+        lo.max_restarts = static_cast<int>(cfg.distributed.max_restarts);
+        lo.command = {n > 0 ? std::string(buf, size_t(n)) : "mltrain", "train", opt->config};
+        lo.command.insert(lo.command.end(), ov.begin(), ov.end());
+        if (opt->jsonl) lo.command.push_back("--jsonl");
+        const auto r = dist::launch(lo);
+        if (r.exit_code != 0 && !r.failure.empty()) std::cerr << "error: launch: " << r.failure << "\n";
+        return r.exit_code;
+      }
       train::RunOptions ro;
       ro.config_path = opt->config;
       ro.command_line = {"mltrain", "train", opt->config};
@@ -52,6 +67,7 @@ void setup_train(CLI::App& app, Action& run) {
       ro.tty = ::isatty(STDERR_FILENO);
       ro.jsonl_stdout = opt->jsonl;
       auto r = train::run_training(cfg, ro);
+      if (r.rank != 0) return 0;  // rank 0 reports for the group
       std::ostream& human = opt->jsonl ? std::cerr : std::cout;
       human << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ") after " << r.steps
                 << " steps, " << r.train_seconds << " s of training\n";

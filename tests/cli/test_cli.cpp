@@ -584,6 +584,67 @@ TEST_CASE("report of a tuning study: history, importance and parallel coordinate
   CHECK(run("report " + (d / "nothing").string()).code == 3);
 }
 
+// ---------------------------------------------------------------- distributed (#4)
+
+static std::vector<std::string> lines_of(const fs::path& p) {
+  std::vector<std::string> v;
+  std::ifstream in(p);
+  std::string l;
+  while (std::getline(in, l)) v.push_back(l);
+  return v;
+}
+
+TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and match one process", "[cli][dist]") {
+  const auto d = tmpdir("ddp");
+  // The same global batch (128): one process with 128, or two ranks with 64 each.
+  const std::string common = kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=8192 train.duration=2ep model.dropout=0 "
+                             "checkpoint.every=1ep run.dir=" + d.string();
+  auto one = run("train " + common + " run.name=single data.batch_size=128");
+  REQUIRE(one.code == 0);
+  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);
+  auto two = run("launch --nproc-per-node 2 -- mltrain train " + common + " run.name=ddp data.batch_size=64");
+  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  CHECK(two.out.find("[rank 0] ") != std::string::npos);
+  CHECK(two.out.find("joined Gloo") != std::string::npos);
+  const auto r0 = lines_of(d / "digest.0"), r1 = lines_of(d / "digest.1");
+  REQUIRE(r0.size() == 128);  // 2 epochs x 8192 / 128
+  CHECK(r0 == r1);            // every step, every parameter byte
+  std::set<std::string> distinct(r0.begin(), r0.end());
+  CHECK(distinct.size() == r0.size());  // and they did train
+  auto acc = [&](const std::string& out) {
+    const auto at = out.find("test accuracy: ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(out.substr(at + 15));
+  };
+  INFO("single " << acc(one.out) << " ddp " << acc(two.out));
+  CHECK(std::abs(acc(one.out) - acc(two.out)) <= 0.005);
+  CHECK_FALSE(fs::exists(d / "ddp" / "v1"));  // one run folder, written by rank 0 only
+}
+
+TEST_CASE("launch: a SIGKILLed worker restarts the group from its checkpoint, or fails naming the rank", "[cli][dist]") {
+  const auto d = tmpdir("ddp_kill");
+  const std::string train = " -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
+                            "train.duration=2ep checkpoint.every=8u distributed.timeout_s=30 run.dir=" + d.string();
+  ::setenv("MLTRAIN_TEST_KILL", "1:20", 1);  // rank 1 SIGKILLs itself at step 20 on the first attempt
+  auto ok = run("launch --nproc-per-node 2 --max-restarts 1" + train + " run.name=restart");
+  INFO(ok.out);
+  CHECK(ok.code == 0);
+  CHECK(ok.out.find("rank 1 killed by signal 9") != std::string::npos);
+  CHECK(ok.out.find("restarting the group") != std::string::npos);
+  CHECK(ok.out.find("resuming in") != std::string::npos);
+  CHECK(ok.out.find("test accuracy: ") != std::string::npos);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto bad = run("launch --nproc-per-node 2 --max-restarts 0" + train + " run.name=norestart");
+  ::unsetenv("MLTRAIN_TEST_KILL");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(bad.out);
+  CHECK(bad.code != 0);
+  CHECK(bad.out.find("error: launch: rank 1 killed by signal 9") != std::string::npos);
+  CHECK(secs < 60);  // stopped well within the collective timeout, not hung
+}
+
 // ---------------------------------------------------------------- fuse (#7)
 
 TEST_CASE("fuse: CNN and TorchScript runs fold BN within tolerance; damaged or mismatched input exits 3", "[cli][fuse]") {

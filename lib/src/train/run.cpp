@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 
@@ -16,6 +18,8 @@
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
 #include "mltrain/train/observers.hpp"
+#include "mltrain/dist/ddp.hpp"
+#include "mltrain/dist/world.hpp"
 #include "mltrain/train/trainer.hpp"
 
 #ifndef MLTRAIN_GIT_DESCRIBE
@@ -119,6 +123,44 @@ fs::path choose_run_dir(const config::ExperimentConfig& cfg, bool* resuming) {
   return base / ("v" + std::to_string(newest + 1));
 }
 
+namespace {
+// Test hooks for the distributed tests, off unless their variables are set:
+//   MLTRAIN_TEST_PARAM_DIGEST=PREFIX  each rank appends "<step> <FNV-1a of every parameter's bytes>"
+//                                     to PREFIX.<rank> after every step (bitwise-equality check)
+//   MLTRAIN_TEST_KILL=RANK:STEP       that rank SIGKILLs itself at that step on the first attempt
+//                                     (TORCHELASTIC_RESTART_COUNT unset or 0): a real dead worker
+class TestHooks : public Observer {
+ public:
+  TestHooks(model::Model& m, int rank) : model_(m), rank_(rank) {
+    if (const char* d = std::getenv("MLTRAIN_TEST_PARAM_DIGEST")) digest_ = std::string(d) + "." + std::to_string(rank);
+    if (const char* k = std::getenv("MLTRAIN_TEST_KILL")) {
+      const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+      if (!restart || std::string(restart) == "0") std::sscanf(k, "%d:%ld", &kill_rank_, &kill_step_);
+    }
+  }
+  bool active() const { return !digest_.empty() || kill_rank_ >= 0; }
+  void on_step_end(Trainer& t, const StepInfo&) override {
+    if (!digest_.empty()) {
+      uint64_t h = 1469598103934665603ULL;
+      for (auto& [n, p] : model_.named_parameters()) {
+        const auto c = p.detach().contiguous().cpu();
+        const auto* b = static_cast<const unsigned char*>(c.data_ptr());
+        for (size_t i = 0, e = size_t(c.numel()) * c.element_size(); i < e; ++i) h = (h ^ b[i]) * 1099511628211ULL;
+      }
+      std::ofstream(digest_, std::ios::app) << t.progress().step << " " << h << "\n";
+    }
+    if (kill_rank_ == rank_ && t.progress().step == kill_step_) ::raise(SIGKILL);
+  }
+
+ private:
+  model::Model& model_;
+  int rank_;
+  std::string digest_;
+  int kill_rank_ = -1;
+  long kill_step_ = -1;
+};
+}  // namespace
+
 static void write_status(const fs::path& dir, const std::string& state, int64_t step, const std::string& detail = "") {
   nlohmann::json j = {{"state", state}, {"step", step}, {"pid", ::getpid()}};
   if (!detail.empty()) j["detail"] = detail;
@@ -139,13 +181,22 @@ static nlohmann::json env_json(const config::ExperimentConfig& cfg, const RunOpt
 }
 
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
-  runtime::apply({static_cast<int>(cfg.runtime.threads.resolve(0)), cfg.runtime.kernel_route, cfg.runtime.allocator});
+  const dist::World world = dist::world_from_env();
+  const bool distributed = world.size > 1;
+  // Ranks on one node share its cores: auto threads are split between them.
+  const int threads = cfg.runtime.threads.is_auto() && distributed
+                          ? std::max(1, runtime::usable_cores() / std::max(1, world.local_size))
+                          : static_cast<int>(cfg.runtime.threads.resolve(0));
+  runtime::apply({threads, cfg.runtime.kernel_route, cfg.runtime.allocator});
   const torch::Device device = prepare_device(cfg);
+  if (distributed && world.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 alone logs to the console
 
   // Data, model and optimizer first: bad input fails before any run folder is created.
   Splits splits = load_splits(cfg.data);
 
-  const data::LoaderOptions lo = train_loader_options(cfg, device);
+  data::LoaderOptions lo = train_loader_options(cfg, device);
+  lo.rank = world.rank, lo.world = world.size;  // each rank its shard of one global shuffle
+  if (distributed && cfg.data.workers.is_auto()) lo.workers = std::min<int64_t>(lo.workers, 1);
   data::Loader train_loader(splits.train, lo);
   data::LoaderOptions eo = lo;
   eo.batch_size = cfg.data.eval_batch_size;
@@ -157,6 +208,13 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
   model->to(device);  // before the optimizer takes its parameter list
   auto optimizer = optim::Optimizer::create(cfg.optim, model->named_parameters());
+  std::unique_ptr<dist::Comm> comm;
+  std::unique_ptr<dist::DataParallel> dp;
+  if (distributed) {
+    comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, ""});
+    dp = std::make_unique<dist::DataParallel>(*comm, model->named_parameters(), model->named_buffers(),
+                                              static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)));
+  }
   spdlog::info("[model] {}: {} parameters on {}; train {} samples, {} {} samples; {} loader workers{}", model->describe(),
                model->num_parameters(), device.str(), splits.train.count, splits.eval_name, splits.eval.count, lo.workers,
                lo.pin_memory ? " (pinned memory)" : "");
@@ -182,11 +240,17 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
       result.resumed = ck.has_value();
     }
   }
-  fs::create_directories(run_dir);
+  // Every rank chose the same folder from the same file system state; only then may rank 0 create it.
+  if (comm) comm->barrier("barrier(run folder chosen)");
+  const bool writer = world.rank == 0;
   result.run_dir = run_dir;
-  if (!result.resumed || !fs::exists(run_dir / "config.yaml"))
-    write_file_atomic((run_dir / "config.yaml").string(), config::to_yaml(cfg));
-  write_file_atomic((run_dir / "env.json").string(), env_json(cfg, opt).dump(2) + "\n");
+  result.rank = world.rank;
+  if (writer) {
+    fs::create_directories(run_dir);
+    if (!result.resumed || !fs::exists(run_dir / "config.yaml"))
+      write_file_atomic((run_dir / "config.yaml").string(), config::to_yaml(cfg));
+    write_file_atomic((run_dir / "env.json").string(), env_json(cfg, opt).dump(2) + "\n");
+  }
   spdlog::info("[run] {} {}", result.resumed ? "resuming in" : "writing to", run_dir.string());
   spdlog::info("[runtime] {}", runtime::describe().dump());
 
@@ -201,19 +265,26 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     spdlog::info("[checkpoint] restored {} (step {}, epoch {}, batch {})", ck->dir.string(), ck->step,
                  trainer.progress().epoch, trainer.progress().batch_in_epoch);
   }
-  trainer.add_observer(std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard, opt.jsonl_stdout));
-  trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
-  trainer.add_observer(std::make_unique<CheckpointWriter>(store));
+  if (dp) {
+    dp->broadcast_initial();  // rank 0's weights and buffers (restored or fresh) everywhere
+    trainer.set_distributed(comm.get(), dp.get());
+  }
+  if (auto hooks = std::make_unique<TestHooks>(*model, world.rank); hooks->active()) trainer.add_observer(std::move(hooks));
+  if (writer) {  // rank 0 alone writes metrics, checkpoints and the console log
+    trainer.add_observer(std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard, opt.jsonl_stdout));
+    trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
+    trainer.add_observer(std::make_unique<CheckpointWriter>(store));
+  }
 
   install_stop_handlers();
-  write_status(run_dir, "running", trainer.progress().step);
+  if (writer) write_status(run_dir, "running", trainer.progress().step);
   try {
     trainer.fit();
   } catch (const Interrupted& e) {
-    write_status(run_dir, "interrupted", trainer.progress().step, e.what());
+    if (writer) write_status(run_dir, "interrupted", trainer.progress().step, e.what());
     throw;
   } catch (const std::exception& e) {
-    write_status(run_dir, "failed", trainer.progress().step, e.what());
+    if (writer) write_status(run_dir, "failed", trainer.progress().step, e.what());
     throw;
   }
 
@@ -235,6 +306,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
                             {"test_accuracy", test.accuracy}, {"test_loss", test.loss},
                             {"train_seconds", result.train_seconds}};
   if (result.time_to_target) summary["time_to_target_s"] = *result.time_to_target;
+  if (!writer) return result;
   {
     std::ofstream out(run_dir / "metrics.jsonl", std::ios::app);
     out << summary.dump() << "\n";

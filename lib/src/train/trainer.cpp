@@ -1,5 +1,9 @@
 #include "mltrain/train/trainer.hpp"
 
+#include <csignal>
+
+#include "mltrain/dist/ddp.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -72,13 +76,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
   if (bpe == 0)
     throw ConfigError("data.batch_size", "larger than the training set (" + std::to_string(train_.samples_per_epoch()) +
                                              " samples): no full batch", "lower data.batch_size");
-  StepPlan plan = plan_steps(cfg, bpe, /*world=*/1);
-  accumulate_ = plan.accumulate;
-  steps_per_epoch_ = plan.steps_per_epoch;
-  total_steps_ = plan.total_steps;
-  schedule_ = std::move(plan.lr);
-  smoothing_ = std::make_unique<optim::Schedule>(cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_,
-                                                 steps_per_epoch_);
+  plan(1);
   if (cfg.amp.enabled && cfg.amp.dtype == "fp16") {
     if (!device_.is_cuda())
       throw ConfigError("amp.dtype", "fp16 autocast needs a CUDA device; this run trains on the CPU",
@@ -86,6 +84,21 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
     scaler_.emplace(cfg.amp);
   }
   if (cfg.ema.enabled) ema_ = std::make_unique<Ema>(cfg.ema, model_);
+}
+
+void Trainer::plan(int64_t world) {
+  StepPlan plan = plan_steps(cfg_, train_.batches_per_epoch(), world);
+  accumulate_ = plan.accumulate;
+  steps_per_epoch_ = plan.steps_per_epoch;
+  total_steps_ = plan.total_steps;
+  schedule_ = std::move(plan.lr);
+  smoothing_ = std::make_unique<optim::Schedule>(cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_,
+                                                 steps_per_epoch_);
+}
+
+void Trainer::set_distributed(dist::Comm* comm, dist::DataParallel* dp) {
+  comm_ = comm, dp_ = dp;
+  if (comm_) plan(comm_->size());
 }
 
 // Host batch -> training device. From pinned slots the copy is asynchronous; the caller fences it
@@ -135,6 +148,11 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   }
   model_.set_training(true);
   if (use_ema) ema_->swap();
+  if (comm_ && comm_->size() > 1) {  // each rank evaluated its shard: sum over ranks
+    std::vector<torch::Tensor> sums = {torch::tensor({loss_sum, double(correct), double(count)}, torch::kDouble)};
+    comm_->allreduce_sum(sums, "allreduce(eval metrics)");
+    loss_sum = sums[0][0].item<double>(), correct = int64_t(sums[0][1].item<double>()), count = int64_t(sums[0][2].item<double>());
+  }
   return {count ? loss_sum / count : 0, count ? double(correct) / count : 0, count, since(t0)};
 }
 
@@ -218,6 +236,7 @@ void Trainer::fit() {
       // whole accumulation window, so k micro-batches of b equal one batch of k*b.
       const double eps = smoothing_->lr(opt_.steps());
       torch::Tensor logits;
+      if (dp_) dp_->broadcast_buffers();
       {
         compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), device_.is_cuda());
         logits = model_.forward(batch.x);
@@ -230,8 +249,14 @@ void Trainer::fit() {
       const int64_t b = batch.y.size(0);
       auto part = loss * (static_cast<double>(b) / full_window);
       lap(Phase::kForward);
+      const bool final_micro = micro + 1 >= accumulate_ || batch.index + 1 >= bpe;
+      if (dp_) dp_->begin_backward(final_micro);  // no all-reduce on non-final accumulation micro-steps
       (scaler_ ? scaler_->scale(part) : part).backward();
       lap(Phase::kBackward);
+      if (dp_ && final_micro) {
+        dp_->finish_backward();
+        lap(Phase::kAllreduce);
+      }
       info.loss += loss.item<double>() * b;
       const int64_t correct = logits.argmax(1).eq(batch.y).sum().item<int64_t>();
       info.correct += correct;
@@ -304,7 +329,13 @@ void Trainer::fit() {
       }
       for (auto& o : observers_) o->on_step_end(*this, info);
 
-      if (const int sig = stop_signal()) {
+      int sig = stop_signal();
+      if (comm_ && comm_->size() > 1) {  // one rank's signal stops every rank at this same step
+        std::vector<torch::Tensor> s = {torch::tensor({double(sig)}, torch::kDouble)};
+        comm_->allreduce_sum(s, "allreduce(stop signal)");
+        if (!sig && s[0][0].item<double>() > 0) sig = SIGTERM;
+      }
+      if (sig) {
         for (auto& o : observers_) o->on_stop_request(*this, sig);
         throw Interrupted(sig);
       }

@@ -401,6 +401,23 @@ struct CheckpointConfig {
   }
 };
 
+struct DistributedConfig {
+  std::string backend = "gloo";
+  double timeout_s = 300;
+  double bucket_mb = 25;
+  int64_t nproc_per_node = 0;
+  int64_t max_restarts = 0;
+  template <class V> void visit(V& v) {
+    v.field("backend", backend, "process group: gloo (CPU; NCCL builds: nccl)", one_of({"gloo", "nccl"}));
+    v.field("timeout_s", timeout_s, "a collective that takes longer fails every rank instead of hanging", positive<double>());
+    v.field("bucket_mb", bucket_mb, "gradient all-reduce bucket size (MB), launched from autograd hooks", positive<double>());
+    v.field("nproc_per_node", nproc_per_node, "> 1: `mltrain train` launches this many local ranks itself (as `mltrain launch`)",
+            non_negative<int64_t>());
+    v.field("max_restarts", max_restarts, "with nproc_per_node: restart the group from the latest checkpoint this many times",
+            non_negative<int64_t>());
+  }
+};
+
 struct ExperimentConfig {
   RunConfig run;
   RuntimeConfig runtime;
@@ -416,6 +433,7 @@ struct ExperimentConfig {
   EarlyStoppingConfig early_stopping;
   LabelSmoothingConfig label_smoothing;
   CheckpointConfig checkpoint;
+  DistributedConfig distributed;
   template <class V> void visit(V& v) {
     v.section("run", run, "naming, output folder and seed");
     v.section("runtime", runtime, "threads, kernel route and allocator policy");
@@ -431,6 +449,7 @@ struct ExperimentConfig {
     v.section("early_stopping", early_stopping, "stop when monitored metrics stall or diverge");
     v.section("label_smoothing", label_smoothing, "label smoothing, fixed or scheduled");
     v.section("checkpoint", checkpoint, "checkpoints and resume");
+    v.section("distributed", distributed, "data-parallel ranks (world from torchrun/Slurm variables or mltrain launch)");
   }
 };
 

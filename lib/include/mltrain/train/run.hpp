@@ -30,6 +30,7 @@ struct RunResult {
   double train_seconds = 0;
   std::optional<double> time_to_target;
   bool resumed = false;
+  int rank = 0;  // distributed: only rank 0 wrote anything
 };
 
 struct Splits {

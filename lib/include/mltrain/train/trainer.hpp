@@ -24,6 +24,11 @@
 #include "mltrain/optim/schedule.hpp"
 #include "mltrain/train/techniques.hpp"
 
+namespace mltrain::dist {
+class Comm;
+class DataParallel;
+}  // namespace mltrain::dist
+
 namespace mltrain::train {
 
 struct Progress {
@@ -95,6 +100,10 @@ class Trainer {
           data::Loader& eval);
   void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
   void set_phase_clock(PhaseClock* clock) { phases_ = clock; }
+  // Data parallel over comm (world > 1): replans steps for the world size (global batch, LR
+  // scaling), syncs gradients through dp, sums evaluation metrics over ranks and agrees on stop
+  // signals, so every rank takes the same decisions at the same step.
+  void set_distributed(dist::Comm* comm, dist::DataParallel* dp);
   void fit();
   EvalResult evaluate(data::Loader& loader);  // with the EMA weights when ema.evaluate
 
@@ -134,6 +143,9 @@ class Trainer {
   data::Loader& eval_;
   std::vector<std::unique_ptr<Observer>> observers_;
   PhaseClock* phases_ = nullptr;
+  dist::Comm* comm_ = nullptr;
+  dist::DataParallel* dp_ = nullptr;
+  void plan(int64_t world);
   Progress progress_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0, accumulate_ = 1;
   std::optional<EvalResult> last_eval_;

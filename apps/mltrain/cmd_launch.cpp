@@ -1,0 +1,35 @@
+#include <iostream>
+
+#include "commands.hpp"
+#include "mltrain/dist/launch.hpp"
+
+namespace mltrain::cli {
+
+void setup_launch(CLI::App& app, Action& run) {
+  auto o = std::make_shared<dist::LaunchOptions>();
+  auto* sub = app.add_subcommand("launch", "run N local ranks with torchrun's environment: mltrain launch --nproc-per-node N "
+                                           "[--max-restarts K] -- mltrain train cfg.yaml ...");
+  sub->add_option("--nproc-per-node", o->nproc, "workers on this node")->capture_default_str();
+  sub->add_option("--max-restarts", o->max_restarts, "restart the whole group after a worker fails, this many times")->capture_default_str();
+  sub->add_option("--grace", o->grace_s, "seconds between SIGTERM and SIGKILL when stopping workers")->capture_default_str();
+  sub->add_option("command", o->command, "the worker command (after --)")->required();
+  sub->callback([o, &run] {
+    run = [o] {
+      auto cmd = o->command;
+      if (!cmd.empty() && cmd[0] == "mltrain") {  // the same binary, wherever it was started from
+        char buf[4096];
+        const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+        if (n > 0) cmd[0] = std::string(buf, size_t(n));
+      }
+      auto lo = *o;
+      lo.command = cmd;
+      const auto r = dist::launch(lo);
+      if (r.exit_code != 0 && !r.failure.empty())
+        std::cerr << "error: launch: " << r.failure << (r.restarts ? " (after " + std::to_string(r.restarts) + " restarts)" : "")
+                  << "\n  fix: read that rank's lines above (prefixed [rank N]); rerun with --max-restarts to resume from the latest checkpoint\n";
+      return r.exit_code;
+    };
+  });
+}
+
+}  // namespace mltrain::cli

@@ -1,0 +1,101 @@
+#pragma once
+// Data parallelism on c10d (LibTorch has no C++ DistributedDataParallel):
+//   Comm          a process group (Gloo; NCCL when compiled) over a FileStore (one node) or a
+//                 TCPStore (several; its port is unauthenticated and open on all interfaces, which
+//                 is logged), with a timeout on every collective, and a ring buffer of the last
+//                 collectives (sequence number, op, bytes) dumped when one fails.
+//   DataParallel  broadcasts parameters and buffers from rank 0 once; all-reduces gradients in
+//                 buckets launched from autograd hooks as each bucket's last gradient arrives, so
+//                 communication overlaps the rest of the backward pass; does nothing on
+//                 non-final accumulation micro-steps; averages and writes the gradients back
+//                 after backward. Every rank receives the same reduced bytes, so parameters stay
+//                 bitwise equal across ranks.
+//
+//   auto comm = Comm::create(world, {.backend = "gloo", .timeout_s = 300});
+//   DataParallel dp(*comm, model.named_parameters(), model.named_buffers(), 25 << 20);
+//   dp.broadcast_initial();
+//   dp.begin_backward(/*final_micro_step=*/true); loss.backward(); dp.finish_backward();
+#include <torch/torch.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mltrain/dist/world.hpp"
+#include "mltrain/model/model.hpp"
+
+namespace mltrain::dist {
+
+bool gloo_compiled();
+
+struct CommOptions {
+  std::string backend = "gloo";
+  double timeout_s = 300;
+  std::string store_dir;  // FileStore folder (default: $TMPDIR)
+};
+
+class Comm {
+ public:
+  static std::unique_ptr<Comm> create(const World& w, const CommOptions& o);
+  ~Comm();
+  const World& world() const { return world_; }
+  int rank() const { return world_.rank; }
+  int size() const { return world_.size; }
+  // Blocking collectives (timeouts raise a RuntimeError naming the op and dumping the ring buffer).
+  void allreduce_sum(std::vector<torch::Tensor>& ts, const char* what);
+  void broadcast(std::vector<torch::Tensor>& ts, int root, const char* what);
+  void barrier(const char* what);
+  // Asynchronous all-reduce (sum): wait with wait().
+  struct Pending;
+  std::shared_ptr<Pending> allreduce_async(torch::Tensor& t, const char* what);
+  void wait(const std::shared_ptr<Pending>& p);
+  std::string recent() const;  // the ring buffer, oldest first
+  int64_t bytes_sent() const { return bytes_; }
+
+ private:
+  Comm();
+  void record(const char* op, int64_t bytes);
+  [[noreturn]] void fail(const std::string& op, const std::exception& e);
+  struct Impl;  // the c10d store and process group (their headers stay out of every other file)
+  std::unique_ptr<Impl> impl_;
+  World world_;
+  double timeout_s_ = 300;
+  mutable std::mutex mu_;
+  std::deque<std::string> ring_;
+  uint64_t seq_ = 0;
+  int64_t bytes_ = 0;
+};
+
+class DataParallel {
+ public:
+  DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes);
+  ~DataParallel();
+  void broadcast_initial();
+  void broadcast_buffers();  // rank 0's BatchNorm statistics to every rank (PyTorch DDP's broadcast_buffers)
+  void begin_backward(bool final_micro_step);
+  void finish_backward();
+  double comm_wait_seconds() const { return wait_s_; }
+  size_t buckets() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    torch::Tensor flat;
+    std::vector<int64_t> offset;
+    size_t ready = 0;
+    std::shared_ptr<Comm::Pending> work;
+  };
+  void on_grad(size_t p, const torch::Tensor& g);
+  Comm& comm_;
+  std::vector<torch::Tensor> params_, buffers_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, slot)
+  std::vector<bool> seen_;
+  bool sync_ = false;
+  double wait_s_ = 0;
+};
+
+}  // namespace mltrain::dist

@@ -1,0 +1,30 @@
+#pragma once
+// `mltrain launch --nproc-per-node N [--max-restarts K] -- CMD...`: a local torchrun. Starts N
+// copies of CMD with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// GROUP_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>, TORCHELASTIC_RESTART_COUNT,
+// MLTRAIN_RUN_ID), streams their stdout and stderr line by line prefixed "[rank i] ", and when a
+// worker fails stops the others (SIGTERM, then SIGKILL after a grace period) and restarts the
+// whole group, which resumes from its latest checkpoint, up to K times. Then it fails naming the
+// rank and its exit status. SIGINT/SIGTERM to the launcher are forwarded to every worker.
+#include <string>
+#include <vector>
+
+namespace mltrain::dist {
+
+struct LaunchOptions {
+  int nproc = 2;
+  int max_restarts = 0;
+  double grace_s = 10;  // after SIGTERM, before SIGKILL
+  std::vector<std::string> command;
+};
+
+struct LaunchResult {
+  int exit_code = 0;   // 0, or the failing worker's status (1 when it died of a signal)
+  int failed_rank = -1;
+  std::string failure;  // "rank 1 killed by signal 9" ...
+  int restarts = 0;
+};
+
+LaunchResult launch(const LaunchOptions& o);
+
+}  // namespace mltrain::dist

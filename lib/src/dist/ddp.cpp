@@ -1,0 +1,297 @@
+#include "mltrain/dist/ddp.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "mltrain/core/error.hpp"
+
+#ifdef MLTRAIN_WITH_GLOO
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+
+namespace fs = std::filesystem;
+
+namespace mltrain::dist {
+
+bool gloo_compiled() {
+#ifdef MLTRAIN_WITH_GLOO
+  return true;
+#else
+  return false;
+#endif
+}
+
+struct Comm::Impl {
+#ifdef MLTRAIN_WITH_GLOO
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+#endif
+};
+
+struct Comm::Pending {
+#ifdef MLTRAIN_WITH_GLOO
+  c10::intrusive_ptr<c10d::Work> work;
+#endif
+  std::string what;
+};
+
+Comm::Comm() : impl_(std::make_unique<Impl>()) {}
+Comm::~Comm() = default;
+
+std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
+#ifndef MLTRAIN_WITH_GLOO
+  throw ConfigError("distributed", "this mltrain was built without c10d Gloo", "rebuild with libgloo-dev installed (scripts/install-deps.sh)");
+#else
+  if (o.backend != "gloo")
+    throw ConfigError("distributed.backend", "'" + o.backend + "' is not available in this build", "use gloo (NCCL builds: nccl)");
+  std::unique_ptr<Comm> c(new Comm());
+  c->world_ = w;
+  c->timeout_s_ = o.timeout_s;
+  const auto timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
+  if (w.single_node()) {
+    const fs::path dir = o.store_dir.empty() ? fs::temp_directory_path() : fs::path(o.store_dir);
+    const fs::path path = dir / ("mltrain-store-" + w.run_id + "-" + std::to_string(w.size));
+    c->impl_->store = c10::make_intrusive<c10d::FileStore>(path.string(), w.size);
+  } else {
+    spdlog::warn("[dist] TCPStore on {}:{}: the port is unauthenticated and open on all interfaces; run inside a trusted network",
+                 w.master_addr, w.master_port);
+    c10d::TCPStoreOptions so;
+    so.port = uint16_t(w.master_port);
+    so.isServer = w.rank == 0;
+    so.numWorkers = w.size;
+    so.timeout = timeout;
+    c->impl_->store = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+  }
+  c->impl_->store->setTimeout(timeout);
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
+  opts->devices.push_back(iface ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
+                                : c10d::ProcessGroupGloo::createDeviceForHostname(w.single_node() ? "127.0.0.1" : w.master_addr == "127.0.0.1" ? "127.0.0.1" : ""));
+  opts->timeout = timeout;
+  try {
+    c->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("mltrain", c->impl_->store), w.rank, w.size, opts);
+  } catch (const std::exception& e) {
+    throw RuntimeError("distributed", std::string("rank ") + std::to_string(w.rank) + " could not join the Gloo group: " + e.what(),
+                       "check that every rank started and MASTER_ADDR/MASTER_PORT match");
+  }
+  spdlog::info("[dist] rank {}/{} (local {}/{}, {}) joined Gloo over a {}", w.rank, w.size, w.local_rank, w.local_size, w.source,
+               w.single_node() ? "FileStore" : "TCPStore");
+  return c;
+#endif
+}
+
+void Comm::record(const char* op, int64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::ostringstream o;
+  o << "#" << ++seq_ << " " << op << " " << bytes << " B";
+  ring_.push_back(o.str());
+  if (ring_.size() > 32) ring_.pop_front();
+  bytes_ += bytes;
+}
+
+std::string Comm::recent() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string s;
+  for (const auto& r : ring_) s += "  " + r + "\n";
+  return s;
+}
+
+void Comm::fail(const std::string& op, const std::exception& e) {
+  spdlog::error("[dist] rank {}: {} failed: {}\nlast collectives on this rank:\n{}", world_.rank, op, e.what(), recent());
+  throw RuntimeError("distributed", "rank " + std::to_string(world_.rank) + ": " + op + " failed or timed out after " +
+                                        std::to_string(int(timeout_s_)) + " s (a peer died or hangs): " + e.what(),
+                     "look for the first rank that failed in the launcher's output; its collectives are logged above");
+}
+
+#ifdef MLTRAIN_WITH_GLOO
+namespace {
+int64_t nbytes(const std::vector<torch::Tensor>& ts) {
+  int64_t b = 0;
+  for (const auto& t : ts) b += t.numel() * int64_t(t.element_size());
+  return b;
+}
+}  // namespace
+#endif
+
+void Comm::allreduce_sum(std::vector<torch::Tensor>& ts, const char* what) {
+#ifdef MLTRAIN_WITH_GLOO
+  record(what, nbytes(ts));
+  try {
+    impl_->pg->allreduce(ts)->wait();
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+#endif
+}
+
+void Comm::broadcast(std::vector<torch::Tensor>& ts, int root, const char* what) {
+#ifdef MLTRAIN_WITH_GLOO
+  record(what, nbytes(ts));
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  try {
+    impl_->pg->broadcast(ts, o)->wait();
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+#endif
+}
+
+void Comm::barrier(const char* what) {
+#ifdef MLTRAIN_WITH_GLOO
+  record(what, 0);
+  try {
+    impl_->pg->barrier()->wait();
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+#endif
+}
+
+std::shared_ptr<Comm::Pending> Comm::allreduce_async(torch::Tensor& t, const char* what) {
+  auto p = std::make_shared<Pending>();
+  p->what = what;
+#ifdef MLTRAIN_WITH_GLOO
+  record(what, t.numel() * int64_t(t.element_size()));
+  std::vector<torch::Tensor> v = {t};
+  try {
+    p->work = impl_->pg->allreduce(v);
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+#endif
+  return p;
+}
+
+void Comm::wait(const std::shared_ptr<Pending>& p) {
+#ifdef MLTRAIN_WITH_GLOO
+  try {
+    p->work->wait();
+  } catch (const std::exception& e) {
+    fail(p->what, e);
+  }
+#endif
+}
+
+// ---- DataParallel ---------------------------------------------------------------------------------
+
+DataParallel::DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes)
+    : comm_(comm) {
+  for (const auto& [n, p] : params)
+    if (p.requires_grad()) params_.push_back(p);
+  for (const auto& [n, b] : buffers)
+    if (b.is_floating_point() || b.scalar_type() == torch::kLong) buffers_.push_back(b);
+  // Buckets in reverse registration order: backward produces the last layers' gradients first.
+  where_.resize(params_.size());
+  seen_.assign(params_.size(), false);
+  Bucket cur;
+  int64_t bytes = 0;
+  auto close = [&] {
+    if (cur.params.empty()) return;
+    int64_t n = 0;
+    for (size_t i : cur.params) cur.offset.push_back(n), n += params_[i].numel();
+    cur.flat = torch::zeros({n}, params_[cur.params[0]].options());
+    for (size_t k = 0; k < cur.params.size(); ++k) where_[cur.params[k]] = {buckets_.size(), k};
+    buckets_.push_back(std::move(cur));
+    cur = Bucket();
+    bytes = 0;
+  };
+  for (size_t i = params_.size(); i-- > 0;) {
+    cur.params.push_back(i);
+    bytes += params_[i].numel() * int64_t(params_[i].element_size());
+    if (bytes >= bucket_bytes) close();
+  }
+  close();
+  for (size_t i = 0; i < params_.size(); ++i)
+    params_[i].register_hook([this, i](torch::Tensor g) { on_grad(i, g); });
+}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::broadcast_initial() {
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> all = params_;
+  all.insert(all.end(), buffers_.begin(), buffers_.end());
+  for (auto& t : all) {  // one tensor at a time: Gloo broadcasts contiguous dense tensors in place
+    std::vector<torch::Tensor> one = {t.is_contiguous() ? t.detach() : t.detach().contiguous()};
+    comm_.broadcast(one, 0, "broadcast(initial state)");
+    if (!t.is_contiguous()) t.detach().copy_(one[0]);
+  }
+}
+
+void DataParallel::broadcast_buffers() {
+  if (buffers_.empty()) return;
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> flat;
+  for (auto& b : buffers_) flat.push_back(b.detach().reshape({-1}).to(torch::kDouble));
+  auto cat = torch::cat(flat);
+  std::vector<torch::Tensor> one = {cat};
+  comm_.broadcast(one, 0, "broadcast(buffers)");
+  int64_t off = 0;
+  for (auto& b : buffers_) {
+    b.detach().copy_(cat.slice(0, off, off + b.numel()).view(b.sizes()).to(b.scalar_type()));
+    off += b.numel();
+  }
+}
+
+void DataParallel::begin_backward(bool final_micro_step) {
+  sync_ = final_micro_step && comm_.size() > 1;
+  if (!sync_) return;
+  std::fill(seen_.begin(), seen_.end(), false);
+  for (auto& b : buckets_) b.ready = 0, b.work.reset();
+}
+
+void DataParallel::on_grad(size_t i, const torch::Tensor& g) {
+  if (!sync_ || seen_[i]) return;
+  seen_[i] = true;
+  const auto [bi, slot] = where_[i];
+  Bucket& b = buckets_[bi];
+  torch::NoGradGuard ng;
+  auto dst = b.flat.slice(0, b.offset[slot], b.offset[slot] + params_[i].numel());
+  // The hook sees this micro-step's gradient before autograd adds it to .grad: the window's total
+  // is the accumulated .grad (earlier micro-steps) plus g.
+  const auto& acc = params_[i].grad();
+  if (acc.defined()) torch::add_out(dst, acc.reshape({-1}), g.reshape({-1}));
+  else dst.copy_(g.reshape({-1}));
+  if (++b.ready == b.params.size()) b.work = comm_.allreduce_async(b.flat, "allreduce(gradient bucket)");
+}
+
+void DataParallel::finish_backward() {
+  if (!sync_) return;
+  torch::NoGradGuard ng;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& b : buckets_) {
+    if (!b.work) {  // parameters without a gradient this step: their accumulated value (or zeros)
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const size_t i = b.params[k];
+        if (seen_[i]) continue;
+        auto dst = b.flat.slice(0, b.offset[k], b.offset[k] + params_[i].numel());
+        if (params_[i].grad().defined()) dst.copy_(params_[i].grad().reshape({-1}));
+        else dst.zero_();
+      }
+      b.work = comm_.allreduce_async(b.flat, "allreduce(gradient bucket)");
+    }
+  }
+  const double inv = 1.0 / comm_.size();
+  for (auto& b : buckets_) {
+    comm_.wait(b.work);
+    b.flat.mul_(inv);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      auto& p = params_[b.params[k]];
+      auto src = b.flat.slice(0, b.offset[k], b.offset[k] + p.numel()).view(p.sizes());
+      if (!p.grad().defined()) p.mutable_grad() = torch::empty_like(p);
+      p.mutable_grad().copy_(src);
+    }
+  }
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sync_ = false;
+}
+
+}  // namespace mltrain::dist

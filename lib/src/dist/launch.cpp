@@ -1,0 +1,198 @@
+#include "mltrain/dist/launch.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "mltrain/core/error.hpp"
+
+extern char** environ;
+
+namespace mltrain::dist {
+namespace {
+
+volatile sig_atomic_t g_forward = 0;
+void on_signal(int s) { g_forward = s; }
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  int port = 29500;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+struct Worker {
+  pid_t pid = -1;
+  int fd = -1;
+  std::string buf;
+  bool done = false;
+  int status = 0;
+};
+
+std::string describe(int rank, int status) {
+  if (WIFSIGNALED(status)) return "rank " + std::to_string(rank) + " killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "rank " + std::to_string(rank) + " exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+void flush_lines(Worker& w, int rank, bool all) {
+  size_t nl;
+  while ((nl = w.buf.find('\n')) != std::string::npos) {
+    std::fprintf(stdout, "[rank %d] %s\n", rank, w.buf.substr(0, nl).c_str());
+    w.buf.erase(0, nl + 1);
+  }
+  if (all && !w.buf.empty()) {
+    std::fprintf(stdout, "[rank %d] %s\n", rank, w.buf.c_str());
+    w.buf.clear();
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+LaunchResult launch(const LaunchOptions& o) {
+  if (o.nproc < 1) throw ConfigError("--nproc-per-node", "must be at least 1");
+  if (o.command.empty()) throw ConfigError("mltrain launch", "no command given", "mltrain launch --nproc-per-node 2 -- mltrain train cfg.yaml");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  LaunchResult res;
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string run_id = std::to_string(::getpid()) + "-" + std::to_string(rng() % 1000000);
+  for (int attempt = 0;; ++attempt) {
+    const int port = free_port();
+    std::vector<Worker> ws(size_t(o.nproc));
+    for (int r = 0; r < o.nproc; ++r) {
+      std::vector<std::string> env;
+      for (char** e = environ; *e; ++e) {
+        const std::string kv = *e;
+        bool ours = false;
+        for (const char* k : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=", "MASTER_ADDR=", "MASTER_PORT=",
+                              "TORCHELASTIC_RESTART_COUNT=", "MLTRAIN_RUN_ID="})
+          ours |= kv.rfind(k, 0) == 0;
+        if (!ours) env.push_back(kv);
+      }
+      env.push_back("RANK=" + std::to_string(r));
+      env.push_back("WORLD_SIZE=" + std::to_string(o.nproc));
+      env.push_back("LOCAL_RANK=" + std::to_string(r));
+      env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(o.nproc));
+      env.push_back("GROUP_RANK=0");
+      env.push_back("MASTER_ADDR=127.0.0.1");
+      env.push_back("MASTER_PORT=" + std::to_string(port));
+      env.push_back("TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt));
+      env.push_back("MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt));
+      int p[2];
+      if (::pipe2(p, O_CLOEXEC) != 0) throw RuntimeError("launch", std::string("pipe: ") + std::strerror(errno));
+      std::vector<std::string> argv = o.command;
+      std::vector<char*> av, ev;
+      for (auto& s : argv) av.push_back(s.data());
+      av.push_back(nullptr);
+      for (auto& s : env) ev.push_back(s.data());
+      ev.push_back(nullptr);
+      const pid_t parent = ::getpid();
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(127);
+        ::dup2(p[1], STDOUT_FILENO);
+        ::dup2(p[1], STDERR_FILENO);
+        ::execvpe(av[0], av.data(), ev.data());
+        std::fprintf(stderr, "cannot run %s: %s\n", av[0], std::strerror(errno));
+        ::_exit(127);
+      }
+      ::close(p[1]);
+      ws[size_t(r)].pid = pid;
+      ws[size_t(r)].fd = p[0];
+    }
+    std::fprintf(stderr, "[launch] attempt %d: %d workers on 127.0.0.1:%d\n", attempt, o.nproc, port);
+    int failed = -1, failed_status = 0, alive = o.nproc;
+    bool stopping = false;
+    auto stop_time = std::chrono::steady_clock::time_point::max();
+    while (alive > 0) {
+      if (g_forward && !stopping) {  // the launcher was signalled: pass it on, then wait
+        for (auto& w : ws)
+          if (!w.done) ::kill(w.pid, g_forward);
+        stopping = true;
+        stop_time = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000));
+      }
+      std::vector<pollfd> pf;
+      for (auto& w : ws) pf.push_back({w.fd, POLLIN, 0});
+      ::poll(pf.data(), pf.size(), 100);
+      for (size_t r = 0; r < ws.size(); ++r) {
+        auto& w = ws[r];
+        if (w.fd >= 0 && (pf[r].revents & (POLLIN | POLLHUP))) {
+          char b[8192];
+          const ssize_t k = ::read(w.fd, b, sizeof b);
+          if (k > 0) w.buf.append(b, size_t(k));
+          else if (k == 0) ::close(w.fd), w.fd = -1;
+          flush_lines(w, int(r), false);
+        }
+        if (w.done) continue;
+        int st = 0;
+        if (::waitpid(w.pid, &st, WNOHANG) == w.pid) {
+          w.done = true, w.status = st, --alive;
+          const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+          if (!ok && failed < 0 && !stopping) {
+            failed = int(r), failed_status = st;
+            std::fprintf(stderr, "[launch] %s; stopping the other workers\n", describe(int(r), st).c_str());
+            for (auto& x : ws)
+              if (!x.done) ::kill(x.pid, SIGTERM);
+            stopping = true;
+            stop_time = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000));
+          }
+        }
+      }
+      if (stopping && std::chrono::steady_clock::now() > stop_time)
+        for (auto& x : ws)
+          if (!x.done) ::kill(x.pid, SIGKILL);
+    }
+    for (size_t r = 0; r < ws.size(); ++r) {  // the rest of their output
+      auto& w = ws[r];
+      if (w.fd >= 0) {
+        char b[8192];
+        ssize_t k;
+        while ((k = ::read(w.fd, b, sizeof b)) > 0) w.buf.append(b, size_t(k));
+        ::close(w.fd);
+      }
+      flush_lines(w, int(r), true);
+    }
+    if (g_forward) {  // stopped on request: report the first non-zero status
+      res.exit_code = 128 + int(g_forward);
+      return res;
+    }
+    if (failed < 0) {
+      res.exit_code = 0;
+      return res;
+    }
+    res.failed_rank = failed;
+    res.failure = describe(failed, failed_status);
+    if (attempt < o.max_restarts) {
+      ++res.restarts;
+      std::fprintf(stderr, "[launch] restarting the group (%d of %d restarts); it resumes from its latest checkpoint\n", attempt + 1, o.max_restarts);
+      continue;
+    }
+    res.exit_code = WIFEXITED(failed_status) && WEXITSTATUS(failed_status) != 0 ? WEXITSTATUS(failed_status) : 1;
+    return res;
+  }
+}
+
+}  // namespace mltrain::dist

@@ -1,0 +1,120 @@
+#include "mltrain/dist/world.hpp"
+
+#include <cstdlib>
+#include <string>
+
+#include "mltrain/core/error.hpp"
+
+namespace mltrain::dist {
+namespace {
+
+std::vector<std::string> split_top(const std::string& s) {  // commas outside brackets
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  for (char c : s) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (depth < 0) throw ConfigError("SLURM_JOB_NODELIST", "unbalanced ']' in '" + s + "'");
+    if (c == ',' && depth == 0) {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (depth != 0) throw ConfigError("SLURM_JOB_NODELIST", "unbalanced '[' in '" + s + "'");
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+std::vector<std::string> expand_one(const std::string& item) {
+  const auto open = item.find('[');
+  if (open == std::string::npos) return {item};
+  const auto close = item.find(']', open);
+  const std::string prefix = item.substr(0, open), body = item.substr(open + 1, close - open - 1);
+  const auto rest = expand_one(item.substr(close + 1));
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= body.size()) {
+    const auto comma = body.find(',', pos);
+    const std::string r = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? body.size() + 1 : comma + 1;
+    if (r.empty()) continue;
+    const auto dash = r.find('-');
+    const std::string a = r.substr(0, dash), b = dash == std::string::npos ? a : r.substr(dash + 1);
+    if (a.empty() || b.empty() || a.find_first_not_of("0123456789") != std::string::npos || b.find_first_not_of("0123456789") != std::string::npos)
+      throw ConfigError("SLURM_JOB_NODELIST", "'" + r + "' in '" + item + "' is not a number or range");
+    const long lo = std::stol(a), hi = std::stol(b);
+    if (hi < lo) throw ConfigError("SLURM_JOB_NODELIST", "descending range '" + r + "' in '" + item + "'");
+    for (long v = lo; v <= hi; ++v) {
+      std::string num = std::to_string(v);
+      if (num.size() < a.size()) num = std::string(a.size() - num.size(), '0') + num;
+      for (const auto& tail : rest) out.push_back(prefix + num + tail);
+    }
+  }
+  return out;
+}
+
+int to_int(const Getenv& env, const char* name, int fallback) {
+  const char* v = env(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' && *end != '(') throw ConfigError(name, std::string("'") + v + "' is not an integer", "unset it or fix the launcher");
+  return int(x);
+}
+
+}  // namespace
+
+std::vector<std::string> expand_nodelist(const std::string& list) {
+  std::vector<std::string> out;
+  for (const auto& item : split_top(list))
+    for (auto& h : expand_one(item)) out.push_back(std::move(h));
+  return out;
+}
+
+World world_from_env(const Getenv& getenv_in) {
+  const Getenv env = getenv_in ? getenv_in : Getenv([](const char* k) { return std::getenv(k); });
+  World w;
+  auto str = [&](const char* k, const std::string& d) {
+    const char* v = env(k);
+    return v && *v ? std::string(v) : d;
+  };
+  if (env("RANK") && env("WORLD_SIZE")) {
+    w.source = "torchrun";
+    w.rank = to_int(env, "RANK", 0);
+    w.size = to_int(env, "WORLD_SIZE", 1);
+    w.local_rank = to_int(env, "LOCAL_RANK", w.rank);
+    w.local_size = to_int(env, "LOCAL_WORLD_SIZE", w.size);
+    w.node_rank = to_int(env, "GROUP_RANK", w.local_size ? w.rank / w.local_size : 0);
+    w.nodes = w.local_size > 0 ? (w.size + w.local_size - 1) / w.local_size : 1;
+    w.master_addr = str("MASTER_ADDR", "127.0.0.1");
+    w.master_port = to_int(env, "MASTER_PORT", 29500);
+    w.run_id = str("MLTRAIN_RUN_ID", str("TORCHELASTIC_RUN_ID", "port" + std::to_string(w.master_port)));
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    w.source = "slurm";
+    w.rank = to_int(env, "SLURM_PROCID", 0);
+    w.size = to_int(env, "SLURM_NTASKS", 1);
+    w.local_rank = to_int(env, "SLURM_LOCALID", 0);
+    w.node_rank = to_int(env, "SLURM_NODEID", 0);
+    const auto nodes = expand_nodelist(str("SLURM_JOB_NODELIST", str("SLURM_NODELIST", "localhost")));
+    w.nodes = std::max<int>(1, int(nodes.size()));
+    // "2(x3)" or "2,1": the first node's count is this layout's local size when uniform.
+    w.local_size = to_int(env, "SLURM_STEP_TASKS_PER_NODE", to_int(env, "SLURM_NTASKS_PER_NODE", (w.size + w.nodes - 1) / w.nodes));
+    w.master_addr = str("MASTER_ADDR", nodes.empty() ? "127.0.0.1" : nodes.front());
+    const int job = to_int(env, "SLURM_JOB_ID", 0);
+    w.master_port = to_int(env, "MASTER_PORT", 20000 + job % 20000);  // a port per job, the same on every task
+    w.run_id = "slurm" + std::to_string(job) + "." + str("SLURM_STEP_ID", "0") + "." + str("SLURM_RESTART_COUNT", "0");
+  }
+  if (w.size < 1) throw ConfigError(w.source == "slurm" ? "SLURM_NTASKS" : "WORLD_SIZE", "must be at least 1");
+  if (w.rank < 0 || w.rank >= w.size)
+    throw ConfigError(w.source == "slurm" ? "SLURM_PROCID" : "RANK",
+                      std::to_string(w.rank) + " is not below the world size " + std::to_string(w.size), "check the launcher's variables");
+  if (w.local_rank < 0 || w.local_rank >= std::max(1, w.local_size))
+    throw ConfigError(w.source == "slurm" ? "SLURM_LOCALID" : "LOCAL_RANK", std::to_string(w.local_rank) + " is not below the local size " + std::to_string(w.local_size));
+  if (w.master_port <= 0 || w.master_port > 65535) throw ConfigError("MASTER_PORT", std::to_string(w.master_port) + " is not a TCP port");
+  return w;
+}
+
+}  // namespace mltrain::dist
