@@ -623,6 +623,28 @@ TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and mat
   CHECK_FALSE(fs::exists(d / "ddp" / "v1"));  // one run folder, written by rank 0 only
 }
 
+TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer bytes, learns", "[cli][dist][onebit]") {
+  const auto d = tmpdir("onebit");
+  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);
+  auto r = run("launch --nproc-per-node 2 -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=8192 "
+               "data.batch_size=64 train.duration=2ep optim.name=onebit_adam optim.freeze_step=32 run.dir=" + d.string() + " run.name=ob --jsonl");
+  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto r0 = lines_of(d / "digest.0"), r1 = lines_of(d / "digest.1");
+  REQUIRE(r0.size() == 128);
+  CHECK(r0 == r1);  // the averaged 1-bit momenta are the same bytes on both ranks
+  const auto at = r.out.find("{\"allreduce_bytes\":");
+  REQUIRE(at != std::string::npos);
+  const auto j = nlohmann::json::parse(r.out.substr(at, r.out.find('\n', at) - at));
+  const double full = 535818.0 * 4;  // the MLP's gradient, what plain data parallelism sends per step
+  // minus the initial parameter broadcast and the 32 warm-up steps' gradient all-reduces
+  const double per_step_after = (j["allreduce_bytes"].get<double>() - 33 * full) / (128 - 32);
+  INFO("bytes per step after the freeze: " << per_step_after);
+  CHECK(per_step_after < full / 30);
+  CHECK(j["test_accuracy"].get<double>() > 0.75);
+}
+
 TEST_CASE("launch: a SIGKILLed worker restarts the group from its checkpoint, or fails naming the rank", "[cli][dist]") {
   const auto d = tmpdir("ddp_kill");
   const std::string train = " -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "

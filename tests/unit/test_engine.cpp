@@ -351,3 +351,23 @@ TEST_CASE("gradnorm schedule backs off while gradients grow and recovers, state 
   for (int i = 0; i < 40; ++i) s.observe_grad_norm(1.0);
   CHECK(s.lr(8) == 1.0);  // capped at the base LR once norms settle below the reference
 }
+
+TEST_CASE("1-bit compression: packing round-trips, error feedback keeps what was not sent", "[optim][onebit]") {
+  torch::manual_seed(5);
+  auto x = torch::randn({5000});
+  auto err = torch::zeros({5000});
+  auto q = x.clone();
+  mltrain::optim::onebit_compress(q, err);
+  // Each chunk of 2048 is +-(mean |x| of the chunk), signs kept, and x = q + error exactly.
+  CHECK(torch::allclose(q + err, x, 1e-6, 1e-6));
+  CHECK(q.slice(0, 0, 2048).abs().max().item<float>() == Approx(x.slice(0, 0, 2048).abs().mean().item<float>()).epsilon(1e-5));
+  CHECK(q.slice(0, 4096, 5000).abs().min().item<float>() == Approx(x.slice(0, 4096, 5000).abs().mean().item<float>()).epsilon(1e-5));
+  CHECK(torch::equal(q.ge(0), x.ge(0)));
+  const auto packed = mltrain::optim::onebit_pack(q);
+  CHECK(packed.numel() == (5000 + 7) / 8 + 4 * 3);  // 625 bytes of signs + 3 chunk scales: 32x below 20 000
+  CHECK(torch::equal(mltrain::optim::onebit_unpack(packed, 5000), q));
+  // Error feedback: the next round sends the residual too.
+  auto q2 = torch::zeros({5000});
+  mltrain::optim::onebit_compress(q2, err);
+  CHECK(torch::allclose(q + q2 + err, x, 1e-5, 1e-5));
+}

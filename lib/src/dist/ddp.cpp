@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/optim/optimizer.hpp"
 
 #ifdef MLTRAIN_WITH_GLOO
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -155,6 +156,34 @@ void Comm::barrier(const char* what) {
 #endif
 }
 
+std::vector<torch::Tensor> Comm::allgather(const torch::Tensor& t, const char* what) {
+  std::vector<torch::Tensor> out;
+#ifdef MLTRAIN_WITH_GLOO
+  record(what, t.numel() * int64_t(t.element_size()));
+  std::vector<torch::Tensor> in = {t.contiguous()};
+  std::vector<std::vector<torch::Tensor>> outs(1);
+  for (int r = 0; r < size(); ++r) outs[0].push_back(torch::empty_like(in[0]));
+  try {
+    impl_->pg->allgather(outs, in)->wait();
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+  out = outs[0];
+#else
+  out.push_back(t);
+#endif
+  return out;
+}
+
+void onebit_average(Comm& comm, torch::Tensor& momentum, torch::Tensor& error) {
+  torch::NoGradGuard ng;
+  optim::onebit_compress(momentum, error);
+  const auto all = comm.allgather(optim::onebit_pack(momentum), "allgather(1-bit momentum)");
+  auto sum = torch::zeros({momentum.numel()}, torch::kFloat);
+  for (const auto& p : all) sum.add_(optim::onebit_unpack(p, momentum.numel()));  // rank order: the same sum everywhere
+  momentum.copy_(sum.div_(double(all.size())).to(momentum.scalar_type()).view(momentum.sizes()));
+}
+
 std::shared_ptr<Comm::Pending> Comm::allreduce_async(torch::Tensor& t, const char* what) {
   auto p = std::make_shared<Pending>();
   p->what = what;
@@ -182,8 +211,9 @@ void Comm::wait(const std::shared_ptr<Pending>& p) {
 
 // ---- DataParallel ---------------------------------------------------------------------------------
 
-DataParallel::DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes)
-    : comm_(comm) {
+DataParallel::DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes,
+                           bool overlap)
+    : comm_(comm), overlap_(overlap) {
   for (const auto& [n, p] : params)
     if (p.requires_grad()) params_.push_back(p);
   for (const auto& [n, b] : buffers)
@@ -260,7 +290,7 @@ void DataParallel::on_grad(size_t i, const torch::Tensor& g) {
   const auto& acc = params_[i].grad();
   if (acc.defined()) torch::add_out(dst, acc.reshape({-1}), g.reshape({-1}));
   else dst.copy_(g.reshape({-1}));
-  if (++b.ready == b.params.size()) b.work = comm_.allreduce_async(b.flat, "allreduce(gradient bucket)");
+  if (++b.ready == b.params.size() && overlap_) b.work = comm_.allreduce_async(b.flat, "allreduce(gradient bucket)");
 }
 
 void DataParallel::finish_backward() {

@@ -1,5 +1,7 @@
 #include "mltrain/optim/optimizer.hpp"
 
+#include <cstring>
+
 #include <fnmatch.h>
 
 #include <ATen/Parallel.h>
@@ -122,14 +124,114 @@ class Adam : public Optimizer {
   bool decoupled_;
 };
 
+// 1-bit Adam (Tang et al. 2021; DeepSpeed's OnebitAdam): exact Adam for freeze_step steps (the
+// gradients are all-reduced as usual), then the variance is frozen and each rank updates its
+// momentum from its own gradient, which is exchanged at 1 bit per element plus a scale per tensor,
+// with error feedback; every rank applies the same averaged momentum, so parameters stay equal.
+// The compressed average here is exact over all ranks' 1-bit tensors (an all-gather), where
+// DeepSpeed adds a second, server-side compression stage for large worlds.
+class OneBitAdam : public Optimizer {
+ public:
+  explicit OneBitAdam(config::OptimConfig cfg) : Optimizer(std::move(cfg)) {}
+  std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq", "error"}; }
+  bool wants_gradient_sync() const override { return steps_ < cfg_.freeze_step; }
+  void set_momentum_reducer(MomentumReducer r) override { reducer_ = std::move(r); }
+  void update(ParamSlot& s, const torch::Tensor& grad, double lr) override {
+    auto& m = buffers_[s.name + "/exp_avg"];
+    auto& v = buffers_[s.name + "/exp_avg_sq"];
+    auto& e = buffers_[s.name + "/error"];
+    if (!m.defined()) m = torch::zeros_like(s.param), v = torch::zeros_like(s.param);
+    if (!e.defined()) e = torch::zeros({s.param.numel()}, s.param.options());
+    const bool warm = steps_ < cfg_.freeze_step;
+    const double t = static_cast<double>(steps_ + 1);
+    // After the freeze the variance and its bias correction stay as they were at freeze_step.
+    const double bc1 = 1 - std::pow(cfg_.beta1, t), bc2 = 1 - std::pow(cfg_.beta2, warm ? t : double(cfg_.freeze_step));
+    torch::Tensor g = grad;
+    if (s.weight_decay != 0) g = g.add(s.param, s.weight_decay);
+    m.mul_(cfg_.beta1).add_(g, 1 - cfg_.beta1);
+    if (warm) v.mul_(cfg_.beta2).addcmul_(g, g, 1 - cfg_.beta2);
+    auto denom = (v.sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
+    if (!warm) {
+      // The frozen variance is zero (or tiny) where a coordinate had no gradient during the
+      // warm-up (Fashion-MNIST's always-black border pixels, early-dead ReLUs); when such a
+      // coordinate later gets a gradient, lr * m / eps is enormous and the run goes to NaN within
+      // a few steps even without compression (measured). The denominator is floored at a tenth
+      // of the tensor's mean, which is the same on every rank because v is.
+      denom = torch::max(denom, torch::full_like(denom, 0.1 * denom.mean().item<double>()));
+      // What is compressed is the preconditioned momentum u = m / denom, not m itself (DeepSpeed
+      // compresses m). denom is frozen and equal on every rank, so averaging u is averaging m;
+      // but 1-bit codes give every element of a tensor the same magnitude, and in m-space that
+      // magnitude lands on coordinates whose frozen variance is zero (the always-black border
+      // pixels' weights), where lr * scale / eps blew the MLP up to NaN within a few steps. In
+      // u-space every coordinate moves by at most lr * scale, like Adam's own bounded step.
+      auto u = (m / denom).reshape({-1}).contiguous();
+      if (reducer_) reducer_(u, e);
+      else onebit_compress(u, e);
+      m.copy_(u.view(m.sizes()) * denom);
+    }
+    s.param.addcdiv_(m, denom, -lr / bc1);
+  }
+
+ private:
+  MomentumReducer reducer_;
+};
+
 }  // namespace
+
+namespace {
+constexpr int64_t kOneBitChunk = 2048;  // one scale per 2048 values: 31x fewer bytes than fp32
+}
+
+void onebit_compress(torch::Tensor& x, torch::Tensor& error) {
+  torch::NoGradGuard ng;
+  const int64_t n = x.numel(), chunks = (n + kOneBitChunk - 1) / kOneBitChunk;
+  auto c = (x.reshape({-1}) + error.reshape({-1})).to(torch::kFloat);
+  // Per chunk, the scale that minimises ||c - s sign(c)||^2 is mean |c| (DeepSpeed uses the RMS,
+  // which outliers inflate quadratically).
+  auto padded = torch::zeros({chunks * kOneBitChunk}, torch::kFloat);
+  padded.slice(0, 0, n).copy_(c);
+  auto counts = torch::full({chunks}, double(kOneBitChunk), torch::kFloat);
+  if (n % kOneBitChunk) counts[chunks - 1] = double(n % kOneBitChunk);
+  auto scale = padded.view({chunks, kOneBitChunk}).abs().sum(1) / counts;
+  auto s_each = scale.unsqueeze(1).expand({chunks, kOneBitChunk}).reshape({-1}).slice(0, 0, n);
+  auto q = torch::where(c >= 0, s_each, -s_each);
+  error.copy_((c - q).to(error.scalar_type()).view(error.sizes()));
+  x.copy_(q.to(x.scalar_type()).view(x.sizes()));
+}
+
+torch::Tensor onebit_pack(const torch::Tensor& compressed) {
+  const auto c = compressed.reshape({-1}).to(torch::kFloat);
+  const int64_t n = c.numel(), nb = (n + 7) / 8, chunks = (n + kOneBitChunk - 1) / kOneBitChunk;
+  auto padded = torch::zeros({chunks * kOneBitChunk}, torch::kFloat);
+  padded.slice(0, 0, n).copy_(c.abs());
+  auto scales = std::get<0>(padded.view({chunks, kOneBitChunk}).max(1)).contiguous();  // every |value| in a chunk is its scale
+  auto bits = torch::zeros({nb * 8}, torch::kUInt8);
+  bits.slice(0, 0, n).copy_(c.ge(0).to(torch::kUInt8));
+  const auto w = torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, torch::kInt32);
+  auto packed = (bits.view({nb, 8}).to(torch::kInt32) * w).sum(1).to(torch::kUInt8);
+  auto out = torch::empty({nb + 4 * chunks}, torch::kUInt8);
+  out.slice(0, 0, nb).copy_(packed);
+  std::memcpy(out.data_ptr<uint8_t>() + nb, scales.data_ptr<float>(), size_t(4 * chunks));
+  return out;
+}
+
+torch::Tensor onebit_unpack(const torch::Tensor& packed, int64_t n) {
+  const int64_t nb = (n + 7) / 8, chunks = (n + kOneBitChunk - 1) / kOneBitChunk;
+  auto scales = torch::empty({chunks}, torch::kFloat);
+  std::memcpy(scales.data_ptr<float>(), packed.data_ptr<uint8_t>() + nb, size_t(4 * chunks));
+  const auto w = torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, torch::kInt32);
+  auto bits = packed.slice(0, 0, nb).to(torch::kInt32).unsqueeze(1).bitwise_and(w).ne(0).reshape({-1}).slice(0, 0, n);
+  auto s_each = scales.unsqueeze(1).expand({chunks, kOneBitChunk}).reshape({-1}).slice(0, 0, n);
+  return torch::where(bits, s_each, -s_each);
+}
 
 std::unique_ptr<Optimizer> Optimizer::create(const config::OptimConfig& cfg, const model::NamedTensors& params) {
   std::unique_ptr<Optimizer> opt;
   if (cfg.name == "sgd") opt = std::make_unique<Sgd>(cfg);
   else if (cfg.name == "adam") opt = std::make_unique<Adam>(cfg, false);
   else if (cfg.name == "adamw") opt = std::make_unique<Adam>(cfg, true);
-  else throw ConfigError("optim.name", "unknown optimizer '" + cfg.name + "'", "use sgd, adam or adamw");
+  else if (cfg.name == "onebit_adam") opt = std::make_unique<OneBitAdam>(cfg);
+  else throw ConfigError("optim.name", "unknown optimizer '" + cfg.name + "'", "use sgd, adam, adamw or onebit_adam");
   std::vector<bool> pattern_used(cfg.param_groups.size(), false);
   for (const auto& [name, p] : params) {
     if (!p.requires_grad()) continue;

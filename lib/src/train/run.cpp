@@ -213,7 +213,9 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   if (distributed) {
     comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, ""});
     dp = std::make_unique<dist::DataParallel>(*comm, model->named_parameters(), model->named_buffers(),
-                                              static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)));
+                                              static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)), cfg.distributed.overlap);
+    dist::Comm* c = comm.get();
+    optimizer->set_momentum_reducer([c](torch::Tensor& m, torch::Tensor& e) { dist::onebit_average(*c, m, e); });
   }
   spdlog::info("[model] {}: {} parameters on {}; train {} samples, {} {} samples; {} loader workers{}", model->describe(),
                model->num_parameters(), device.str(), splits.train.count, splits.eval_name, splits.eval.count, lo.workers,
@@ -306,6 +308,14 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
                             {"test_accuracy", test.accuracy}, {"test_loss", test.loss},
                             {"train_seconds", result.train_seconds}};
   if (result.time_to_target) summary["time_to_target_s"] = *result.time_to_target;
+  if (dp) {
+    summary["world_size"] = world.size;
+    summary["allreduce_wait_s"] = dp->comm_wait_seconds();
+    summary["allreduce_bytes"] = comm->bytes_sent();
+    spdlog::info("[dist] gradient all-reduce: {:.2f} s exposed of {:.2f} s training ({:.1f} %), {} buckets, overlap {}", dp->comm_wait_seconds(),
+                 result.train_seconds, 100 * dp->comm_wait_seconds() / std::max(1e-9, result.train_seconds), dp->buckets(),
+                 cfg.distributed.overlap ? "on" : "off");
+  }
   if (!writer) return result;
   {
     std::ofstream out(run_dir / "metrics.jsonl", std::ios::app);

@@ -250,7 +250,9 @@ void Trainer::fit() {
       auto part = loss * (static_cast<double>(b) / full_window);
       lap(Phase::kForward);
       const bool final_micro = micro + 1 >= accumulate_ || batch.index + 1 >= bpe;
-      if (dp_) dp_->begin_backward(final_micro);  // no all-reduce on non-final accumulation micro-steps
+      // No all-reduce on non-final accumulation micro-steps, nor while the optimizer exchanges
+      // momenta instead (1-bit Adam after its warm-up).
+      if (dp_) dp_->begin_backward(final_micro && opt_.wants_gradient_sync());
       (scaler_ ? scaler_->scale(part) : part).backward();
       lap(Phase::kBackward);
       if (dp_ && final_micro) {

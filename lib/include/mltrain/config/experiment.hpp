@@ -174,9 +174,10 @@ struct OptimConfig {
   bool nesterov = false;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  int64_t freeze_step = 100;
   std::vector<ParamGroupConfig> param_groups;
   template <class V> void visit(V& v) {
-    v.field("name", name, "optimizer", one_of({"sgd", "adam", "adamw"}));
+    v.field("name", name, "optimizer (onebit_adam: 1-bit Adam for data-parallel runs)", one_of({"sgd", "adam", "adamw", "onebit_adam"}));
     v.field("lr", lr, "base learning rate", positive<double>());
     v.field("momentum", momentum, "sgd: momentum (0: none)", in_range(0.0, 1.0));
     v.field("nesterov", nesterov, "sgd: Nesterov momentum");
@@ -184,6 +185,8 @@ struct OptimConfig {
     v.field("beta1", beta1, "adam/adamw: first-moment decay", in_range(0.0, 0.999999));
     v.field("beta2", beta2, "adam/adamw: second-moment decay", in_range(0.0, 0.999999));
     v.field("eps", eps, "adam/adamw: denominator epsilon", positive<double>());
+    v.field("freeze_step", freeze_step, "onebit_adam: exact Adam steps before the variance freezes and momenta go 1-bit",
+            non_negative<int64_t>());
     v.list("param_groups", param_groups, "per-parameter-group overrides; the first matching pattern wins");
   }
 };
@@ -405,12 +408,14 @@ struct DistributedConfig {
   std::string backend = "gloo";
   double timeout_s = 300;
   double bucket_mb = 25;
+  bool overlap = true;
   int64_t nproc_per_node = 0;
   int64_t max_restarts = 0;
   template <class V> void visit(V& v) {
     v.field("backend", backend, "process group: gloo (CPU; NCCL builds: nccl)", one_of({"gloo", "nccl"}));
     v.field("timeout_s", timeout_s, "a collective that takes longer fails every rank instead of hanging", positive<double>());
     v.field("bucket_mb", bucket_mb, "gradient all-reduce bucket size (MB), launched from autograd hooks", positive<double>());
+    v.field("overlap", overlap, "launch each bucket's all-reduce during backward (false: all after backward, to measure the overlap)");
     v.field("nproc_per_node", nproc_per_node, "> 1: `mltrain train` launches this many local ranks itself (as `mltrain launch`)",
             non_negative<int64_t>());
     v.field("max_restarts", max_restarts, "with nproc_per_node: restart the group from the latest checkpoint this many times",

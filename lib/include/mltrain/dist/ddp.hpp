@@ -48,6 +48,8 @@ class Comm {
   void allreduce_sum(std::vector<torch::Tensor>& ts, const char* what);
   void broadcast(std::vector<torch::Tensor>& ts, int root, const char* what);
   void barrier(const char* what);
+  // Every rank's tensor (same size and dtype on every rank), in rank order.
+  std::vector<torch::Tensor> allgather(const torch::Tensor& t, const char* what);
   // Asynchronous all-reduce (sum): wait with wait().
   struct Pending;
   std::shared_ptr<Pending> allreduce_async(torch::Tensor& t, const char* what);
@@ -69,9 +71,14 @@ class Comm {
   int64_t bytes_ = 0;
 };
 
+// 1-bit Adam's momentum exchange: compress with error feedback, all-gather the packed signs and
+// scales (n / 8 + 4 bytes per rank instead of 4n), average the unpacked tensors in rank order.
+void onebit_average(Comm& comm, torch::Tensor& momentum, torch::Tensor& error);
+
 class DataParallel {
  public:
-  DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes);
+  DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes,
+               bool overlap = true);
   ~DataParallel();
   void broadcast_initial();
   void broadcast_buffers();  // rank 0's BatchNorm statistics to every rank (PyTorch DDP's broadcast_buffers)
@@ -94,7 +101,7 @@ class DataParallel {
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, slot)
   std::vector<bool> seen_;
-  bool sync_ = false;
+  bool sync_ = false, overlap_ = true;
   double wait_s_ = 0;
 };
 

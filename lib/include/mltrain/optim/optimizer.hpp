@@ -7,6 +7,7 @@
 //   loss.backward();  opt->step(/*lr=*/schedule(step));  opt->zero_grad();
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,14 @@ class Optimizer {
   int64_t steps() const { return steps_; }
   const std::vector<ParamSlot>& slots() const { return slots_; }
 
+  // False while the optimizer exchanges something other than gradients (1-bit Adam after its
+  // warm-up): data parallelism then skips the gradient all-reduce.
+  virtual bool wants_gradient_sync() const { return true; }
+  // 1-bit Adam: averages each rank's compressed momentum (in/out, flat float) across ranks, with
+  // `error` the rank's error-feedback buffer. Unset: a world of one (compression applied locally).
+  using MomentumReducer = std::function<void(torch::Tensor& momentum, torch::Tensor& error)>;
+  virtual void set_momentum_reducer(MomentumReducer) {}
+
   // "<param name>/<buffer>" -> tensor, plus "__step__".
   model::NamedTensors state() const;
   void load_state(const std::map<std::string, torch::Tensor>& state);  // throws CheckpointError
@@ -50,5 +59,12 @@ class Optimizer {
 };
 
 bool glob_match(const std::string& pattern, const std::string& name);
+
+// 1-bit compression with error feedback, in place: c = x + error; x = scale * sign(c) with one
+// scale per chunk of 2048 values, mean |c| over the chunk; error = c - x. Sign of zero: +1.
+void onebit_compress(torch::Tensor& x, torch::Tensor& error);
+// Signs packed 8 per byte (LSB first), then one float32 scale per chunk: n / 8 + 4 ceil(n / 2048) bytes.
+torch::Tensor onebit_pack(const torch::Tensor& compressed);
+torch::Tensor onebit_unpack(const torch::Tensor& packed, int64_t n);
 
 }  // namespace mltrain::optim

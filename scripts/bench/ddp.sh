@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue #4 figures, measured in this invocation on Fashion-MNIST:
+#  1. samples/s of one process (2 threads) against 2 Gloo ranks (1 thread each) at the same global batch
+#  2. the share of step time spent waiting for the gradient all-reduce, with and without overlap
+#  3. 1-bit Adam against Adam on 2 ranks: bytes sent per step after the warm-up, accuracy, time
+#   bash scripts/bench/ddp.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ -x build/apps/mltrain/mltrain ] || bash scripts/build.sh >/dev/null
+M=build/apps/mltrain/mltrain
+D=$(mktemp -d)
+trap 'rm -rf "$D"' EXIT
+summary() { grep -o '{"allreduce[^}]*}\|{"event":"summary"[^}]*}' "$1" | tail -1; }
+py() { /usr/bin/python3 -c "$1"; }
+echo "== 1. one process vs 2 ranks (global batch 128)"
+for model in mlp cnn; do
+  dur=$([ $model = mlp ] && echo 3ep || echo 1ep)
+  $M train configs/fashion_mnist_$model.yaml train.duration=$dur run.dir="$D" run.name=${model}_1 --jsonl 2>/dev/null >"$D/${model}_1.out"
+  $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_$model.yaml train.duration=$dur data.batch_size=64 \
+    run.dir="$D" run.name=${model}_2 --jsonl >"$D/${model}_2.out" 2>&1
+  py "
+import json
+a = json.loads(open('$D/${model}_1.out').read().strip().splitlines()[-1])
+b = [json.loads(l.split('] ', 1)[1]) for l in open('$D/${model}_2.out') if '\"event\":\"summary\"' in l][-1]
+sa, sb = a['step'] * 128 / a['train_seconds'], b['step'] * 128 / b['train_seconds']
+print(f'$model: 1 process {sa:.0f} samples/s (acc {a[\"test_accuracy\"]:.4f}); 2 ranks {sb:.0f} samples/s (acc {b[\"test_accuracy\"]:.4f}); ratio {sb / sa:.2f}x; '
+      f'all-reduce wait {100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} % of training')"
+done
+echo "== 2. overlap (MLP, 2 ranks, 0.25 MB buckets)"
+for ov in true false; do
+  $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=3ep data.batch_size=64 \
+    distributed.bucket_mb=0.25 distributed.overlap=$ov run.dir="$D" run.name=ov_$ov --jsonl >"$D/ov_$ov.out" 2>&1
+  py "
+import json
+b = [json.loads(l.split('] ', 1)[1]) for l in open('$D/ov_$ov.out') if '\"event\":\"summary\"' in l][-1]
+print(f'overlap $ov: all-reduce wait {b[\"allreduce_wait_s\"]:.2f} s of {b[\"train_seconds\"]:.2f} s ({100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} %), '
+      f'{b[\"step\"] * 128 / b[\"train_seconds\"]:.0f} samples/s')"
+done
+echo "== 3. 1-bit Adam vs Adam (MLP, 2 ranks, 5 epochs, freeze after 1 epoch = 469 steps)"
+for o in adam onebit_adam; do
+  $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=5ep data.batch_size=64 \
+    optim.name=$o optim.freeze_step=469 run.dir="$D" run.name=$o --jsonl >"$D/$o.out" 2>&1
+done
+py "
+import json
+r = {o: [json.loads(l.split('] ', 1)[1]) for l in open('$D/' + o + '.out') if '\"event\":\"summary\"' in l][-1] for o in ('adam', 'onebit_adam')}
+a, b = r['adam'], r['onebit_adam']
+per_a = a['allreduce_bytes'] / a['step']
+after = (b['allreduce_bytes'] - 469 * per_a) / (b['step'] - 469)
+print(f'Adam: {per_a / 1e3:.1f} kB per step, test accuracy {a[\"test_accuracy\"]:.4f}, {a[\"train_seconds\"]:.1f} s')
+print(f'1-bit Adam after the warm-up: {after / 1e3:.1f} kB per step ({per_a / after:.1f}x fewer), test accuracy {b[\"test_accuracy\"]:.4f} '
+      f'({100 * (b[\"test_accuracy\"] - a[\"test_accuracy\"]):+.2f} points), {b[\"train_seconds\"]:.1f} s')"
