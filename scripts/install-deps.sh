@@ -12,6 +12,7 @@ pkgs=(
   python3-torch python3-numpy         # reference values and the Python baseline in benchmarks only
   python3-optuna                      # the tuner benchmark's side-by-side baseline (scripts/bench/tune/) only
   chromium                            # renders `mltrain report` pages in the report test (headless)
+  slurmctld slurmd slurm-client munge # a real single-node Slurm for the Slurm tests (scripts/slurm/cluster.sh)
 )
 
 missing=()

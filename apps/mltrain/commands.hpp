@@ -19,4 +19,5 @@ void setup_fuse(CLI::App& app, Action& run);
 void setup_quantize(CLI::App& app, Action& run);
 void setup_tune(CLI::App& app, Action& run);
 void setup_launch(CLI::App& app, Action& run);
+void setup_slurm(CLI::App& app, Action& run);
 }  // namespace mltrain::cli

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   mltrain::cli::setup_quantize(app, run);
   mltrain::cli::setup_tune(app, run);
   mltrain::cli::setup_launch(app, run);
+  mltrain::cli::setup_slurm(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

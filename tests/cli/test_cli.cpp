@@ -667,6 +667,99 @@ TEST_CASE("launch: a SIGKILLed worker restarts the group from its checkpoint, or
   CHECK(secs < 60);  // stopped well within the collective timeout, not hung
 }
 
+// A real single-node Slurm (scripts/slurm/cluster.sh), started for these tests and stopped after.
+struct SlurmCluster {
+  SlurmCluster() {
+    const std::string out = sh_out("bash " + kSrc + "/scripts/slurm/cluster.sh start 2>&1");
+    const auto at = out.find("export SLURM_CONF=");
+    INFO(out);
+    REQUIRE(at != std::string::npos);
+    conf = out.substr(at + 18, out.find('\n', at) - at - 18);
+    ::setenv("SLURM_CONF", conf.c_str(), 1);
+  }
+  ~SlurmCluster() {
+    std::system(("bash " + kSrc + "/scripts/slurm/cluster.sh stop >/dev/null 2>&1").c_str());
+    ::unsetenv("SLURM_CONF");
+  }
+  static std::string sh_out(const std::string& cmd) {
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    if (p) pclose(p);
+    return out;
+  }
+  std::string conf;
+};
+
+TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job checkpoints, requeues and ends with the uninterrupted weights",
+          "[cli][slurm]") {
+  SlurmCluster cluster;
+  const auto d = tmpdir("slurm");
+  // 1. srun -n 2: the world comes from SLURM_PROCID/NTASKS/LOCALID and the expanded node list.
+  const std::string cfg = kSrc + "/configs/fashion_mnist_mlp.yaml";
+  const std::string srun_out = SlurmCluster::sh_out("cd " + d.string() + " && srun -n 2 --kill-on-bad-exit=1 " + kBin + " train " + cfg +
+                                                    " data.limit_train=4096 data.batch_size=64 train.duration=1ep run.dir=" + d.string() +
+                                                    " run.name=srun 2>&1; echo exit=$?");
+  INFO(srun_out);
+  CHECK(srun_out.find("exit=0") != std::string::npos);
+  CHECK(srun_out.find("(local 0/2, slurm) joined Gloo") != std::string::npos);
+  CHECK(srun_out.find("test accuracy: ") != std::string::npos);
+  CHECK(fs::exists(d / "srun" / "v0" / "checkpoints"));
+  CHECK_FALSE(fs::exists(d / "srun" / "v1"));
+
+  // 2. The batch job: signalled mid-run, it must come back and finish exactly as an uninterrupted run.
+  const std::string common = " data.limit_train=8192 train.duration=30ep train.eval_every=5ep checkpoint.every=5ep data.workers=1 run.dir=" + d.string();
+  REQUIRE(run("train " + cfg + common + " run.name=reference").code == 0);
+  auto w = run("slurm " + cfg + " --time 00:10:00 --submit" + common + " run.name=batch");
+  INFO(w.out);
+  REQUIRE(w.code == 0);
+  const auto script = slurp(d / "batch" / "slurm.sbatch");
+  CHECK(script.find("#SBATCH --signal=USR1@90") != std::string::npos);
+  CHECK(script.find("#SBATCH --requeue") != std::string::npos);
+  CHECK(script.find("#SBATCH --open-mode=append") != std::string::npos);
+  const auto at = w.out.find("submitted job ");
+  REQUIRE(at != std::string::npos);
+  const std::string job = std::to_string(std::stol(w.out.substr(at + 14)));
+  // Wait until it has trained a little, then send USR1 to its tasks (what --signal=USR1@90 does).
+  const auto metrics = d / "batch" / "v0" / "metrics.jsonl";
+  bool signalled = false;
+  for (int i = 0; i < 600 && !signalled; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (fs::exists(metrics) && slurp(metrics).find("\"step\":100") != std::string::npos) {
+      REQUIRE(std::system(("scancel --signal=USR1 " + job).c_str()) == 0);
+      signalled = true;
+    }
+  }
+  REQUIRE(signalled);
+  std::string state;
+  for (int i = 0; i < 900; ++i) {  // requeue: cred_expire 10 s + scheduler, then the rest of the run
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto info = SlurmCluster::sh_out("scontrol show job " + job + " 2>&1");
+    const auto js = info.find("JobState=");
+    state = js == std::string::npos ? "" : info.substr(js + 9, info.find(' ', js) - js - 9);
+    if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT") break;
+  }
+  std::string log;
+  for (const auto& e : fs::directory_iterator(d / "batch"))
+    if (e.path().filename().string().rfind("slurm-", 0) == 0) log += slurp(e.path());
+  INFO("job " << job << " state " << state << "\n" << log);
+  REQUIRE(state == "COMPLETED");
+  CHECK(log.find("requeueing job " + job) != std::string::npos);
+  CHECK(log.find("restart count 1") != std::string::npos);
+  CHECK(log.find("resuming in") != std::string::npos);
+  auto final_of = [&](const std::string& name) {
+    const auto dir = d / name / "v0" / "checkpoints";
+    std::string latest;
+    std::ifstream(dir / "latest") >> latest;
+    return slurp(dir / latest / "model.safetensors");
+  };
+  const auto a = final_of("reference"), b = final_of("batch");
+  REQUIRE(!a.empty());
+  CHECK(a == b);  // the same final weights, byte for byte
+}
+
 // ---------------------------------------------------------------- fuse (#7)
 
 TEST_CASE("fuse: CNN and TorchScript runs fold BN within tolerance; damaged or mismatched input exits 3", "[cli][fuse]") {

@@ -255,6 +255,8 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   }
   spdlog::info("[run] {} {}", result.resumed ? "resuming in" : "writing to", run_dir.string());
   spdlog::info("[runtime] {}", runtime::describe().dump());
+  if (const char* job = std::getenv("SLURM_JOB_ID"))
+    spdlog::info("[slurm] job {} restart count {}", job, std::getenv("SLURM_RESTART_COUNT") ? std::getenv("SLURM_RESTART_COUNT") : "0 (first run)");
 
   Trainer trainer(cfg, *model, *optimizer, train_loader, eval_loader);
   auto augmenter = std::make_shared<data::Augmenter>(cfg.data.augment, static_cast<uint64_t>(cfg.run.seed));
@@ -284,6 +286,21 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     trainer.fit();
   } catch (const Interrupted& e) {
     if (writer) write_status(run_dir, "interrupted", trainer.progress().step, e.what());
+    // Under `mltrain slurm`'s batch script: the checkpoint is written, so put the job back in the
+    // queue (it resumes from that checkpoint), up to max_requeues times.
+    const char* job = std::getenv("SLURM_JOB_ID");
+    if (writer && job && std::getenv("MLTRAIN_SLURM_REQUEUE")) {
+      const char* rc = std::getenv("SLURM_RESTART_COUNT");
+      const int64_t restarts = rc ? std::atoll(rc) : 0;
+      if (restarts < cfg.distributed.max_requeues) {
+        spdlog::warn("[slurm] checkpoint saved at step {}; requeueing job {} (restart {} of at most {})", trainer.progress().step, job,
+                     restarts + 1, cfg.distributed.max_requeues);
+        const std::string cmd = std::string("scontrol requeue ") + job;
+        if (std::system(cmd.c_str()) != 0) spdlog::error("[slurm] `{}` failed; resubmit the job to resume", cmd);
+      } else {
+        spdlog::warn("[slurm] job {} already requeued {} times (distributed.max_requeues): not requeueing", job, restarts);
+      }
+    }
     throw;
   } catch (const std::exception& e) {
     if (writer) write_status(run_dir, "failed", trainer.progress().step, e.what());

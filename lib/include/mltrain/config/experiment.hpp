@@ -411,6 +411,7 @@ struct DistributedConfig {
   bool overlap = true;
   int64_t nproc_per_node = 0;
   int64_t max_restarts = 0;
+  int64_t max_requeues = 3;
   template <class V> void visit(V& v) {
     v.field("backend", backend, "process group: gloo (CPU; NCCL builds: nccl)", one_of({"gloo", "nccl"}));
     v.field("timeout_s", timeout_s, "a collective that takes longer fails every rank instead of hanging", positive<double>());
@@ -419,6 +420,8 @@ struct DistributedConfig {
     v.field("nproc_per_node", nproc_per_node, "> 1: `mltrain train` launches this many local ranks itself (as `mltrain launch`)",
             non_negative<int64_t>());
     v.field("max_restarts", max_restarts, "with nproc_per_node: restart the group from the latest checkpoint this many times",
+            non_negative<int64_t>());
+    v.field("max_requeues", max_requeues, "Slurm (mltrain slurm): on SIGUSR1/SIGTERM checkpoint and requeue the job at most this often",
             non_negative<int64_t>());
   }
 };

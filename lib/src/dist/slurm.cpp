@@ -1,0 +1,40 @@
+#include "mltrain/dist/slurm.hpp"
+
+#include <sstream>
+
+namespace mltrain::dist {
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") == std::string::npos) return s;
+  std::string o = "'";
+  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return o + "'";
+}
+
+std::string sbatch_script(const SbatchOptions& o) {
+  std::ostringstream s;
+  s << "#!/bin/bash\n"
+    << "# Written by `mltrain slurm`. Submit: sbatch " << shell_quote(o.output.empty() ? "this-file" : o.output) << "\n"
+    << "#SBATCH --job-name=" << o.job_name << "\n"
+    << "#SBATCH --nodes=" << o.nodes << "\n"
+    << "#SBATCH --ntasks-per-node=" << o.ntasks_per_node << "\n"
+    << "#SBATCH --time=" << o.time << "\n";
+  if (!o.partition.empty()) s << "#SBATCH --partition=" << o.partition << "\n";
+  s << "#SBATCH --signal=USR1@" << o.signal_lead_s << "   # USR1 to every task " << o.signal_lead_s
+    << " s before the time limit: checkpoint, requeue, exit\n"
+    << "#SBATCH --requeue                # the job may go back to the queue and start again\n"
+    << "#SBATCH --open-mode=append       # a requeued run appends to the same log\n"
+    << "#SBATCH --output=" << (o.log_dir.empty() ? o.workdir : o.log_dir) << "/slurm-%j.out\n"
+    << "#SBATCH --chdir=" << o.workdir << "\n\n"
+    << "set -euo pipefail\n"
+    << "# mltrain requeues itself after its checkpoint on USR1/TERM (never more than distributed.max_requeues).\n"
+    << "export MLTRAIN_SLURM_REQUEUE=1\n"
+    << "echo \"job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST ($(date -Is))\"\n"
+    << "# srun without --signal B: so the signal reaches the tasks, not just this shell.\n"
+    << "srun --kill-on-bad-exit=1 " << shell_quote(o.mltrain) << " train " << shell_quote(o.config);
+  for (const auto& ov : o.overrides) s << " " << shell_quote(ov);
+  s << "\n";
+  return s.str();
+}
+
+}  // namespace mltrain::dist

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# A real single-node Slurm on this machine for the tests, from Debian's packages (slurmctld, slurmd,
+# slurm-client, munge; scripts/install-deps.sh installs them). No systemd: the daemons are started
+# here, their pids recorded, and `stop` kills exactly those.
+#   eval "$(scripts/slurm/cluster.sh start)"   # prints `export SLURM_CONF=...`
+#   scripts/slurm/cluster.sh stop
+# State lives in $MLTRAIN_SLURM_DIR (default /tmp/mltrain-slurm). Settings that make requeue fast:
+# cred_expire=10 (a requeued job otherwise waits 120 s) and a 2 s scheduler interval.
+set -euo pipefail
+D=${MLTRAIN_SLURM_DIR:-/tmp/mltrain-slurm}
+cmd=${1:-status}
+need_root() { [ "$(id -u)" -eq 0 ] || { echo "cluster.sh: needs root (munged and slurmd)" >&2; exit 2; }; }
+
+stop() {
+  for p in slurmd slurmctld munged; do
+    if [ -f "$D/$p.pid" ]; then
+      pid=$(cat "$D/$p.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+      rm -f "$D/$p.pid"
+    fi
+  done
+}
+
+case "$cmd" in
+start)
+  need_root
+  for b in slurmctld slurmd munged sbatch; do
+    command -v $b >/dev/null || { echo "cluster.sh: $b missing; run scripts/install-deps.sh" >&2; exit 2; }
+  done
+  stop
+  mkdir -p "$D"/{state,spool,log}
+  host=$(hostname -s)
+  # munge: a private key and socket, owned by the munge user (munged refuses loose permissions).
+  mkdir -p "$D/munge"
+  [ -f "$D/munge/munge.key" ] || dd if=/dev/urandom of="$D/munge/munge.key" bs=1024 count=1 status=none
+  chown -R munge:munge "$D/munge"
+  chmod 700 "$D/munge"
+  chmod 400 "$D/munge/munge.key"
+  runuser -u munge -- munged --key-file="$D/munge/munge.key" --socket="$D/munge/munge.sock" \
+    --pid-file="$D/munge/munged.pid" --log-file="$D/munge/munged.log" --seed-file="$D/munge/munged.seed" --force
+  for _ in $(seq 50); do [ -f "$D/munge/munged.pid" ] && break; sleep 0.1; done
+  cp "$D/munge/munged.pid" "$D/munged.pid"
+  cpus=$(nproc)
+  mem=$(slurmd -C 2>/dev/null | grep -o 'RealMemory=[0-9]*' | cut -d= -f2 || echo 1000)
+  cat >"$D/slurm.conf" <<CONF
+ClusterName=mltrain
+SlurmctldHost=$host
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$D/munge/munge.sock,cred_expire=10
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool
+SlurmctldPidFile=$D/slurmctld.pid
+SlurmdPidFile=$D/slurmd.pid
+SlurmctldLogFile=$D/log/slurmctld.log
+SlurmdLogFile=$D/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=1
+JobAcctGatherType=jobacct_gather/none
+ReturnToService=2
+SlurmctldTimeout=30
+SlurmdTimeout=30
+KillWait=10
+MinJobAge=300
+NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+  export SLURM_CONF="$D/slurm.conf"
+  slurmctld -f "$SLURM_CONF"
+  slurmd -f "$SLURM_CONF"
+  for _ in $(seq 100); do
+    sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)' && break
+    sleep 0.2
+  done
+  scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true
+  sinfo -h -o %T | grep -qE '^(idle|mixed|allocated)' || { echo "cluster.sh: node not idle; see $D/log" >&2; sinfo >&2; exit 1; }
+  echo "export SLURM_CONF=$D/slurm.conf"
+  ;;
+stop) stop ;;
+status)
+  [ -f "$D/slurm.conf" ] && SLURM_CONF="$D/slurm.conf" sinfo || echo "not running"
+  ;;
+*) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
