@@ -623,6 +623,27 @@ TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and mat
   CHECK_FALSE(fs::exists(d / "ddp" / "v1"));  // one run folder, written by rank 0 only
 }
 
+TEST_CASE("a dead peer: the surviving rank fails fast, names the missing rank and dumps its last collectives", "[cli][dist]") {
+  const auto d = tmpdir("ddp_dead");
+  // Two ranks started by hand (as an external launcher would); rank 1 SIGKILLs itself at step 10.
+  const std::string train = kBin + " train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
+                            "train.duration=2ep distributed.timeout_s=20 run.dir=" + d.string() + " run.name=dead";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MLTRAIN_RUN_ID=dead$$ MLTRAIN_TEST_KILL=1:10 ";
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string cmd = "cd " + d.string() + " && { (" + env + "RANK=0 LOCAL_RANK=0 " + train + " > r0.log 2>&1; echo $? > r0.rc) & (" + env +
+                          "RANK=1 LOCAL_RANK=1 " + train + " > r1.log 2>&1; echo $? > r1.rc); wait; }";
+  REQUIRE(std::system(("bash -c '" + cmd + "'").c_str()) == 0);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log0 = slurp(d / "r0.log");
+  INFO(log0);
+  CHECK(std::stoi(slurp(d / "r1.rc")) == 137);  // 128 + SIGKILL
+  CHECK(std::stoi(slurp(d / "r0.rc")) != 0);
+  CHECK(log0.find("missing: rank 1 (pid ") != std::string::npos);
+  CHECK(log0.find("last collectives on this rank") != std::string::npos);
+  CHECK(log0.find("allreduce(gradient bucket)") != std::string::npos);
+  CHECK(secs < 20);  // within the collective timeout
+}
+
 TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer bytes, learns", "[cli][dist][onebit]") {
   const auto d = tmpdir("onebit");
   ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);

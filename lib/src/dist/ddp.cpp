@@ -2,6 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -82,6 +86,11 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
     throw RuntimeError("distributed", std::string("rank ") + std::to_string(w.rank) + " could not join the Gloo group: " + e.what(),
                        "check that every rank started and MASTER_ADDR/MASTER_PORT match");
   }
+  // Who is who, for naming the missing ranks when a collective fails.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = std::string(host) + ":" + std::to_string(::getpid());
+  c->impl_->store->set("mltrain/pid/" + std::to_string(w.rank), std::vector<uint8_t>(me.begin(), me.end()));
   spdlog::info("[dist] rank {}/{} (local {}/{}, {}) joined Gloo over a {}", w.rank, w.size, w.local_rank, w.local_size, w.source,
                w.single_node() ? "FileStore" : "TCPStore");
   return c;
@@ -104,10 +113,45 @@ std::string Comm::recent() const {
   return s;
 }
 
+// Ranks on this host whose process is gone, from the pids every rank stored when it joined.
+static std::string missing_ranks(Comm::Impl& impl, int size) {
+#ifdef MLTRAIN_WITH_GLOO
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string gone, unknown;
+  for (int r = 0; r < size; ++r) {
+    try {
+      const auto key = "mltrain/pid/" + std::to_string(r);
+      if (!impl.store->check({key})) {
+        unknown += (unknown.empty() ? "" : ", ") + std::to_string(r);
+        continue;
+      }
+      const auto v = impl.store->get(key);
+      const std::string hp(v.begin(), v.end());
+      const auto colon = hp.rfind(':');
+      const int pid = std::atoi(hp.c_str() + colon + 1);
+      if (hp.substr(0, colon) == host && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
+        gone += (gone.empty() ? "rank " : ", rank ") + std::to_string(r) + " (pid " + std::to_string(pid) + ")";
+    } catch (const std::exception&) {
+      unknown += (unknown.empty() ? "" : ", ") + std::to_string(r);
+    }
+  }
+  std::string s;
+  if (!gone.empty()) s += "missing: " + gone + " exited";
+  if (!unknown.empty()) s += std::string(s.empty() ? "" : "; ") + "never joined or unknown: ranks " + unknown;
+  return s.empty() ? "every rank on this host is alive (a peer on another host, or a hang)" : s;
+#else
+  (void)impl, (void)size;
+  return "";
+#endif
+}
+
 void Comm::fail(const std::string& op, const std::exception& e) {
+  const std::string missing = missing_ranks(*impl_, world_.size);
+  spdlog::error("[dist] rank {}: {}", world_.rank, missing);
   spdlog::error("[dist] rank {}: {} failed: {}\nlast collectives on this rank:\n{}", world_.rank, op, e.what(), recent());
-  throw RuntimeError("distributed", "rank " + std::to_string(world_.rank) + ": " + op + " failed or timed out after " +
-                                        std::to_string(int(timeout_s_)) + " s (a peer died or hangs): " + e.what(),
+  throw RuntimeError("distributed", "rank " + std::to_string(world_.rank) + ": " + op + " failed (timeout " +
+                                        std::to_string(int(timeout_s_)) + " s; " + missing + "): " + e.what(),
                      "look for the first rank that failed in the launcher's output; its collectives are logged above");
 }
 

@@ -56,12 +56,12 @@ class Comm {
   void wait(const std::shared_ptr<Pending>& p);
   std::string recent() const;  // the ring buffer, oldest first
   int64_t bytes_sent() const { return bytes_; }
+  struct Impl;  // the c10d store and process group (their headers stay out of every other file)
 
  private:
   Comm();
   void record(const char* op, int64_t bytes);
   [[noreturn]] void fail(const std::string& op, const std::exception& e);
-  struct Impl;  // the c10d store and process group (their headers stay out of every other file)
   std::unique_ptr<Impl> impl_;
   World world_;
   double timeout_s_ = 300;
