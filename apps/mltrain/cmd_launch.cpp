@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "mltrain/core/process.hpp"
 #include "mltrain/dist/launch.hpp"
 
 namespace mltrain::cli {
@@ -16,11 +17,7 @@ void setup_launch(CLI::App& app, Action& run) {
   sub->callback([o, &run] {
     run = [o] {
       auto cmd = o->command;
-      if (!cmd.empty() && cmd[0] == "mltrain") {  // the same binary, wherever it was started from
-        char buf[4096];
-        const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-        if (n > 0) cmd[0] = std::string(buf, size_t(n));
-      }
+      if (!cmd.empty() && cmd[0] == "mltrain") cmd[0] = self_exe();  // the same binary, wherever it was started from
       auto lo = *o;
       lo.command = cmd;
       const auto r = dist::launch(lo);

@@ -8,6 +8,7 @@
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
+#include "mltrain/core/process.hpp"
 #include "mltrain/dist/slurm.hpp"
 
 namespace fs = std::filesystem;
@@ -35,10 +36,8 @@ void setup_slurm(CLI::App& app, Action& run) {
   sub->callback([o, &run] {
     run = [o] {
       const auto cfg = config::load_experiment(o->config, o->overrides);  // a bad config fails here, not in the queue
-      char buf[4096];
-      const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
       auto so = o->so;
-      so.mltrain = n > 0 ? std::string(buf, size_t(n)) : "mltrain";
+      so.mltrain = self_exe();
       so.config = fs::absolute(o->config).string();
       so.overrides = o->overrides;
       so.job_name = cfg.run.name;

@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 #include "mltrain/config/experiment.hpp"
+#include "mltrain/core/process.hpp"
 #include "mltrain/dist/launch.hpp"
 #include "mltrain/train/run.hpp"
 
@@ -48,12 +49,10 @@ void setup_train(CLI::App& app, Action& run) {
       }
       if (cfg.distributed.nproc_per_node > 1 && !std::getenv("RANK") && !std::getenv("SLURM_PROCID")) {
         // The `distributed:` block: this process becomes the launcher of nproc_per_node copies of itself.
-        char buf[4096];
-        const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
         dist::LaunchOptions lo;
         lo.nproc = static_cast<int>(cfg.distributed.nproc_per_node);
         lo.max_restarts = static_cast<int>(cfg.distributed.max_restarts);
-        lo.command = {n > 0 ? std::string(buf, size_t(n)) : "mltrain", "train", opt->config};
+        lo.command = {self_exe(), "train", opt->config};
         lo.command.insert(lo.command.end(), ov.begin(), ov.end());
         if (opt->jsonl) lo.command.push_back("--jsonl");
         const auto r = dist::launch(lo);

@@ -5,18 +5,11 @@
 
 #include "commands.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/process.hpp"
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/study.hpp"
 
 namespace mltrain::cli {
-
-namespace {
-std::string self_exe() {
-  char buf[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, size_t(n)) : "mltrain";
-}
-}  // namespace
 
 void setup_tune(CLI::App& app, Action& run) {
   struct Opts {

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/process.hpp"
 
 extern char** environ;
 
@@ -82,46 +83,12 @@ LaunchResult launch(const LaunchOptions& o) {
     const int port = free_port();
     std::vector<Worker> ws(size_t(o.nproc));
     for (int r = 0; r < o.nproc; ++r) {
-      std::vector<std::string> env;
-      for (char** e = environ; *e; ++e) {
-        const std::string kv = *e;
-        bool ours = false;
-        for (const char* k : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=", "MASTER_ADDR=", "MASTER_PORT=",
-                              "TORCHELASTIC_RESTART_COUNT=", "MLTRAIN_RUN_ID="})
-          ours |= kv.rfind(k, 0) == 0;
-        if (!ours) env.push_back(kv);
-      }
-      env.push_back("RANK=" + std::to_string(r));
-      env.push_back("WORLD_SIZE=" + std::to_string(o.nproc));
-      env.push_back("LOCAL_RANK=" + std::to_string(r));
-      env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(o.nproc));
-      env.push_back("GROUP_RANK=0");
-      env.push_back("MASTER_ADDR=127.0.0.1");
-      env.push_back("MASTER_PORT=" + std::to_string(port));
-      env.push_back("TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt));
-      env.push_back("MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt));
-      int p[2];
-      if (::pipe2(p, O_CLOEXEC) != 0) throw RuntimeError("launch", std::string("pipe: ") + std::strerror(errno));
-      std::vector<std::string> argv = o.command;
-      std::vector<char*> av, ev;
-      for (auto& s : argv) av.push_back(s.data());
-      av.push_back(nullptr);
-      for (auto& s : env) ev.push_back(s.data());
-      ev.push_back(nullptr);
-      const pid_t parent = ::getpid();
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (::getppid() != parent) ::_exit(127);
-        ::dup2(p[1], STDOUT_FILENO);
-        ::dup2(p[1], STDERR_FILENO);
-        ::execvpe(av[0], av.data(), ev.data());
-        std::fprintf(stderr, "cannot run %s: %s\n", av[0], std::strerror(errno));
-        ::_exit(127);
-      }
-      ::close(p[1]);
-      ws[size_t(r)].pid = pid;
-      ws[size_t(r)].fd = p[0];
+      const std::vector<std::string> set = {
+          "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(o.nproc), "LOCAL_RANK=" + std::to_string(r),
+          "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc), "GROUP_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+          "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt), "MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt)};
+      // stdout and stderr through one pipe, streamed with the rank's prefix; dies with the launcher.
+      ws[size_t(r)].pid = spawn_child(o.command, environment_with(set), &ws[size_t(r)].fd, "", /*own_group=*/false);
     }
     std::fprintf(stderr, "[launch] attempt %d: %d workers on 127.0.0.1:%d\n", attempt, o.nproc, port);
     int failed = -1, failed_status = 0, alive = o.nproc;

@@ -21,6 +21,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
+#include "mltrain/core/process.hpp"
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/functions.hpp"
 
@@ -220,42 +221,17 @@ Child spawn(const StudyConfig& cfg, const RunStudyOptions& opt, const TrialState
     argv = cfg.command;
     for (auto it = t.params.begin(); it != t.params.end(); ++it) argv.push_back("--" + it.key() + "=" + value_text(it.value()));
   }
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  for (auto it = t.params.begin(); it != t.params.end(); ++it) env.push_back(env_name(it.key()) + "=" + value_text(it.value()));
-  env.push_back("MLTRAIN_TRIAL_NUMBER=" + std::to_string(t.number));
-  env.push_back("MLTRAIN_TRIAL_DIR=" + (dir / name).string());
-  env.push_back("OMP_NUM_THREADS=" + std::to_string(cfg.threads));
+  std::vector<std::string> set;
+  for (auto it = t.params.begin(); it != t.params.end(); ++it) set.push_back(env_name(it.key()) + "=" + value_text(it.value()));
+  set.push_back("MLTRAIN_TRIAL_NUMBER=" + std::to_string(t.number));
+  set.push_back("MLTRAIN_TRIAL_DIR=" + (dir / name).string());
+  set.push_back("OMP_NUM_THREADS=" + std::to_string(cfg.threads));
   Child c;
   c.number = t.number;
   c.started = now_s();
   c.log = dir / (std::string(name) + ".log");
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) throw RuntimeError("tune", std::string("pipe: ") + std::strerror(errno));
-  const int logfd = ::open(c.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  std::vector<char*> av, ev;
-  for (auto& s : argv) av.push_back(s.data());
-  av.push_back(nullptr);
-  for (auto& s : env) ev.push_back(s.data());
-  ev.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw RuntimeError("tune", std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a trial never outlives its driver (SIGKILLed drivers included)
-    if (::getppid() != parent) ::_exit(127);
-    ::dup2(p[1], STDOUT_FILENO);
-    if (logfd >= 0) ::dup2(logfd, STDERR_FILENO);
-    ::execve(av[0], av.data(), ev.data());
-    ::execvpe(av[0], av.data(), ev.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", av[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(p[1]);
-  if (logfd >= 0) ::close(logfd);
-  c.pid = pid;
-  c.out_fd = p[0];
+  // Its own process group (pruning signals the trial and its children); dies with this driver.
+  c.pid = spawn_child(argv, environment_with(set), &c.out_fd, c.log.string(), /*own_group=*/true);
   return c;
 }
 

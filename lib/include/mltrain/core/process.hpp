@@ -1,0 +1,27 @@
+#pragma once
+// Child processes for `mltrain tune` trials and `mltrain launch` workers (no LibTorch).
+//
+//   int out = -1;
+//   pid_t pid = spawn_child({"/bin/echo", "hi"}, environment_with({"A=1"}), &out, /*stderr_path=*/"");
+//   // read `out` until EOF; waitpid(pid, ...)
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace mltrain {
+
+// The running binary (/proc/self/exe), for re-executing mltrain; "mltrain" when unreadable.
+std::string self_exe();
+
+// This process's environment with `set` ("KEY=value") replacing or adding entries.
+std::vector<std::string> environment_with(const std::vector<std::string>& set);
+
+// fork + exec (PATH searched) with PR_SET_PDEATHSIG(SIGKILL), so the child never outlives its
+// parent, even a SIGKILLed one. The child's stdout goes to a pipe whose read end is returned in
+// *stdout_fd; its stderr to stderr_path (truncated first), or to the same pipe when empty.
+// own_group: the child leads a new process group (signal it and its children with kill(-pid)).
+pid_t spawn_child(const std::vector<std::string>& argv, const std::vector<std::string>& env, int* stdout_fd,
+                  const std::string& stderr_path, bool own_group);
+
+}  // namespace mltrain
