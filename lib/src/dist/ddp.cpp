@@ -224,7 +224,7 @@ void onebit_average(Comm& comm, torch::Tensor& momentum, torch::Tensor& error) {
   optim::onebit_compress(momentum, error);
   const auto all = comm.allgather(optim::onebit_pack(momentum), "allgather(1-bit momentum)");
   auto sum = torch::zeros({momentum.numel()}, torch::kFloat);
-  for (const auto& p : all) sum.add_(optim::onebit_unpack(p, momentum.numel()));  // rank order: the same sum everywhere
+  for (const auto& p : all) optim::onebit_unpack_add(p, momentum.numel(), sum.data_ptr<float>());  // rank order: the same sum everywhere
   momentum.copy_(sum.div_(double(all.size())).to(momentum.scalar_type()).view(momentum.sizes()));
 }
 

@@ -66,5 +66,6 @@ void onebit_compress(torch::Tensor& x, torch::Tensor& error);
 // Signs packed 8 per byte (LSB first), then one float32 scale per chunk: n / 8 + 4 ceil(n / 2048) bytes.
 torch::Tensor onebit_pack(const torch::Tensor& compressed);
 torch::Tensor onebit_unpack(const torch::Tensor& packed, int64_t n);
+void onebit_unpack_add(const torch::Tensor& packed, int64_t n, float* sum);  // sum[i] += value i
 
 }  // namespace mltrain::optim
