@@ -127,7 +127,7 @@ class Adam : public Optimizer {
 
 // 1-bit Adam (Tang et al. 2021; DeepSpeed's OnebitAdam): exact Adam for freeze_step steps (the
 // gradients are all-reduced as usual), then the variance is frozen and each rank updates its
-// momentum from its own gradient, which is exchanged at 1 bit per element plus a scale per tensor,
+// momentum from its own gradient, which is exchanged at 1 bit per element plus a scale per 2048,
 // with error feedback; every rank applies the same averaged momentum, so parameters stay equal.
 // The compressed average here is exact over all ranks' 1-bit tensors (an all-gather), where
 // DeepSpeed adds a second, server-side compression stage for large worlds.
@@ -137,43 +137,85 @@ class OneBitAdam : public Optimizer {
   std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq", "error"}; }
   bool wants_gradient_sync() const override { return steps_ < cfg_.freeze_step; }
   void set_momentum_reducer(MomentumReducer r) override { reducer_ = std::move(r); }
+  // Warm-up: exact Adam, one parameter at a time (the gradients were all-reduced).
   void update(ParamSlot& s, const torch::Tensor& grad, double lr) override {
     auto& m = buffers_[s.name + "/exp_avg"];
     auto& v = buffers_[s.name + "/exp_avg_sq"];
-    auto& e = buffers_[s.name + "/error"];
-    if (!m.defined()) m = torch::zeros_like(s.param), v = torch::zeros_like(s.param);
-    if (!e.defined()) e = torch::zeros({s.param.numel()}, s.param.options());
-    const bool warm = steps_ < cfg_.freeze_step;
+    init(s);
     const double t = static_cast<double>(steps_ + 1);
-    // After the freeze the variance and its bias correction stay as they were at freeze_step.
-    const double bc1 = 1 - std::pow(cfg_.beta1, t), bc2 = 1 - std::pow(cfg_.beta2, warm ? t : double(cfg_.freeze_step));
+    const double bc1 = 1 - std::pow(cfg_.beta1, t), bc2 = 1 - std::pow(cfg_.beta2, t);
     torch::Tensor g = grad;
     if (s.weight_decay != 0) g = g.add(s.param, s.weight_decay);
     m.mul_(cfg_.beta1).add_(g, 1 - cfg_.beta1);
-    if (warm) v.mul_(cfg_.beta2).addcmul_(g, g, 1 - cfg_.beta2);
-    auto denom = (v.sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
-    if (!warm) {
-      // The frozen variance is zero (or tiny) where a coordinate had no gradient during the
-      // warm-up (Fashion-MNIST's always-black border pixels, early-dead ReLUs); when such a
-      // coordinate later gets a gradient, lr * m / eps is enormous and the run goes to NaN within
-      // a few steps even without compression (measured). The denominator is floored at a tenth
-      // of the tensor's mean, which is the same on every rank because v is.
-      denom = torch::max(denom, torch::full_like(denom, 0.1 * denom.mean().item<double>()));
-      // What is compressed is the preconditioned momentum u = m / denom, not m itself (DeepSpeed
-      // compresses m). denom is frozen and equal on every rank, so averaging u is averaging m;
-      // but 1-bit codes give every element of a tensor the same magnitude, and in m-space that
-      // magnitude lands on coordinates whose frozen variance is zero (the always-black border
-      // pixels' weights), where lr * scale / eps blew the MLP up to NaN within a few steps. In
-      // u-space every coordinate moves by at most lr * scale, like Adam's own bounded step.
-      auto u = (m / denom).reshape({-1}).contiguous();
-      if (reducer_) reducer_(u, e);
-      else onebit_compress(u, e);
-      m.copy_(u.view(m.sizes()) * denom);
+    v.mul_(cfg_.beta2).addcmul_(g, g, 1 - cfg_.beta2);
+    s.param.addcdiv_(m, (v.sqrt() / std::sqrt(bc2)).add_(cfg_.eps), -lr / bc1);
+  }
+
+  // After the freeze: every parameter's momentum in one buffer, one exchange per step (a Gloo
+  // collective per tensor cost ~2 ms each on loopback, more than the bytes saved).
+  void step(double lr) override {
+    if (steps_ < cfg_.freeze_step) return Optimizer::step(lr);
+    torch::NoGradGuard ng;
+    std::vector<ParamSlot*> live;
+    int64_t total = 0;
+    for (auto& s : slots_)
+      if (s.param.grad().defined()) live.push_back(&s), total += s.param.numel();
+    auto u = torch::empty({total}, torch::kFloat), e = torch::empty({total}, torch::kFloat);
+    int64_t off = 0;
+    for (auto* s : live) {
+      init(*s);
+      auto& m = buffers_[s->name + "/exp_avg"];
+      torch::Tensor g = s->param.grad();
+      if (s->weight_decay != 0) g = g.add(s->param, s->weight_decay);
+      m.mul_(cfg_.beta1).add_(g, 1 - cfg_.beta1);
+      const int64_t n = s->param.numel();
+      u.slice(0, off, off + n).copy_((m / denom(*s)).reshape({-1}));
+      e.slice(0, off, off + n).copy_(buffers_[s->name + "/error"].reshape({-1}));
+      off += n;
     }
-    s.param.addcdiv_(m, denom, -lr / bc1);
+    if (reducer_) reducer_(u, e);
+    else onebit_compress(u, e);
+    const double bc1 = 1 - std::pow(cfg_.beta1, static_cast<double>(steps_ + 1));
+    off = 0;
+    for (auto* s : live) {
+      const int64_t n = s->param.numel();
+      auto& m = buffers_[s->name + "/exp_avg"];
+      const auto& d = denom(*s);
+      m.copy_(u.slice(0, off, off + n).view(m.sizes()) * d);
+      buffers_[s->name + "/error"].copy_(e.slice(0, off, off + n).view(buffers_[s->name + "/error"].sizes()));
+      s->param.addcdiv_(m, d, -lr * s->lr_mult / bc1);
+      off += n;
+    }
+    ++steps_;
   }
 
  private:
+  void init(const ParamSlot& s) {
+    auto& m = buffers_[s.name + "/exp_avg"];
+    if (!m.defined()) m = torch::zeros_like(s.param), buffers_[s.name + "/exp_avg_sq"] = torch::zeros_like(s.param);
+    auto& e = buffers_[s.name + "/error"];
+    if (!e.defined()) e = torch::zeros({s.param.numel()}, s.param.options());
+  }
+  // The frozen denominator sqrt(v / (1 - b2^freeze)) + eps, computed once after the freeze (v no
+  // longer changes; recomputed after a resume). The frozen variance is zero (or tiny) where a
+  // coordinate had no gradient during the warm-up (Fashion-MNIST's always-black border pixels,
+  // early-dead ReLUs); when such a coordinate later gets a gradient, lr * m / eps is enormous and
+  // the run reached NaN within a few steps even without compression (measured). So it is floored
+  // at a tenth of the tensor's mean, the same on every rank because v is. And what is compressed
+  // is the preconditioned momentum u = m / denom (DeepSpeed compresses m): averaging u is
+  // averaging m, but a 1-bit code gives every element of a chunk the same magnitude, which in
+  // m-space lands on those zero-variance coordinates; in u-space no coordinate moves by more
+  // than lr * scale, like Adam's own bounded step.
+  const torch::Tensor& denom(const ParamSlot& s) {
+    auto& d = denom_[s.name];
+    if (!d.defined()) {
+      const double bc2 = 1 - std::pow(cfg_.beta2, double(cfg_.freeze_step));
+      d = (buffers_[s.name + "/exp_avg_sq"].sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
+      d = torch::max(d, torch::full_like(d, 0.1 * d.mean().item<double>()));
+    }
+    return d;
+  }
+  std::map<std::string, torch::Tensor> denom_;
   MomentumReducer reducer_;
 };
 
