@@ -6,6 +6,7 @@
 #include "commands.hpp"
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/core/process.hpp"
+#include "mltrain/core/signals.hpp"
 #include "mltrain/dist/launch.hpp"
 #include "mltrain/train/run.hpp"
 
@@ -59,6 +60,7 @@ void setup_train(CLI::App& app, Action& run) {
         if (r.exit_code != 0 && !r.failure.empty()) std::cerr << "error: launch: " << r.failure << "\n";
         return r.exit_code;
       }
+      watch_stop_signals();  // before LibTorch, the loader or Gloo start any thread
       train::RunOptions ro;
       ro.config_path = opt->config;
       ro.command_line = {"mltrain", "train", opt->config};
