@@ -43,7 +43,7 @@ void setup_slurm(CLI::App& app, Action& run) {
       so.job_name = cfg.run.name;
       const fs::path dir = fs::absolute(fs::path(cfg.run.dir) / cfg.run.name);
       fs::create_directories(dir);
-      so.workdir = fs::current_path().string();
+      so.workdir = fs::current_path().string();  // the job runs where it was submitted from
       so.output = (dir / "slurm.sbatch").string();
       so.log_dir = dir.string();
       write_file_atomic(so.output, dist::sbatch_script(so));

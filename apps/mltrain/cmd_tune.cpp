@@ -27,8 +27,8 @@ void setup_tune(CLI::App& app, Action& run) {
   sub->add_option("overrides", o->overrides, "key.path=value overrides of the study file, e.g. sampler.name=gp study.n_trials=50");
   sub->add_flag("--json", o->json, "print the JSON summary");
   sub->add_flag("-q,--quiet", o->quiet, "no per-trial lines on stderr");
-  sub->callback([o, &run, rep, sub] {
-    run = [o, rep, sub] {
+  sub->callback([o, &run, rep] {
+    run = [o, rep] {
       if (rep->parsed()) {
         auto cfg = tune::study_config_from_folder(o->report_dir);
         const auto trials = tune::read_trials(cfg.study_dir(), cfg.space);
@@ -37,7 +37,6 @@ void setup_tune(CLI::App& app, Action& run) {
         return 0;
       }
       if (o->study.empty()) throw ConfigError("mltrain tune", "no study file given", "mltrain tune STUDY.yaml, or mltrain tune report STUDY_DIR");
-      (void)sub;
       const auto cfg = tune::load_study_config(o->study, o->overrides);
       const auto s = tune::run_study(cfg, {self_exe(), o->quiet});
       std::cout << (o->json ? s.dump(2) + "\n" : tune::study_text(s));

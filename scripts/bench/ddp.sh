@@ -5,11 +5,7 @@
 #  3. 1-bit Adam against Adam on 2 ranks: bytes sent per step after the warm-up, accuracy, time
 #   bash scripts/bench/ddp.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-[ -x build/apps/mltrain/mltrain ] || bash scripts/build.sh >/dev/null
-M=build/apps/mltrain/mltrain
-D=$(mktemp -d)
-trap 'rm -rf "$D"' EXIT
+source "$(dirname "$0")/prelude.sh"
 summary() { grep -o '{"allreduce[^}]*}\|{"event":"summary"[^}]*}' "$1" | tail -1; }
 py() { /usr/bin/python3 -c "$1"; }
 echo "== 1. one process vs 2 ranks (global batch 128)"

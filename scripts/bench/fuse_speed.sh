@@ -4,11 +4,7 @@
 # ratios (batch 1 latency, batch 128 throughput) measured in this invocation.
 #   bash scripts/bench/fuse_speed.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-[ -x build/apps/mltrain/mltrain ] || bash scripts/build.sh >/dev/null
-M=build/apps/mltrain/mltrain
-D=$(mktemp -d)
-trap 'rm -rf "$D"' EXIT
+source "$(dirname "$0")/prelude.sh"
 common="data.limit_train=8192 train.duration=1ep checkpoint.every=1ep run.dir=$D"
 $M train configs/fashion_mnist_cnn.yaml $common run.name=cnn >/dev/null 2>&1
 $M train configs/fashion_mnist_resnet_recipe.yaml $common run.name=resnet amp.enabled=false >/dev/null 2>&1

@@ -5,11 +5,7 @@
 #   bash scripts/bench/quantize_speed.sh                  # trains a CNN (3 epochs) and the small ResNet (2 epochs) first
 #   bash scripts/bench/quantize_speed.sh RUN_DIR...       # or quantizes finished runs, e.g. the main job's
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-[ -x build/apps/mltrain/mltrain ] || bash scripts/build.sh >/dev/null
-M=build/apps/mltrain/mltrain
-D=$(mktemp -d)
-trap 'rm -rf "$D"' EXIT
+source "$(dirname "$0")/prelude.sh"
 runs=("$@")
 if [ ${#runs[@]} -eq 0 ]; then
   echo "training a CNN (3 epochs) and the small ResNet (2 epochs) on Fashion-MNIST ..." >&2

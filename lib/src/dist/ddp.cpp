@@ -77,8 +77,10 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   c->impl_->store->setTimeout(timeout);
   auto opts = c10d::ProcessGroupGloo::Options::create();
   const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
-  opts->devices.push_back(iface ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
-                                : c10d::ProcessGroupGloo::createDeviceForHostname(w.single_node() ? "127.0.0.1" : w.master_addr == "127.0.0.1" ? "127.0.0.1" : ""));
+  // One node: loopback. Several: GLOO_SOCKET_IFNAME, else the interface this host's name resolves to.
+  opts->devices.push_back(iface              ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
+                          : w.single_node() ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                             : c10d::ProcessGroupGloo::createDefaultDevice());
   opts->timeout = timeout;
   try {
     c->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("mltrain", c->impl_->store), w.rank, w.size, opts);

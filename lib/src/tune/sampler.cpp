@@ -92,7 +92,6 @@ struct Parzen {
   std::vector<double> logw;                     // mixture log weights, prior last
   std::vector<std::vector<double>> mu, sigma;   // [dim][component], numeric dims
   std::vector<std::vector<std::vector<double>>> cat_logp;  // [dim][component][choice]
-  std::vector<double> log_norm;                 // unused (per-dim normalisers inline)
 
   static double trunc_logpdf(double u, double m, double s) {
     const double z = norm_cdf((1.0 - m) / s) - norm_cdf((0.0 - m) / s);
@@ -299,12 +298,11 @@ double minimize_box(const std::function<double(const std::vector<double>&, std::
       for (size_t j = 0; j < D; ++j) d[j] = ((x[j] <= lo[j] && g[j] > 0) || (x[j] >= hi[j] && g[j] < 0)) ? 0 : -g[j];
       slope = std::inner_product(g.begin(), g.end(), d.begin(), 0.0);
       if (slope >= -1e-16) break;
-      if (it == 0 || true) {  // scale the first steepest-descent step to a unit-cube-sized move
-        double nd = std::sqrt(std::inner_product(d.begin(), d.end(), d.begin(), 0.0));
-        if (nd > 0.5) {
-          for (auto& v : d) v *= 0.5 / nd;
-          slope *= 0.5 / nd;
-        }
+      // Scale a steepest-descent step to at most a unit-cube-sized move.
+      const double nd = std::sqrt(std::inner_product(d.begin(), d.end(), d.begin(), 0.0));
+      if (nd > 0.5) {
+        for (auto& v : d) v *= 0.5 / nd;
+        slope *= 0.5 / nd;
       }
     }
     double t = 1.0, fn = 0;

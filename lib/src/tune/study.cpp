@@ -334,6 +334,37 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
     }
   };
 
+  // One JSON line from a trial: the summary's fields become attributes; a value of the metric is
+  // the latest result, and with a step also an intermediate report, which the pruner judges
+  // against every trial's curve (judge=false once the trial has exited).
+  auto handle_line = [&](Child& c, const std::string& line, bool judge) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (...) {
+      return;  // not a JSON line: ordinary output
+    }
+    if (!j.is_object()) return;
+    if (j.value("event", "") == "summary") {
+      for (auto it = j.begin(); it != j.end(); ++it)
+        if (it.key() != "event") c.attrs[it.key()] = it.value();
+      return;
+    }
+    if (!j.contains(cfg.metric) || !(j[cfg.metric].is_number() || j[cfg.metric].is_null())) return;
+    const double v = j[cfg.metric].is_null() ? NAN : j[cfg.metric].get<double>();  // JSON has no NaN: null
+    c.last_value = v, c.has_value = true;
+    if (!j.contains("step") || c.pruned) return;
+    c.values.push_back(v);
+    journal.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", v}}});
+    if (!judge) return;
+    TrialCurve mine{c.number, false, {}};
+    for (double x : c.values) mine.values.push_back(sign * x);
+    if (pruner->should_prune(mine, curves(replay(journal.read(), cfg.space).trials))) {
+      c.pruned = true;
+      ::kill(-c.pid, SIGTERM);
+    }
+  };
+
   while (true) {
     // 1. Start trials while there is room (one journal transaction per start).
     const bool time_left = cfg.timeout_s <= 0 || now_s() - t0 < cfg.timeout_s;
@@ -352,13 +383,11 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
           }
         int used = 0;
         const int retry = retry_target(rp.trials, used);
-        int in_flight = 0;
         if (used >= cfg.n_trials && retry < 0) {
           done = true;
           return add;
         }
         if (used + (retry >= 0 ? 1 : 0) > cfg.n_trials) return add;
-        (void)in_flight;
         next = TrialState();
         next.number = int(rp.trials.size());
         if (retry >= 0) {
@@ -421,31 +450,7 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
       while ((nl = c.buf.find('\n')) != std::string::npos) {
         const std::string line = c.buf.substr(0, nl);
         c.buf.erase(0, nl + 1);
-        nlohmann::json j;
-        try {
-          j = nlohmann::json::parse(line);
-        } catch (...) {
-          continue;  // not a JSON line: ordinary output
-        }
-        if (!j.is_object()) continue;
-        if (j.value("event", "") == "summary") {
-          for (auto it = j.begin(); it != j.end(); ++it)
-            if (it.key() != "event") c.attrs[it.key()] = it.value();
-          continue;
-        }
-        if (!j.contains(cfg.metric) || !(j[cfg.metric].is_number() || j[cfg.metric].is_null())) continue;
-        const double v = j[cfg.metric].is_null() ? NAN : j[cfg.metric].get<double>();  // JSON has no NaN: null
-        c.last_value = v, c.has_value = true;
-        if (!j.contains("step") || c.pruned) continue;
-        c.values.push_back(v);
-        journal.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", v}}});
-        auto ts = replay(journal.read(), cfg.space).trials;
-        TrialCurve mine{c.number, false, {}};
-        for (double x : c.values) mine.values.push_back(sign * x);
-        if (pruner->should_prune(mine, curves(ts))) {
-          c.pruned = true;
-          ::kill(-c.pid, SIGTERM);
-        }
+        handle_line(c, line, /*judge=*/true);
       }
     }
     // 3. Reap finished trials.
@@ -463,22 +468,7 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
       while ((k = ::read(c.out_fd, buf, sizeof buf)) > 0) c.buf.append(buf, size_t(k));
       std::istringstream rest(c.buf);
       std::string line;
-      while (std::getline(rest, line)) {
-        try {
-          auto j = nlohmann::json::parse(line);
-          if (j.value("event", "") == "summary") {
-            for (auto jt = j.begin(); jt != j.end(); ++jt)
-              if (jt.key() != "event") c.attrs[jt.key()] = jt.value();
-          } else if (j.contains(cfg.metric) && (j[cfg.metric].is_number() || j[cfg.metric].is_null())) {
-            c.last_value = j[cfg.metric].is_null() ? NAN : j[cfg.metric].get<double>(), c.has_value = true;
-            if (j.contains("step") && !c.pruned) {
-              c.values.push_back(c.last_value);
-              journal.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", c.last_value}}});
-            }
-          }
-        } catch (...) {
-        }
-      }
+      while (std::getline(rest, line)) handle_line(c, line, /*judge=*/false);  // exited: nothing left to prune
       ::close(c.out_fd);
       c.attrs["duration_s"] = now_s() - c.started;
       if (c.pruned) {

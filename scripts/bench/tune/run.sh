@@ -5,13 +5,9 @@
 # this invocation, one after the other (run it on an otherwise idle machine).
 #   bash scripts/bench/tune/run.sh [SEEDS] [TRIALS]
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
-[ -x build/apps/mltrain/mltrain ] || bash scripts/build.sh >/dev/null
-M=build/apps/mltrain/mltrain
+source "$(dirname "$0")/../prelude.sh"
 SEEDS=${1:-20}
 TRIALS=${2:-100}
-D=$(mktemp -d)
-trap 'rm -rf "$D"' EXIT
 for fn in branin hartmann6 rosenbrock4; do
   for s in random tpe gp; do
     echo "mltrain: $fn $s ($SEEDS seeds)" >&2
