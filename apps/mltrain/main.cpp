@@ -5,7 +5,10 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <ctime>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "mltrain/core/compat.hpp"
@@ -26,6 +29,17 @@ static void print_version() {
             << "build: " << MLTRAIN_BUILD_OPTIONS << "\n"
             << "runtime defaults: threads=auto (" << mltrain::runtime::usable_cores()
             << " usable cores), kernel_route=onednn, allocator=retain\n";
+}
+
+// Prints the failure and, under torchrun, leaves it in TORCHELASTIC_ERROR_FILE as well: torchrun's
+// failure summary then shows this message instead of "<N/A>".
+static int fail(const std::string& message, int code) {
+  std::cerr << "error: " << message << "\n";
+  if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE"); path && *path) {
+    std::ofstream f(path);
+    f << nlohmann::json{{"message", "mltrain: " + message}, {"timestamp", std::time(nullptr)}}.dump() << "\n";
+  }
+  return code;
 }
 
 int main(int argc, char** argv) {
@@ -79,13 +93,10 @@ int main(int argc, char** argv) {
     spdlog::warn("{}; checkpoint written, exiting with {}", e.what(), mltrain::kExitSignalBase + e.signal());
     return mltrain::kExitSignalBase + e.signal();
   } catch (const mltrain::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return e.exit_code();
+    return fail(e.what(), e.exit_code());
   } catch (const c10::Error& e) {
-    std::cerr << "error: LibTorch: " << e.what_without_backtrace() << "\n";
-    return mltrain::kExitRuntime;
+    return fail(std::string("LibTorch: ") + e.what_without_backtrace(), mltrain::kExitRuntime);
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return mltrain::kExitRuntime;
+    return fail(e.what(), mltrain::kExitRuntime);
   }
 }

@@ -37,7 +37,16 @@ TEST_CASE("world from torchrun, Slurm or nothing", "[dist]") {
   CHECK((t.rank == 3 && t.size == 4 && t.local_rank == 1 && t.local_size == 2 && t.node_rank == 1 && t.nodes == 2));
   CHECK(t.master_addr == "10.0.0.1");
   CHECK(t.master_port == 29400);
-  CHECK(t.run_id == "abc");
+  CHECK(t.run_id == "abc.port29400.attempt0");
+  CHECK_FALSE(t.agent_store);
+  // torchrun's defaults: run id "none", its own store, a restart count
+  const auto a = from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"},
+                       {"TORCHELASTIC_RUN_ID", "none"}, {"TORCHELASTIC_RESTART_COUNT", "3"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  CHECK(a.agent_store);
+  CHECK(a.restart == 3);
+  CHECK(a.run_id == "none.port29500.attempt3");
+  CHECK(a.single_node());
+  CHECK_FALSE(from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}).agent_store);
   CHECK_FALSE(t.single_node());
   const auto s = from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
                        {"SLURM_JOB_NODELIST", "gpu[07-10]"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_JOB_ID", "123456"}});

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "mltrain/core/error.hpp"
@@ -60,19 +61,46 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   c->world_ = w;
   c->timeout_s_ = o.timeout_s;
   const auto timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
-  if (w.single_node()) {
+  std::string store_kind;
+  if (w.agent_store) {
+    // torchrun (static rendezvous, its default) already serves a TCPStore at MASTER_ADDR:MASTER_PORT:
+    // every rank is a client, as torch.distributed's env:// does; each attempt its own key prefix.
+    c10d::TCPStoreOptions so;
+    so.port = uint16_t(w.master_port);
+    so.isServer = false;
+    so.numWorkers = w.size;
+    so.timeout = timeout;
+    try {
+      auto tcp = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+      c->impl_->store = c10::make_intrusive<c10d::PrefixStore>("mltrain/attempt_" + std::to_string(w.restart), tcp);
+    } catch (const std::exception& e) {
+      throw RuntimeError("distributed", "rank " + std::to_string(w.rank) + " could not reach torchrun's store at " + w.master_addr + ":" +
+                                            std::to_string(w.master_port) + ": " + e.what(),
+                         "is the torchrun agent still running? unset TORCHELASTIC_USE_AGENT_STORE if this process was not started by torchrun");
+    }
+    store_kind = "torchrun's TCPStore";
+  } else if (w.single_node()) {
     const fs::path dir = o.store_dir.empty() ? fs::temp_directory_path() : fs::path(o.store_dir);
     const fs::path path = dir / ("mltrain-store-" + w.run_id + "-" + std::to_string(w.size));
     c->impl_->store = c10::make_intrusive<c10d::FileStore>(path.string(), w.size);
+    store_kind = "FileStore";
   } else {
-    spdlog::warn("[dist] TCPStore on {}:{}: the port is unauthenticated and open on all interfaces; run inside a trusted network",
-                 w.master_addr, w.master_port);
+    if (w.rank == 0)
+      spdlog::warn("[dist] TCPStore on {}:{}: the port is unauthenticated and open on all interfaces; run inside a trusted network",
+                   w.master_addr, w.master_port);
     c10d::TCPStoreOptions so;
     so.port = uint16_t(w.master_port);
     so.isServer = w.rank == 0;
     so.numWorkers = w.size;
     so.timeout = timeout;
-    c->impl_->store = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+    try {
+      c->impl_->store = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+    } catch (const std::exception& e) {
+      throw RuntimeError("distributed", "rank " + std::to_string(w.rank) + (w.rank == 0 ? " could not serve" : " could not reach") +
+                                            " the TCPStore at " + w.master_addr + ":" + std::to_string(w.master_port) + ": " + e.what(),
+                         w.rank == 0 ? "choose a free MASTER_PORT" : "check MASTER_ADDR/MASTER_PORT and that rank 0 started");
+    }
+    store_kind = "TCPStore";
   }
   c->impl_->store->setTimeout(timeout);
   auto opts = c10d::ProcessGroupGloo::Options::create();
@@ -93,8 +121,8 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   ::gethostname(host, sizeof host - 1);
   const std::string me = std::string(host) + ":" + std::to_string(::getpid());
   c->impl_->store->set("mltrain/pid/" + std::to_string(w.rank), std::vector<uint8_t>(me.begin(), me.end()));
-  spdlog::info("[dist] rank {}/{} (local {}/{}, {}) joined Gloo over a {}", w.rank, w.size, w.local_rank, w.local_size, w.source,
-               w.single_node() ? "FileStore" : "TCPStore");
+  spdlog::info("[dist] rank {}/{} (local {}/{}, node {}/{}, {}) joined Gloo over {}", w.rank, w.size, w.local_rank, w.local_size,
+               w.node_rank, w.nodes, w.source, store_kind);
   return c;
 #endif
 }
@@ -115,6 +143,17 @@ std::string Comm::recent() const {
   return s;
 }
 
+// Gone: no such process, or a zombie its launcher has not reaped yet (torchrun polls its workers
+// every few seconds, so a killed peer stays a zombie well after the survivors notice).
+static bool process_gone(int pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
 // Ranks on this host whose process is gone, from the pids every rank stored when it joined.
 static std::string missing_ranks(Comm::Impl& impl, int size) {
 #ifdef MLTRAIN_WITH_GLOO
@@ -132,7 +171,7 @@ static std::string missing_ranks(Comm::Impl& impl, int size) {
       const std::string hp(v.begin(), v.end());
       const auto colon = hp.rfind(':');
       const int pid = std::atoi(hp.c_str() + colon + 1);
-      if (hp.substr(0, colon) == host && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
+      if (hp.substr(0, colon) == host && pid > 0 && process_gone(pid))
         gone += (gone.empty() ? "rank " : ", rank ") + std::to_string(r) + " (pid " + std::to_string(pid) + ")";
     } catch (const std::exception&) {
       unknown += (unknown.empty() ? "" : ", ") + std::to_string(r);

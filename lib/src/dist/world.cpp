@@ -91,7 +91,11 @@ World world_from_env(const Getenv& getenv_in) {
     w.nodes = w.local_size > 0 ? (w.size + w.local_size - 1) / w.local_size : 1;
     w.master_addr = str("MASTER_ADDR", "127.0.0.1");
     w.master_port = to_int(env, "MASTER_PORT", 29500);
-    w.run_id = str("MLTRAIN_RUN_ID", str("TORCHELASTIC_RUN_ID", "port" + std::to_string(w.master_port)));
+    w.restart = to_int(env, "TORCHELASTIC_RESTART_COUNT", 0);
+    w.agent_store = str("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+    // torchrun's run id is "none" unless --rdzv_id is given: the port and the attempt make it this run's.
+    w.run_id = str("MLTRAIN_RUN_ID", str("TORCHELASTIC_RUN_ID", "run") + ".port" + std::to_string(w.master_port) + ".attempt" +
+                                         std::to_string(w.restart));
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     w.source = "slurm";
     w.rank = to_int(env, "SLURM_PROCID", 0);

@@ -183,10 +183,14 @@ static nlohmann::json env_json(const config::ExperimentConfig& cfg, const RunOpt
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
   const dist::World world = dist::world_from_env();
   const bool distributed = world.size > 1;
-  // Ranks on one node share its cores: auto threads are split between them.
-  const int threads = cfg.runtime.threads.is_auto() && distributed
-                          ? std::max(1, runtime::usable_cores() / std::max(1, world.local_size))
-                          : static_cast<int>(cfg.runtime.threads.resolve(0));
+  // Auto threads: OMP_NUM_THREADS when the environment sets it (torchrun sets 1 unless told
+  // otherwise), as PyTorch does; else ranks on one node split its cores between them.
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const int omp_threads = omp ? std::atoi(omp) : 0;
+  const int threads = !cfg.runtime.threads.is_auto() ? static_cast<int>(cfg.runtime.threads.resolve(0))
+                      : omp_threads > 0            ? omp_threads
+                      : distributed                ? std::max(1, runtime::usable_cores() / std::max(1, world.local_size))
+                                                   : 0;
   runtime::apply({threads, cfg.runtime.kernel_route, cfg.runtime.allocator});
   const torch::Device device = prepare_device(cfg);
   if (distributed && world.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 alone logs to the console
