@@ -71,6 +71,13 @@ resnet=(model.name=resnet "model.widths=[32,64,128]" "model.depths=[1,1,1]")
 step resnet_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp32
 step resnet_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_bf16 amp.enabled=true amp.dtype=bf16
 step resnet_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp16 amp.enabled=true amp.dtype=fp16
+# Data parallel over NCCL needs a GPU per rank (NCCL refuses two ranks on one device).
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  step ddp_nccl "$M" launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=ddp_nccl \
+    distributed.backend=nccl train.duration=2ep
+else
+  say "ddp_nccl: skipped, one GPU (a 2-rank NCCL group needs two)"
+fi
 [ -n "${EXTRA:-}" ] && eval "$EXTRA"
 
 cfgs=(runtime.device=cuda "data.root=$DATA" "run.dir=$RUNS")

@@ -690,6 +690,16 @@ TEST_CASE("launch: a SIGKILLed worker restarts the group from its checkpoint, or
   CHECK(secs < 60);  // stopped well within the collective timeout, not hung
 }
 
+TEST_CASE("distributed.backend=nccl without a CUDA LibTorch: exit 2 naming the key, before any rank waits", "[cli][dist]") {
+  const auto d = tmpdir("nccl_cpu");
+  auto r = sh("cd " + d.string() + " && RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_PORT=29691 timeout 60 " + kBin + " train " +
+              kSrc + "/configs/fashion_mnist_mlp.yaml distributed.backend=nccl run.dir=" + d.string());
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("error: distributed.backend: nccl is not available in this build") != std::string::npos);
+  CHECK(r.out.find("fix: use distributed.backend=gloo") != std::string::npos);
+}
+
 TEST_CASE("external torchrun runs the same binary: one node, two nodes, rank 0's own TCPStore, a restart; every layout ends with "
           "mltrain launch's weights",
           "[cli][dist][torchrun]") {

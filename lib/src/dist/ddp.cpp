@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/optim/optimizer.hpp"
 
@@ -20,6 +21,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+#ifdef MLTRAIN_WITH_NCCL_PG
+#include "nccl_group.hpp"
 #endif
 
 namespace fs = std::filesystem;
@@ -34,11 +38,31 @@ bool gloo_compiled() {
 #endif
 }
 
+bool nccl_group_compiled() {
+#ifdef MLTRAIN_WITH_NCCL_PG
+  return true;
+#else
+  return false;
+#endif
+}
+
 struct Comm::Impl {
 #ifdef MLTRAIN_WITH_GLOO
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<compat::C10dGroup> pg;
 #endif
+  torch::Device device = torch::kCPU;  // where the group's tensors must live
+  bool nccl = false;
+  // The tensors the group works on: `ts` itself, or copies on the group's device.
+  std::vector<torch::Tensor> stage(const std::vector<torch::Tensor>& ts) const {
+    std::vector<torch::Tensor> v;
+    for (const auto& t : ts) v.push_back(t.device() == device ? t : t.to(device));
+    return v;
+  }
+  static void unstage(const std::vector<torch::Tensor>& staged, std::vector<torch::Tensor>& ts) {
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (!staged[i].is_same(ts[i])) ts[i].copy_(staged[i]);
+  }
 };
 
 struct Comm::Pending {
@@ -46,18 +70,32 @@ struct Comm::Pending {
   c10::intrusive_ptr<c10d::Work> work;
 #endif
   std::string what;
+  torch::Tensor target, staged;  // NCCL with a CPU tensor: the result is copied back on wait()
 };
 
 Comm::Comm() : impl_(std::make_unique<Impl>()) {}
-Comm::~Comm() = default;
+Comm::~Comm() {
+#ifdef MLTRAIN_WITH_NCCL_PG
+  if (impl_->nccl && impl_->pg) detail::shutdown_nccl_group(impl_->pg);
+#endif
+}
 
 std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
 #ifndef MLTRAIN_WITH_GLOO
   throw ConfigError("distributed", "this mltrain was built without c10d Gloo", "rebuild with libgloo-dev installed (scripts/install-deps.sh)");
 #else
-  if (o.backend != "gloo")
-    throw ConfigError("distributed.backend", "'" + o.backend + "' is not available in this build", "use gloo (NCCL builds: nccl)");
+  const bool nccl = o.backend == "nccl";
+  if (nccl && !nccl_group_compiled())
+    throw ConfigError("distributed.backend", "nccl is not available in this build (no CUDA LibTorch with nccl.h)",
+                      "use distributed.backend=gloo, or build with -DMLTRAIN_WITH_CUDA=ON against a CUDA LibTorch");
+  if (nccl && !o.device.is_cuda())
+    throw ConfigError("distributed.backend", "nccl moves CUDA tensors only, and this run trains on the CPU",
+                      "set runtime.device=cuda, or distributed.backend=gloo");
+  if (!nccl && o.backend != "gloo")
+    throw ConfigError("distributed.backend", "unknown backend '" + o.backend + "'", "use gloo or nccl");
   std::unique_ptr<Comm> c(new Comm());
+  c->impl_->nccl = nccl;
+  c->impl_->device = nccl ? o.device : torch::Device(torch::kCPU);
   c->world_ = w;
   c->timeout_s_ = o.timeout_s;
   const auto timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
@@ -103,17 +141,29 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
     store_kind = "TCPStore";
   }
   c->impl_->store->setTimeout(timeout);
-  auto opts = c10d::ProcessGroupGloo::Options::create();
-  const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
-  // One node: loopback. Several: GLOO_SOCKET_IFNAME, else the interface this host's name resolves to.
-  opts->devices.push_back(iface              ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
-                          : w.single_node() ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                             : c10d::ProcessGroupGloo::createDefaultDevice());
-  opts->timeout = timeout;
+  auto group_store = c10::make_intrusive<c10d::PrefixStore>("mltrain", c->impl_->store);
   try {
-    c->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("mltrain", c->impl_->store), w.rank, w.size, opts);
+    if (nccl) {
+#ifdef MLTRAIN_WITH_NCCL_PG
+      // A collective that outlives the timeout raises in wait() (blocking wait) instead of the
+      // watchdog aborting the process, so the failure path below names the missing ranks.
+      ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+      ::setenv("NCCL_BLOCKING_WAIT", "1", 0);  // its name before LibTorch 2.2
+      c->impl_->pg = detail::make_nccl_group(group_store, w.rank, w.size, timeout);
+#endif
+    } else {
+      auto opts = c10d::ProcessGroupGloo::Options::create();
+      const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
+      // One node: loopback. Several: GLOO_SOCKET_IFNAME, else the interface this host's name resolves to.
+      opts->devices.push_back(iface              ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
+                              : w.single_node() ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                                 : c10d::ProcessGroupGloo::createDefaultDevice());
+      opts->timeout = timeout;
+      c->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, w.rank, w.size, opts);
+    }
   } catch (const std::exception& e) {
-    throw RuntimeError("distributed", std::string("rank ") + std::to_string(w.rank) + " could not join the Gloo group: " + e.what(),
+    throw RuntimeError("distributed", std::string("rank ") + std::to_string(w.rank) + " could not join the " + (nccl ? "NCCL" : "Gloo") +
+                                          " group: " + e.what(),
                        "check that every rank started and MASTER_ADDR/MASTER_PORT match");
   }
   // Who is who, for naming the missing ranks when a collective fails.
@@ -121,8 +171,8 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   ::gethostname(host, sizeof host - 1);
   const std::string me = std::string(host) + ":" + std::to_string(::getpid());
   c->impl_->store->set("mltrain/pid/" + std::to_string(w.rank), std::vector<uint8_t>(me.begin(), me.end()));
-  spdlog::info("[dist] rank {}/{} (local {}/{}, node {}/{}, {}) joined Gloo over {}", w.rank, w.size, w.local_rank, w.local_size,
-               w.node_rank, w.nodes, w.source, store_kind);
+  spdlog::info("[dist] rank {}/{} (local {}/{}, node {}/{}, {}) joined {} over {}", w.rank, w.size, w.local_rank, w.local_size,
+               w.node_rank, w.nodes, w.source, nccl ? "NCCL on " + c->impl_->device.str() : std::string("Gloo"), store_kind);
   return c;
 #endif
 }
@@ -209,11 +259,13 @@ int64_t nbytes(const std::vector<torch::Tensor>& ts) {
 void Comm::allreduce_sum(std::vector<torch::Tensor>& ts, const char* what) {
 #ifdef MLTRAIN_WITH_GLOO
   record(what, nbytes(ts));
+  auto staged = impl_->stage(ts);
   try {
-    impl_->pg->allreduce(ts)->wait();
+    impl_->pg->allreduce(staged)->wait();
   } catch (const std::exception& e) {
     fail(what, e);
   }
+  Impl::unstage(staged, ts);
 #endif
 }
 
@@ -222,11 +274,13 @@ void Comm::broadcast(std::vector<torch::Tensor>& ts, int root, const char* what)
   record(what, nbytes(ts));
   c10d::BroadcastOptions o;
   o.rootRank = root;
+  auto staged = impl_->stage(ts);
   try {
-    impl_->pg->broadcast(ts, o)->wait();
+    impl_->pg->broadcast(staged, o)->wait();
   } catch (const std::exception& e) {
     fail(what, e);
   }
+  Impl::unstage(staged, ts);
 #endif
 }
 
@@ -245,7 +299,7 @@ std::vector<torch::Tensor> Comm::allgather(const torch::Tensor& t, const char* w
   std::vector<torch::Tensor> out;
 #ifdef MLTRAIN_WITH_GLOO
   record(what, t.numel() * int64_t(t.element_size()));
-  std::vector<torch::Tensor> in = {t.contiguous()};
+  std::vector<torch::Tensor> in = impl_->stage({t.contiguous()});
   std::vector<std::vector<torch::Tensor>> outs(1);
   for (int r = 0; r < size(); ++r) outs[0].push_back(torch::empty_like(in[0]));
   try {
@@ -253,7 +307,7 @@ std::vector<torch::Tensor> Comm::allgather(const torch::Tensor& t, const char* w
   } catch (const std::exception& e) {
     fail(what, e);
   }
-  out = outs[0];
+  for (auto& o : outs[0]) out.push_back(o.device() == t.device() ? o : o.to(t.device()));
 #else
   out.push_back(t);
 #endif
@@ -274,7 +328,8 @@ std::shared_ptr<Comm::Pending> Comm::allreduce_async(torch::Tensor& t, const cha
   p->what = what;
 #ifdef MLTRAIN_WITH_GLOO
   record(what, t.numel() * int64_t(t.element_size()));
-  std::vector<torch::Tensor> v = {t};
+  std::vector<torch::Tensor> v = impl_->stage({t});
+  if (!v[0].is_same(t)) p->target = t, p->staged = v[0];
   try {
     p->work = impl_->pg->allreduce(v);
   } catch (const std::exception& e) {
@@ -291,6 +346,7 @@ void Comm::wait(const std::shared_ptr<Pending>& p) {
   } catch (const std::exception& e) {
     fail(p->what, e);
   }
+  if (p->staged.defined()) p->target.copy_(p->staged);
 #endif
 }
 

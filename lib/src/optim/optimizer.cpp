@@ -227,10 +227,11 @@ constexpr int64_t kOneBitChunk = 2048;  // one scale per 2048 values: 31x fewer 
 
 // Plain loops over float32: the tensor-op version (where, expand, bit weights) cost more per step
 // than the 2 MB all-reduce it replaces (1-bit Adam ran 2.5x slower than Adam on loopback Gloo).
+// CUDA tensors make a round trip through host memory (no CUDA kernel for this yet).
 void onebit_compress(torch::Tensor& x, torch::Tensor& error) {
   torch::NoGradGuard ng;
-  auto xf = x.reshape({-1}).to(torch::kFloat).contiguous();
-  auto ef = error.reshape({-1}).to(torch::kFloat).contiguous();
+  auto xf = x.reshape({-1}).to(torch::kCPU, torch::kFloat).contiguous();
+  auto ef = error.reshape({-1}).to(torch::kCPU, torch::kFloat).contiguous();
   float* xp = xf.data_ptr<float>();
   float* ep = ef.data_ptr<float>();
   const int64_t n = xf.numel();
@@ -253,7 +254,7 @@ void onebit_compress(torch::Tensor& x, torch::Tensor& error) {
 }
 
 torch::Tensor onebit_pack(const torch::Tensor& compressed) {
-  const auto c = compressed.reshape({-1}).to(torch::kFloat).contiguous();
+  const auto c = compressed.reshape({-1}).to(torch::kCPU, torch::kFloat).contiguous();
   const float* cp = c.data_ptr<float>();
   const int64_t n = c.numel(), nb = (n + 7) / 8, chunks = (n + kOneBitChunk - 1) / kOneBitChunk;
   auto out = torch::zeros({nb + 4 * chunks}, torch::kUInt8);

@@ -86,14 +86,23 @@ data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, in
   return lo;
 }
 
-torch::Device prepare_device(const config::ExperimentConfig& cfg) {
-  const torch::Device device = compat::resolve_device(cfg.runtime.device);
+// `gpu`: which GPU (a data-parallel rank's LOCAL_RANK; torchrun's and srun's convention of one
+// GPU per local rank).
+torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu) {
   if (cfg.runtime.device == "cuda" && !compat::cuda_available())
     throw ConfigError("runtime.device", "cuda asked for, but " +
                                             std::string(compat::cuda_built() ? "no CUDA device is visible"
                                                                              : "this mltrain was built without CUDA"),
                       "use runtime.device=auto or cpu, or build with -DMLTRAIN_WITH_CUDA=ON against a CUDA LibTorch");
-  if (device.is_cuda()) compat::set_cudnn_benchmark(cfg.runtime.cudnn_benchmark);
+  const torch::Device device = compat::resolve_device(cfg.runtime.device, gpu);
+  if (device.is_cuda()) {
+    if (gpu >= compat::cuda_device_count())
+      throw ConfigError("runtime.device", "local rank " + std::to_string(gpu) + " needs GPU " + std::to_string(gpu) + ", and " +
+                                              std::to_string(compat::cuda_device_count()) + " are visible",
+                        "start at most one rank per GPU (--nproc-per-node / --ntasks-per-node), or check CUDA_VISIBLE_DEVICES");
+    compat::set_cuda_device(gpu);
+    compat::set_cudnn_benchmark(cfg.runtime.cudnn_benchmark);
+  }
   return device;
 }
 
@@ -192,7 +201,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
                       : distributed                ? std::max(1, runtime::usable_cores() / std::max(1, world.local_size))
                                                    : 0;
   runtime::apply({threads, cfg.runtime.kernel_route, cfg.runtime.allocator});
-  const torch::Device device = prepare_device(cfg);
+  const torch::Device device = prepare_device(cfg, distributed ? world.local_rank : 0);
   if (distributed && world.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 alone logs to the console
 
   // Data, model and optimizer first: bad input fails before any run folder is created.
@@ -215,7 +224,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   std::unique_ptr<dist::Comm> comm;
   std::unique_ptr<dist::DataParallel> dp;
   if (distributed) {
-    comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, ""});
+    comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, "", device});
     dp = std::make_unique<dist::DataParallel>(*comm, model->named_parameters(), model->named_buffers(),
                                               static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)), cfg.distributed.overlap);
     dist::Comm* c = comm.get();

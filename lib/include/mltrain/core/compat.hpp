@@ -14,9 +14,23 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+
 namespace mltrain::compat {
+
+// c10d's ProcessGroupGloo and ProcessGroupNCCL derive from ProcessGroup in 1.x and from Backend
+// in 2.x (ProcessGroup became a dispatcher over backends); both bases have the same collectives.
+#if TORCH_VERSION_MAJOR >= 2
+using C10dGroup = c10d::Backend;
+#else
+using C10dGroup = c10d::ProcessGroup;
+#endif
 
 inline std::string torch_version() { return TORCH_VERSION; }
 inline int torch_major() { return TORCH_VERSION_MAJOR; }
@@ -39,11 +53,29 @@ inline bool cuda_available() {
 
 inline bool mkldnn_available() { return at::hasMKLDNN(); }
 
-// The device a run trains on: "auto" picks CUDA when this build and machine have it.
-inline torch::Device resolve_device(const std::string& name) {
+// The device a run trains on: "auto" picks CUDA when this build and machine have it; `index` is
+// the GPU (a data-parallel rank's LOCAL_RANK).
+inline torch::Device resolve_device(const std::string& name, int index = 0) {
   if (name == "cpu") return torch::kCPU;
-  if (name == "cuda" || (name == "auto" && cuda_available())) return torch::Device(torch::kCUDA, 0);
+  if (name == "cuda" || (name == "auto" && cuda_available())) return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
   return torch::kCPU;
+}
+
+inline int cuda_device_count() {
+#ifdef MLTRAIN_WITH_CUDA
+  return cuda_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+#else
+  return 0;
+#endif
+}
+
+// Makes `index` the current CUDA device (NCCL and the caching allocator follow it).
+inline void set_cuda_device(int index) {
+#ifdef MLTRAIN_WITH_CUDA
+  if (cuda_available()) c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#else
+  (void)index;
+#endif
 }
 
 inline void set_cudnn_benchmark(bool on) { at::globalContext().setBenchmarkCuDNN(on); }

@@ -1,9 +1,10 @@
 #pragma once
 // Data parallelism on c10d (LibTorch has no C++ DistributedDataParallel):
-//   Comm          a process group (Gloo; NCCL when compiled) over a FileStore (one node) or a
+//   Comm          a process group (Gloo; NCCL when compiled) over a FileStore (one node), a
 //                 TCPStore (several; its port is unauthenticated and open on all interfaces, which
-//                 is logged), with a timeout on every collective, and a ring buffer of the last
-//                 collectives (sequence number, op, bytes) dumped when one fails.
+//                 is logged) or torchrun's own store, with a timeout on every collective, and a
+//                 ring buffer of the last collectives (sequence number, op, bytes) dumped when one
+//                 fails. With NCCL, CPU tensors (metrics, 1-bit packets) go through the GPU.
 //   DataParallel  broadcasts parameters and buffers from rank 0 once; all-reduces gradients in
 //                 buckets launched from autograd hooks as each bucket's last gradient arrives, so
 //                 communication overlaps the rest of the backward pass; does nothing on
@@ -30,11 +31,13 @@
 namespace mltrain::dist {
 
 bool gloo_compiled();
+bool nccl_group_compiled();  // distributed.backend=nccl available (a CUDA LibTorch with nccl.h)
 
 struct CommOptions {
-  std::string backend = "gloo";
+  std::string backend = "gloo";  // gloo | nccl
   double timeout_s = 300;
-  std::string store_dir;  // FileStore folder (default: $TMPDIR)
+  std::string store_dir;                 // FileStore folder (default: $TMPDIR)
+  torch::Device device = torch::kCPU;    // nccl: this rank's GPU; CPU tensors handed to Comm are staged through it
 };
 
 class Comm {

@@ -45,7 +45,7 @@ data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, co
 
 // runtime.device resolved and checked (ConfigError when cuda is asked for and absent); applies
 // runtime.cudnn_benchmark on CUDA.
-torch::Device prepare_device(const config::ExperimentConfig& cfg);
+torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu = 0);
 
 // A plain loader over real samples for commands that evaluate or calibrate (fuse, quantize,
 // landscape): the config's normalisation and seed, no augmentation, no worker threads.
