@@ -646,6 +646,24 @@ TEST_CASE("a dead peer: the surviving rank fails fast, names the missing rank an
   CHECK(secs < 20);  // within the collective timeout
 }
 
+TEST_CASE("a hung peer: the collective times out instead of hanging, and the launcher stops the group", "[cli][dist]") {
+  const auto d = tmpdir("ddp_hang");
+  // Rank 1 stops making progress at step 10 (alive, silent: a stuck read, a deadlock).
+  ::setenv("MLTRAIN_TEST_STALL", "1:10", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run("launch --nproc-per-node 2 --max-restarts 0 --grace 3 -- mltrain train " + kSrc +
+               "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 train.duration=2ep distributed.timeout_s=6 "
+               "run.dir=" + d.string() + " run.name=hang");
+  ::unsetenv("MLTRAIN_TEST_STALL");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("failed (timeout 6 s; every rank on this host is alive (a peer on another host, or a hang))") != std::string::npos);
+  CHECK(r.out.find("last collectives on this rank") != std::string::npos);
+  CHECK(r.out.find("error: launch: rank 0 exited with status 1") != std::string::npos);
+  CHECK(secs < 6 + 3 + 15);  // the timeout, the grace period, start-up: never the hour the peer sleeps
+}
+
 TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer bytes, learns", "[cli][dist][onebit]") {
   const auto d = tmpdir("onebit");
   ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 #include <iostream>
 
 #include "mltrain/config/format.hpp"
@@ -138,6 +139,8 @@ namespace {
 //                                     to PREFIX.<rank> after every step (bitwise-equality check)
 //   MLTRAIN_TEST_KILL=RANK:STEP       that rank SIGKILLs itself at that step on the first attempt
 //                                     (TORCHELASTIC_RESTART_COUNT unset or 0): a real dead worker
+//   MLTRAIN_TEST_STALL=RANK:STEP      that rank stops making progress at that step (sleeps until
+//                                     killed): a hung worker, alive but silent
 class TestHooks : public Observer {
  public:
   TestHooks(model::Model& m, int rank) : model_(m), rank_(rank) {
@@ -146,8 +149,9 @@ class TestHooks : public Observer {
       const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
       if (!restart || std::string(restart) == "0") std::sscanf(k, "%d:%ld", &kill_rank_, &kill_step_);
     }
+    if (const char* k = std::getenv("MLTRAIN_TEST_STALL")) std::sscanf(k, "%d:%ld", &stall_rank_, &stall_step_);
   }
-  bool active() const { return !digest_.empty() || kill_rank_ >= 0; }
+  bool active() const { return !digest_.empty() || kill_rank_ >= 0 || stall_rank_ >= 0; }
   void on_step_end(Trainer& t, const StepInfo&) override {
     if (!digest_.empty()) {
       uint64_t h = 1469598103934665603ULL;
@@ -159,14 +163,16 @@ class TestHooks : public Observer {
       std::ofstream(digest_, std::ios::app) << t.progress().step << " " << h << "\n";
     }
     if (kill_rank_ == rank_ && t.progress().step == kill_step_) ::raise(SIGKILL);
+    if (stall_rank_ == rank_ && t.progress().step == stall_step_)
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
 
  private:
   model::Model& model_;
   int rank_;
   std::string digest_;
-  int kill_rank_ = -1;
-  long kill_step_ = -1;
+  int kill_rank_ = -1, stall_rank_ = -1;
+  long kill_step_ = -1, stall_step_ = -1;
 };
 }  // namespace
 
