@@ -948,6 +948,21 @@ TEST_CASE("quantize: int8 CNN on LibTorch's quantized kernels keeps accuracy and
     CHECK(j["int8_samples_per_s_batch128"].get<double>() > 0);
     CHECK(j["calibration_cache"].get<std::string>().rfind("stored ", 0) == 0);
     for (const auto& l : j["layers"]) CHECK(l["mode"] == "int8");
+    // The deployable TorchScript file, reloaded: the graph's own numbers.
+    CHECK(j["script"]["max_abs_diff"].get<double>() < 1e-5);
+    CHECK(j["script"]["prediction_agreement"].get<double>() == 1.0);
+  }
+  {
+    // ... and in PyTorch itself, with no mltrain code: the same test accuracy.
+    const auto j = report();
+    CHECK(j["script"]["bytes"].get<int64_t>() < fs::file_size(fs::path(j["checkpoint"].get<std::string>()) / "model.safetensors") / 3);
+    auto py = sh("/usr/bin/python3 " + kSrc + "/tests/golden/check_int8_script.py " + (d / "cnn" / "v0" / "quantized" / "quantize.json").string() +
+                 " " + kFmnist);
+    INFO(py.out);
+    REQUIRE(py.code == 0);
+    const auto p = nlohmann::json::parse(py.out.substr(py.out.rfind('{')));
+    CHECK(p["n"] == 10000);
+    CHECK(std::abs(p["accuracy"].get<double>() - j["int8_accuracy"].get<double>()) <= 0.002);
   }
   // Calibration cache: the same weights, data, observer and graph reuse the ranges, to the bit.
   const auto before = report()["activation_qparams"];
@@ -987,6 +1002,7 @@ TEST_CASE("quantize: int8 CNN on LibTorch's quantized kernels keeps accuracy and
     CHECK(q["layers"].size() == 3);
     CHECK(q["accuracy_drop_points"].get<double>() <= 1.0);
     CHECK(q["size_ratio"].get<double>() >= 3.5);
+    CHECK(q["script"]["max_abs_diff"].get<double>() < 1e-5);
   }
   CHECK(run("quantize " + cnn + " --mode weird").code == 2);
   CHECK(run("quantize " + (d / "nope").string()).code == 3);
@@ -1010,6 +1026,7 @@ TEST_CASE("quantize: the small ResNet's residual adds run as quantized::add_relu
   CHECK(convs == 9);  // stem + 2 per block + 2 projection shortcuts
   CHECK(j["prediction_agreement"].get<double>() > 0.95);
   CHECK(j["size_ratio"].get<double>() >= 3.5);
+  CHECK(j["script"]["max_abs_diff"].get<double>() < 1e-5);  // residual adds as quantized::add_relu in TorchScript too
   // A TorchScript model is not lowered: a clear config error, not a crash.
   REQUIRE(run("train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=512 train.duration=1ep checkpoint.every=1ep run.dir=" +
               d.string() + " run.name=ts model.name=torchscript model.path=" + kSrc + "/tests/golden/tiny_script.pt").code == 0);

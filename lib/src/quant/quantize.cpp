@@ -2,8 +2,12 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <spdlog/spdlog.h>
+#include <torch/csrc/jit/frontend/resolver.h>
+#include <torch/csrc/jit/frontend/sugared_value.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -240,6 +244,101 @@ torch::Tensor run_graph(const Graph& g, const torch::Tensor& x, const std::vecto
   return as_f(static_cast<int>(g.nodes.size()));
 }
 
+// define()'s default resolver knows only `torch.` (as aten::); this one adds `quantized.` for the
+// quantized:: operators. Saved code names them as PyTorch does (ops.quantized.conv2d_relu).
+struct QuantizedOpsResolver : torch::jit::Resolver {
+  std::shared_ptr<torch::jit::SugaredValue> resolveValue(const std::string& name, torch::jit::GraphFunction&,
+                                                         const torch::jit::SourceRange&) override {
+    if (name == "torch") return std::make_shared<torch::jit::BuiltinModule>("aten");
+    if (name == "quantized") return std::make_shared<torch::jit::BuiltinModule>("quantized");
+    return nullptr;
+  }
+  c10::TypePtr resolveType(const std::string&, const torch::jit::SourceRange&) override { return nullptr; }
+};
+
+// The graph as a TorchScript module, the deployable int8 model: int8 nodes hold their prepacked
+// weights as attributes (LibTorch serialises them unpacked and repacks them for the loading
+// process's engine), fp32 nodes their folded weights, and forward() mirrors run_graph with every
+// activation scale and zero point as a literal. Loads in PyTorch (torch.jit.load) or LibTorch
+// with no mltrain code; the input is normalised as in training.
+torch::jit::Module to_script(const Graph& g, const std::vector<Mode>& mode, const std::vector<QParams>& qp, const std::string& model_name,
+                             int64_t input_dims) {
+  torch::jit::Module m("MltrainInt8" + model_name);
+  auto lit = [](double d) {  // exact: 17 significant digits round-trip a double
+    char b[40];
+    std::snprintf(b, sizeof b, "%.17g", d);
+    std::string s = b;
+    if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+    return s;
+  };
+  std::vector<bool> quantized(g.nodes.size() + 1, false);
+  auto v = [](int i) { return "v" + std::to_string(i); };
+  auto as_q = [&](int i) {
+    if (quantized[static_cast<size_t>(i)]) return v(i);
+    const auto& q = qp[static_cast<size_t>(g.source(i))];
+    return "torch.quantize_per_tensor(" + v(i) + ", " + lit(q.scale) + ", " + std::to_string(q.zero_point) + ", 13)";  // 13: torch.quint8
+  };
+  auto as_f = [&](int i) { return quantized[static_cast<size_t>(i)] ? v(i) + ".dequantize()" : v(i); };
+  std::ostringstream s;
+  s << "def forward(self, x: Tensor) -> Tensor:\n";
+  // memory_format=2 is torch.channels_last (no such name resolves here, nor torch.quint8)
+  s << "    v0 = " << (input_dims == 4 ? "x.contiguous(memory_format=2)" : "x.contiguous()") << "\n";
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    const Mode md = mode[k];
+    const int in0 = n.in[0];
+    const std::string out_q = lit(qp[k + 1].scale) + ", " + std::to_string(qp[k + 1].zero_point);
+    const std::string attr = "self.n" + std::to_string(k);
+    std::string y;
+    bool q = false;
+    if (n.weighted() && md != Mode::Fp32) {
+      m.register_attribute("n" + std::to_string(k), n.packed.type(), n.packed);
+    } else if (n.weighted()) {
+      m.register_parameter("n" + std::to_string(k) + "_w", (n.op == Op::Conv ? n.w_cl : n.w).clone(), false);
+      m.register_parameter("n" + std::to_string(k) + "_b", n.b.clone(), false);
+    }
+    auto relu = [&](const std::string& e) { return n.relu ? "torch.relu(" + e + ")" : e; };
+    switch (n.op) {
+      case Op::Conv:
+        if (md == Mode::Int8)
+          y = std::string("quantized.") + (n.relu ? "conv2d_relu" : "conv2d") + "(" + as_q(in0) + ", " + attr + ", " + out_q + ")", q = true;
+        else
+          y = relu("torch.conv2d(" + as_f(in0) + ", " + attr + "_w, " + attr + "_b, [" + std::to_string(n.stride) + ", " + std::to_string(n.stride) +
+                   "], [" + std::to_string(n.pad) + ", " + std::to_string(n.pad) + "])");
+        break;
+      case Op::Linear:
+        if (md == Mode::Int8)
+          y = std::string("quantized.") + (n.relu ? "linear_relu" : "linear") + "(" + as_q(in0) + ", " + attr + ", " + out_q + ")", q = true;
+        else if (md == Mode::Dynamic)
+          y = std::string("quantized.") + (n.relu ? "linear_relu_dynamic" : "linear_dynamic") + "(" + as_f(in0) + ", " + attr + ", False)";
+        else
+          y = relu("torch.linear(" + as_f(in0) + ", " + attr + "_w, " + attr + "_b)");
+        break;
+      case Op::MaxPool:
+        y = "torch.max_pool2d(" + v(in0) + ", [2, 2], [2, 2], [0, 0], [1, 1])", q = quantized[static_cast<size_t>(in0)];
+        break;
+      case Op::Flatten:
+        y = v(in0) + ".contiguous().reshape([" + v(in0) + ".size(0), -1])", q = quantized[static_cast<size_t>(in0)];
+        break;
+      case Op::GlobalAvgPool:
+        y = "torch.adaptive_avg_pool2d(" + v(in0) + ", [1, 1])", q = quantized[static_cast<size_t>(in0)];
+        break;
+      case Op::Add:
+        if (md == Mode::Int8)
+          y = std::string("quantized.") + (n.relu ? "add_relu" : "add") + "(" + as_q(in0) + ", " + as_q(n.in[1]) + ", " + out_q + ")", q = true;
+        else
+          y = relu(as_f(in0) + " + " + as_f(n.in[1]));
+        break;
+    }
+    quantized[k + 1] = q;
+    s << "    " << v(static_cast<int>(k + 1)) << " = " << y << "\n";
+  }
+  s << "    return " << as_f(static_cast<int>(g.nodes.size())) << "\n";
+  m.define(s.str(), std::make_shared<QuantizedOpsResolver>());
+  m.eval();
+  return m;
+}
+
 struct Eval {
   int64_t n = 0, right = 0;
   torch::Tensor pred;  // every prediction, in order
@@ -413,6 +512,23 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
   const double fp_sps = train::batch_throughput([&](const torch::Tensor& x) { return tm.model->forward(x); }, first);
   const double q_sps = train::batch_throughput(q_forward, first);
 
+  // 6. The deployable model: TorchScript, saved, reloaded as a user would, and checked against the
+  // graph on the first test batch.
+  fs::create_directories(out);
+  const fs::path pt = out / "model_int8.pt";
+  {
+    auto script = to_script(g, mode, qp, cfg.model.name, first.dim());
+    const fs::path tmp = out / "model_int8.pt.tmp";
+    script.save(tmp.string());
+    fs::rename(tmp, pt);
+  }
+  torch::jit::Module reloaded = torch::jit::load(pt.string());
+  reloaded.eval();
+  const auto want = q_forward(first), got = reloaded.forward({first}).toTensor();
+  const double script_diff = (want - got).abs().max().item<double>();
+  const double script_agree = want.argmax(1).eq(got.argmax(1)).to(torch::kDouble).mean().item<double>();
+  const double script_sps = train::batch_throughput([&](const torch::Tensor& x) { return reloaded.forward({x}).toTensor(); }, first);
+
   nlohmann::json r = {{"run", tm.run_dir.string()},
                       {"checkpoint", tm.checkpoint.string()},
                       {"model", cfg.model.name},
@@ -434,13 +550,20 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
                       {"fp32_samples_per_s_batch128", fp_sps},
                       {"int8_samples_per_s_batch128", q_sps},
                       {"speedup_batch128", q_sps / fp_sps},
+                      {"script",
+                       {{"path", pt.string()},
+                        {"bytes", static_cast<int64_t>(fs::file_size(pt))},
+                        {"max_abs_diff", script_diff},
+                        {"prediction_agreement", script_agree},
+                        {"samples_per_s_batch128", script_sps},
+                        {"input", {{"shape", first.sizes().slice(1).vec()}, {"mean", cfg.data.mean}, {"std", cfg.data.std}}}}},
                       {"activation_qparams", nlohmann::json::array()}};
   if (!dynamic)
     for (size_t v = 0; v <= N; ++v)
       if (v == 0 || !g.nodes[v - 1].passthrough())
         r["activation_qparams"].push_back({{"at", v == 0 ? "input" : g.nodes[v - 1].name}, {"scale", qp[v].scale}, {"zero_point", qp[v].zero_point}});
 
-  // 6. Sensitivity: each layer quantized alone (everything else fp32), on the eval split.
+  // 7. Sensitivity: each layer quantized alone (everything else fp32), on the eval split.
   if (opt.sensitivity) {
     const auto sb = take_batches(tm.splits.eval, cfg, opt.sensitivity_samples);
     const Eval base = evaluate(sb, [&](const torch::Tensor& x) { return run_graph(g, x, fp32, qp); });
@@ -467,7 +590,6 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
                         {"layers", rows},
                         {"proposed_exclude", propose}};
   }
-  fs::create_directories(out);
   write_file_atomic((out / "quantize.json").string(), r.dump(2) + "\n");
   return r;
 }
@@ -490,6 +612,13 @@ std::string quantize_text(const nlohmann::json& r) {
   o << "batch 128: fp32 " << format_fixed(r.value("fp32_samples_per_s_batch128", 0.0), 0) << " -> int8 "
     << format_fixed(r.value("int8_samples_per_s_batch128", 0.0), 0) << " samples/s (" << format_fixed(r.value("speedup_batch128", 0.0), 2)
     << "x)\n";
+  if (r.contains("script")) {
+    const auto& sc = r["script"];
+    o << "model: " << sc.value("path", "") << " (TorchScript, " << sc.value("bytes", 0) << " bytes; reloaded: max |diff| "
+      << sc.value("max_abs_diff", 0.0) << " on the first test batch, " << format_fixed(sc.value("samples_per_s_batch128", 0.0), 0)
+      << " samples/s at batch 128; input normalised (x / 255 - " << sc["input"].value("mean", 0.0) << ") / " << sc["input"].value("std", 1.0)
+      << ")\n";
+  }
   if (r.contains("sensitivity")) {
     const auto& s = r["sensitivity"];
     o << "sensitivity (one layer quantized at a time, " << s.value("samples", 0) << " " << s.value("split", "") << " samples, fp32 "
