@@ -44,7 +44,8 @@ std::string hostname() {
 // One JSON object per line, appended under an exclusive flock (whole-file lock; works on local
 // file systems and on NFS v4 / Lustre with flock support). A torn last line (a writer killed
 // mid-write) is skipped by readers and terminated by the next writer, so it never merges with a
-// following record.
+// following record. Readers parse only what was appended since their last read (the pruner reads
+// the journal at every intermediate report; re-parsing it whole made a study quadratic).
 class Journal {
  public:
   explicit Journal(fs::path p) : path_(std::move(p)) {
@@ -61,11 +62,11 @@ class Journal {
   template <class F>
   void transact(F&& fn) {
     Lock l(fd_, LOCK_EX);
-    auto recs = read_unlocked();
+    const auto& recs = read_unlocked();
     auto add = fn(recs);
     append_unlocked(add);
   }
-  std::vector<nlohmann::json> read() {
+  const std::vector<nlohmann::json>& read() {
     Lock l(fd_, LOCK_SH);
     return read_unlocked();
   }
@@ -83,19 +84,29 @@ class Journal {
     }
     ~Lock() { ::flock(fd, LOCK_UN); }
   };
-  std::vector<nlohmann::json> read_unlocked() {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(path_);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (in.eof()) break;  // no trailing newline: a torn write
+  const std::vector<nlohmann::json>& read_unlocked() {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) throw RuntimeError(path_.string(), std::string("cannot stat the study journal: ") + std::strerror(errno), "check the study folder");
+    if (st.st_size < parsed_) parsed_ = 0, recs_.clear();  // replaced or truncated by hand: start over
+    std::string buf(size_t(st.st_size - parsed_), '\0');
+    size_t got = 0;
+    while (got < buf.size()) {
+      const ssize_t k = ::pread(fd_, &buf[got], buf.size() - got, parsed_ + off_t(got));
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) break;
+      got += size_t(k);
+    }
+    size_t at = 0, nl;
+    while ((nl = buf.find('\n', at)) != std::string::npos && nl < got) {  // complete lines only: a line without its newline is torn
       try {
-        out.push_back(nlohmann::json::parse(line));
+        recs_.push_back(nlohmann::json::parse(buf.begin() + long(at), buf.begin() + long(nl)));
       } catch (const std::exception&) {
         // a torn line followed by a newline written by a later writer: skipped
       }
+      at = nl + 1;
     }
-    return out;
+    parsed_ += off_t(at);
+    return recs_;
   }
   void append_unlocked(const std::vector<nlohmann::json>& recs) {
     if (recs.empty()) return;
@@ -117,6 +128,8 @@ class Journal {
   }
   fs::path path_;
   int fd_ = -1;
+  std::vector<nlohmann::json> recs_;  // every complete record up to parsed_
+  off_t parsed_ = 0;
 };
 
 struct Replay {
