@@ -16,6 +16,7 @@
 
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/functions.hpp"
+#include "mltrain/tune/journal.hpp"
 #include "mltrain/tune/pruner.hpp"
 #include "mltrain/tune/sampler.hpp"
 #include "mltrain/tune/study.hpp"
@@ -38,6 +39,39 @@ static int sh(const std::string& cmd) {
 }
 
 static void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+
+TEST_CASE("journal: incremental reads skip a torn line, see other writers, start over after a truncation", "[tune]") {
+  const fs::path dir = fs::temp_directory_path() / "mltrain_test_journal";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path p = dir / "journal.jsonl";
+  using J = nlohmann::json;
+  Journal a(p), b(p);  // two drivers on one study
+  a.append({J{{"n", 1}}, J{{"n", 2}}});
+  REQUIRE(a.read().size() == 2);
+  { std::ofstream(p, std::ios::app) << R"({"n": 3, "torn)"; }  // a writer killed mid-line
+  CHECK(a.read().size() == 2);  // no newline yet: not a record
+  CHECK(b.read().size() == 2);
+  b.append({J{{"n", 4}}});  // terminates the torn line first
+  const auto& seen = a.read();
+  REQUIRE(seen.size() == 3);
+  CHECK(seen.back()["n"] == 4);
+  size_t in_transaction = 0;
+  a.transact([&](const std::vector<J>& recs) {
+    in_transaction = recs.size();
+    return std::vector<J>{J{{"n", 5}}};
+  });
+  CHECK(in_transaction == 3);
+  CHECK(b.read().size() == 4);
+  // The file as a fresh reader sees it: the same records, the torn line dropped.
+  Journal c(p);
+  CHECK(c.read() == b.read());
+  // Replaced by hand with a shorter file: readers start over instead of reading past its end.
+  { std::ofstream(p, std::ios::trunc) << R"({"n": 9})" << "\n"; }
+  REQUIRE(a.read().size() == 1);
+  CHECK(a.read()[0]["n"] == 9);
+  fs::remove_all(dir);
+}
 
 TEST_CASE("search space: unit mapping, snapping, log ints, categoricals", "[tune]") {
   auto lr = Param::floating("lr", 1e-4, 1e-1, true);

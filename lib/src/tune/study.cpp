@@ -24,6 +24,7 @@
 #include "mltrain/core/process.hpp"
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/functions.hpp"
+#include "mltrain/tune/journal.hpp"
 
 namespace fs = std::filesystem;
 
@@ -39,98 +40,6 @@ std::string hostname() {
   ::gethostname(h, sizeof h - 1);
   return h;
 }
-
-// ---- the journal --------------------------------------------------------------------------------
-// One JSON object per line, appended under an exclusive flock (whole-file lock; works on local
-// file systems and on NFS v4 / Lustre with flock support). A torn last line (a writer killed
-// mid-write) is skipped by readers and terminated by the next writer, so it never merges with a
-// following record. Readers parse only what was appended since their last read (the pruner reads
-// the journal at every intermediate report; re-parsing it whole made a study quadratic).
-class Journal {
- public:
-  explicit Journal(fs::path p) : path_(std::move(p)) {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw RuntimeError(path_.string(), std::string("cannot open the study journal: ") + std::strerror(errno), "check the study folder's permissions");
-  }
-  ~Journal() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Journal(const Journal&) = delete;
-  Journal& operator=(const Journal&) = delete;
-
-  // fn(records) returns the records to append; both under one exclusive lock.
-  template <class F>
-  void transact(F&& fn) {
-    Lock l(fd_, LOCK_EX);
-    const auto& recs = read_unlocked();
-    auto add = fn(recs);
-    append_unlocked(add);
-  }
-  const std::vector<nlohmann::json>& read() {
-    Lock l(fd_, LOCK_SH);
-    return read_unlocked();
-  }
-  void append(const std::vector<nlohmann::json>& recs) {
-    Lock l(fd_, LOCK_EX);
-    append_unlocked(recs);
-  }
-
- private:
-  struct Lock {
-    int fd;
-    Lock(int f, int op) : fd(f) {
-      while (::flock(fd, op) != 0 && errno == EINTR) {
-      }
-    }
-    ~Lock() { ::flock(fd, LOCK_UN); }
-  };
-  const std::vector<nlohmann::json>& read_unlocked() {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) throw RuntimeError(path_.string(), std::string("cannot stat the study journal: ") + std::strerror(errno), "check the study folder");
-    if (st.st_size < parsed_) parsed_ = 0, recs_.clear();  // replaced or truncated by hand: start over
-    std::string buf(size_t(st.st_size - parsed_), '\0');
-    size_t got = 0;
-    while (got < buf.size()) {
-      const ssize_t k = ::pread(fd_, &buf[got], buf.size() - got, parsed_ + off_t(got));
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) break;
-      got += size_t(k);
-    }
-    size_t at = 0, nl;
-    while ((nl = buf.find('\n', at)) != std::string::npos && nl < got) {  // complete lines only: a line without its newline is torn
-      try {
-        recs_.push_back(nlohmann::json::parse(buf.begin() + long(at), buf.begin() + long(nl)));
-      } catch (const std::exception&) {
-        // a torn line followed by a newline written by a later writer: skipped
-      }
-      at = nl + 1;
-    }
-    parsed_ += off_t(at);
-    return recs_;
-  }
-  void append_unlocked(const std::vector<nlohmann::json>& recs) {
-    if (recs.empty()) return;
-    std::string s;
-    struct stat st {};
-    if (::fstat(fd_, &st) == 0 && st.st_size > 0) {
-      char last = '\n';
-      if (::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n') s += "\n";
-    }
-    for (const auto& r : recs) s += r.dump() + "\n";
-    size_t off = 0;
-    while (off < s.size()) {
-      const ssize_t w = ::write(fd_, s.data() + off, s.size() - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) throw RuntimeError(path_.string(), std::string("journal write failed: ") + std::strerror(errno), "free disk space");
-      off += size_t(w);
-    }
-    ::fdatasync(fd_);
-  }
-  fs::path path_;
-  int fd_ = -1;
-  std::vector<nlohmann::json> recs_;  // every complete record up to parsed_
-  off_t parsed_ = 0;
-};
 
 struct Replay {
   std::vector<TrialState> trials;
