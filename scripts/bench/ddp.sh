@@ -3,11 +3,15 @@
 #  1. samples/s of one process (2 threads) against 2 Gloo ranks (1 thread each) at the same global batch
 #  2. the share of step time spent waiting for the gradient all-reduce, with and without overlap
 #  3. 1-bit Adam against Adam on 2 ranks: bytes sent per step after the warm-up, accuracy, time
-#   bash scripts/bench/ddp.sh
+#  4. gradients sent as fp16 (distributed.compress) against fp32: bytes, wait, samples/s, accuracy
+#   bash scripts/bench/ddp.sh [SECTION...]     (default: 1 2 3 4)
 set -euo pipefail
 source "$(dirname "$0")/prelude.sh"
 summary() { grep -o '{"allreduce[^}]*}\|{"event":"summary"[^}]*}' "$1" | tail -1; }
 py() { /usr/bin/python3 -c "$1"; }
+SECTIONS=${*:-1 2 3 4}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+if want 1; then
 echo "== 1. one process vs 2 ranks (global batch 128)"
 for model in mlp cnn; do
   dur=$([ $model = mlp ] && echo 3ep || echo 1ep)
@@ -22,6 +26,8 @@ sa, sb = a['step'] * 128 / a['train_seconds'], b['step'] * 128 / b['train_second
 print(f'$model: 1 process {sa:.0f} samples/s (acc {a[\"test_accuracy\"]:.4f}); 2 ranks {sb:.0f} samples/s (acc {b[\"test_accuracy\"]:.4f}); ratio {sb / sa:.2f}x; '
       f'all-reduce wait {100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} % of training')"
 done
+fi
+if want 2; then
 echo "== 2. overlap (MLP, 2 ranks, 0.25 MB buckets)"
 for ov in true false; do
   $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=3ep data.batch_size=64 \
@@ -32,6 +38,8 @@ b = [json.loads(l.split('] ', 1)[1]) for l in open('$D/ov_$ov.out') if '\"event\
 print(f'overlap $ov: all-reduce wait {b[\"allreduce_wait_s\"]:.2f} s of {b[\"train_seconds\"]:.2f} s ({100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} %), '
       f'{b[\"step\"] * 128 / b[\"train_seconds\"]:.0f} samples/s')"
 done
+fi
+if want 3; then
 echo "== 3. 1-bit Adam vs Adam (MLP, 2 ranks, 5 epochs, freeze after 1 epoch = 469 steps)"
 for o in adam onebit_adam; do
   $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=5ep data.batch_size=64 \
@@ -46,3 +54,19 @@ after = (b['allreduce_bytes'] - 469 * per_a) / (b['step'] - 469)
 print(f'Adam: {per_a / 1e3:.1f} kB per step, test accuracy {a[\"test_accuracy\"]:.4f}, {a[\"train_seconds\"]:.1f} s')
 print(f'1-bit Adam after the warm-up: {after / 1e3:.1f} kB per step ({per_a / after:.1f}x fewer), test accuracy {b[\"test_accuracy\"]:.4f} '
       f'({100 * (b[\"test_accuracy\"] - a[\"test_accuracy\"]):+.2f} points), {b[\"train_seconds\"]:.1f} s')"
+fi
+if want 4; then
+echo "== 4. gradient compression (MLP, 2 ranks, 3 epochs): fp32 against fp16 on the wire"
+for c in none fp16; do
+  $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=3ep data.batch_size=64 \
+    distributed.compress=$c run.dir="$D" run.name=c_$c --jsonl >"$D/c_$c.out" 2>&1
+done
+py "
+import json
+r = {c: [json.loads(l.split('] ', 1)[1]) for l in open('$D/c_' + c + '.out') if '\"event\":\"summary\"' in l][-1] for c in ('none', 'fp16')}
+for c, b in r.items():
+    print(f'{c:>4}: {b[\"allreduce_bytes\"] / b[\"step\"] / 1e3:.0f} kB per step, all-reduce wait {100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} % of training, '
+          f'{b[\"step\"] * 128 / b[\"train_seconds\"]:.0f} samples/s, test accuracy {b[\"test_accuracy\"]:.4f}')
+a, b = r['none'], r['fp16']
+print(f'fp16/fp32: bytes {b[\"allreduce_bytes\"] / a[\"allreduce_bytes\"]:.2f}x, samples/s {a[\"train_seconds\"] / b[\"train_seconds\"]:.2f}x')"
+fi

@@ -646,6 +646,34 @@ TEST_CASE("a dead peer: the surviving rank fails fast, names the missing rank an
   CHECK(secs < 20);  // within the collective timeout
 }
 
+TEST_CASE("fp16 gradient compression: half the bytes, parameters still bitwise equal across ranks; bf16 refused on Gloo", "[cli][dist]") {
+  const auto d = tmpdir("ddp_fp16");
+  const std::string train = "launch --nproc-per-node 2 -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 "
+                            "data.batch_size=64 train.duration=1ep run.dir=" + d.string() + " --jsonl";
+  auto bytes = [&](const std::string& out) {
+    const auto at = out.find("{\"allreduce_bytes\":");
+    REQUIRE(at != std::string::npos);
+    return nlohmann::json::parse(out.substr(at, out.find('\n', at) - at));
+  };
+  auto fp32 = run(train + " run.name=fp32");
+  REQUIRE(fp32.code == 0);
+  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);
+  auto fp16 = run(train + " run.name=fp16 distributed.compress=fp16");
+  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  INFO(fp16.out);
+  REQUIRE(fp16.code == 0);
+  const auto r0 = lines_of(d / "digest.0");
+  REQUIRE(r0.size() == 32);
+  CHECK(r0 == lines_of(d / "digest.1"));
+  const auto a = bytes(fp32.out), b = bytes(fp16.out);
+  const double grad = 535818.0 * 4 * 32;  // fp32 gradient bytes over the 32 steps; the rest is the initial broadcast and metrics
+  CHECK((b["allreduce_bytes"].get<double>() - (a["allreduce_bytes"].get<double>() - grad)) == Approx(grad / 2).epsilon(0.001));
+  CHECK(std::abs(b["test_accuracy"].get<double>() - a["test_accuracy"].get<double>()) < 0.01);
+  auto bf16 = run(train + " run.name=bf16 distributed.compress=bf16");
+  CHECK(bf16.code == 2);
+  CHECK(bf16.out.find("distributed.compress: bf16 needs the NCCL backend") != std::string::npos);
+}
+
 TEST_CASE("a hung peer: the collective times out instead of hanging, and the launcher stops the group", "[cli][dist]") {
   const auto d = tmpdir("ddp_hang");
   // Rank 1 stops making progress at step 10 (alive, silent: a stuck read, a deadlock).

@@ -177,6 +177,8 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
 #endif
 }
 
+bool Comm::nccl() const { return impl_->nccl; }
+
 void Comm::record(const char* op, int64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
   std::ostringstream o;
@@ -353,8 +355,13 @@ void Comm::wait(const std::shared_ptr<Pending>& p) {
 // ---- DataParallel ---------------------------------------------------------------------------------
 
 DataParallel::DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes,
-                           bool overlap)
+                           bool overlap, const std::string& compress)
     : comm_(comm), overlap_(overlap) {
+  if (compress == "fp16") wire_type_ = torch::kHalf;
+  else if (compress == "bf16") wire_type_ = torch::kBFloat16;
+  else if (compress != "none") throw ConfigError("distributed.compress", "unknown '" + compress + "'", "use none, fp16 or bf16");
+  if (wire_type_ == torch::kBFloat16 && !comm.nccl())  // LibTorch 1.13's Gloo: "Invalid scalar type"
+    throw ConfigError("distributed.compress", "bf16 needs the NCCL backend: Gloo cannot sum bfloat16", "use distributed.compress=fp16 or none");
   for (const auto& [n, p] : params)
     if (p.requires_grad()) params_.push_back(p);
   for (const auto& [n, b] : buffers)
@@ -431,7 +438,18 @@ void DataParallel::on_grad(size_t i, const torch::Tensor& g) {
   const auto& acc = params_[i].grad();
   if (acc.defined()) torch::add_out(dst, acc.reshape({-1}), g.reshape({-1}));
   else dst.copy_(g.reshape({-1}));
-  if (++b.ready == b.params.size() && overlap_) b.work = comm_.allreduce_async(b.flat, "allreduce(gradient bucket)");
+  if (++b.ready == b.params.size() && overlap_) launch(b);
+}
+
+void DataParallel::launch(Bucket& b) {
+  if (!wire_type_) {
+    b.work = comm_.allreduce_async(b.flat, "allreduce(gradient bucket)");
+    return;
+  }
+  // Divided before the cast, as PyTorch's compress hooks do: the sum of world-size fp16 values
+  // then stays within range wherever the average does.
+  b.wire = b.flat.mul(1.0 / comm_.size()).to(*wire_type_);
+  b.work = comm_.allreduce_async(b.wire, *wire_type_ == torch::kHalf ? "allreduce(gradient bucket, fp16)" : "allreduce(gradient bucket, bf16)");
 }
 
 void DataParallel::finish_backward() {
@@ -447,13 +465,14 @@ void DataParallel::finish_backward() {
         if (params_[i].grad().defined()) dst.copy_(params_[i].grad().reshape({-1}));
         else dst.zero_();
       }
-      b.work = comm_.allreduce_async(b.flat, "allreduce(gradient bucket)");
+      launch(b);
     }
   }
   const double inv = 1.0 / comm_.size();
   for (auto& b : buckets_) {
     comm_.wait(b.work);
-    b.flat.mul_(inv);
+    if (wire_type_) b.flat.copy_(b.wire);  // already the average
+    else b.flat.mul_(inv);
     for (size_t k = 0; k < b.params.size(); ++k) {
       auto& p = params_[b.params[k]];
       auto src = b.flat.slice(0, b.offset[k], b.offset[k] + p.numel()).view(p.sizes());

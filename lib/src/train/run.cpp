@@ -232,7 +232,8 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   if (distributed) {
     comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, "", device});
     dp = std::make_unique<dist::DataParallel>(*comm, model->named_parameters(), model->named_buffers(),
-                                              static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)), cfg.distributed.overlap);
+                                              static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)), cfg.distributed.overlap,
+                                              cfg.distributed.compress);
     dist::Comm* c = comm.get();
     optimizer->set_momentum_reducer([c](torch::Tensor& m, torch::Tensor& e) { dist::onebit_average(*c, m, e); });
   }

@@ -409,6 +409,7 @@ struct DistributedConfig {
   double timeout_s = 300;
   double bucket_mb = 25;
   bool overlap = true;
+  std::string compress = "none";
   int64_t nproc_per_node = 0;
   int64_t max_restarts = 0;
   int64_t max_requeues = 3;
@@ -417,6 +418,10 @@ struct DistributedConfig {
     v.field("timeout_s", timeout_s, "a collective that takes longer fails every rank instead of hanging", positive<double>());
     v.field("bucket_mb", bucket_mb, "gradient all-reduce bucket size (MB), launched from autograd hooks", positive<double>());
     v.field("overlap", overlap, "launch each bucket's all-reduce during backward (false: all after backward, to measure the overlap)");
+    v.field("compress", compress,
+            "gradients on the wire: none (fp32) | fp16 | bf16, pre-divided by the world size (PyTorch DDP's fp16/bf16 compress hooks); "
+            "half the bytes, parameters still bitwise equal across ranks",
+            one_of({"none", "fp16", "bf16"}));
     v.field("nproc_per_node", nproc_per_node, "> 1: `mltrain train` launches this many local ranks itself (as `mltrain launch`)",
             non_negative<int64_t>());
     v.field("max_restarts", max_restarts, "with nproc_per_node: restart the group from the latest checkpoint this many times",

@@ -47,6 +47,7 @@ class Comm {
   const World& world() const { return world_; }
   int rank() const { return world_.rank; }
   int size() const { return world_.size; }
+  bool nccl() const;  // the group is NCCL (else Gloo)
   // Blocking collectives (timeouts raise a RuntimeError naming the op and dumping the ring buffer).
   void allreduce_sum(std::vector<torch::Tensor>& ts, const char* what);
   void broadcast(std::vector<torch::Tensor>& ts, int root, const char* what);
@@ -80,8 +81,10 @@ void onebit_average(Comm& comm, torch::Tensor& momentum, torch::Tensor& error);
 
 class DataParallel {
  public:
+  // compress: "none", or "fp16"/"bf16": each bucket is divided by the world size and sent in that
+  // type (every rank decodes the same reduced bytes, so parameters stay bitwise equal).
   DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes,
-               bool overlap = true);
+               bool overlap = true, const std::string& compress = "none");
   ~DataParallel();
   void broadcast_initial();
   void broadcast_buffers();  // rank 0's BatchNorm statistics to every rank (PyTorch DDP's broadcast_buffers)
@@ -94,12 +97,15 @@ class DataParallel {
   struct Bucket {
     std::vector<size_t> params;
     torch::Tensor flat;
+    torch::Tensor wire;  // compress: what is sent (flat / world in fp16 or bf16)
     std::vector<int64_t> offset;
     size_t ready = 0;
     std::shared_ptr<Comm::Pending> work;
   };
   void on_grad(size_t p, const torch::Tensor& g);
+  void launch(Bucket& b);
   Comm& comm_;
+  c10::optional<torch::ScalarType> wire_type_;  // compress
   std::vector<torch::Tensor> params_, buffers_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, slot)
