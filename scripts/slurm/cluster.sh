@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# A real single-node Slurm on this machine for the tests, from Debian's packages (slurmctld, slurmd,
-# slurm-client, munge; scripts/install-deps.sh installs them). No systemd: the daemons are started
-# here, their pids recorded, and `stop` kills exactly those.
+# A real Slurm on this machine for the tests, from Debian's packages (slurmctld, slurmd,
+# slurm-client, munge; scripts/install-deps.sh installs them): one controller and two nodes, node1
+# and node2, each its own slurmd on this host (slurmd -N; ports 17101/17102), so a job can span
+# "two nodes" (SLURM_NODEID 0 and 1, SLURM_JOB_NODELIST=node[1-2]). The node names do not resolve:
+# multi-node jobs here set MASTER_ADDR=127.0.0.1. No systemd: the daemons are started here, their
+# pids recorded, and `stop` kills exactly those.
 #   eval "$(scripts/slurm/cluster.sh start)"   # prints `export SLURM_CONF=...`
 #   scripts/slurm/cluster.sh stop
 # State lives in $MLTRAIN_SLURM_DIR (default /tmp/mltrain-slurm). Settings that make requeue fast:
@@ -11,8 +14,9 @@ D=${MLTRAIN_SLURM_DIR:-/tmp/mltrain-slurm}
 cmd=${1:-status}
 need_root() { [ "$(id -u)" -eq 0 ] || { echo "cluster.sh: needs root (munged and slurmd)" >&2; exit 2; }; }
 
+NODES="node1 node2"
 stop() {
-  for p in slurmd slurmctld munged; do
+  for p in slurmd-node1 slurmd-node2 slurmd slurmctld munged; do  # slurmd: the one-node layout of earlier versions
     if [ -f "$D/$p.pid" ]; then
       pid=$(cat "$D/$p.pid")
       kill "$pid" 2>/dev/null || true
@@ -30,6 +34,7 @@ start)
     command -v $b >/dev/null || { echo "cluster.sh: $b missing; run scripts/install-deps.sh" >&2; exit 2; }
   done
   stop
+  rm -rf "$D/state" "$D/spool"  # a fresh cluster: no jobs or nodes remembered from an earlier start
   mkdir -p "$D"/{state,spool,log}
   host=$(hostname -s)
   # munge: a private key and socket, owned by the munge user (munged refuses loose permissions).
@@ -53,11 +58,11 @@ AuthInfo=socket=$D/munge/munge.sock,cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$D/state
-SlurmdSpoolDir=$D/spool
+SlurmdSpoolDir=$D/spool/%n
 SlurmctldPidFile=$D/slurmctld.pid
-SlurmdPidFile=$D/slurmd.pid
+SlurmdPidFile=$D/slurmd-%n.pid
 SlurmctldLogFile=$D/log/slurmctld.log
-SlurmdLogFile=$D/log/slurmd.log
+SlurmdLogFile=$D/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -71,18 +76,22 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 KillWait=10
 MinJobAge=300
-NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=17101 CPUs=$cpus RealMemory=$((mem / 2)) State=UNKNOWN
+NodeName=node2 NodeHostname=$host NodeAddr=127.0.0.1 Port=17102 CPUs=$cpus RealMemory=$((mem / 2)) State=UNKNOWN
+PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
   export SLURM_CONF="$D/slurm.conf"
   slurmctld -f "$SLURM_CONF"
-  slurmd -f "$SLURM_CONF"
-  for _ in $(seq 100); do
-    sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)' && break
-    sleep 0.2
+  for n in $NODES; do
+    mkdir -p "$D/spool/$n"
+    slurmd -f "$SLURM_CONF" -N "$n"
   done
-  scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true
-  sinfo -h -o %T | grep -qE '^(idle|mixed|allocated)' || { echo "cluster.sh: node not idle; see $D/log" >&2; sinfo >&2; exit 1; }
+  # Every node up: sinfo prints one state per node line (-N), none of them unknown or down.
+  up() { [ "$(sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)')" -eq 2 ]; }
+  for _ in $(seq 100); do up && break; sleep 0.2; done
+  scontrol update nodename=node[1-2] state=resume >/dev/null 2>&1 || true
+  for _ in $(seq 25); do up && break; sleep 0.2; done
+  up || { echo "cluster.sh: nodes not idle; see $D/log" >&2; sinfo -N >&2; exit 1; }
   echo "export SLURM_CONF=$D/slurm.conf"
   ;;
 stop) stop ;;

@@ -842,17 +842,35 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
           "[cli][slurm]") {
   SlurmCluster cluster;
   const auto d = tmpdir("slurm");
-  // 1. srun -n 2: the world comes from SLURM_PROCID/NTASKS/LOCALID and the expanded node list.
+  // 1. srun -N 1 -n 2: the world comes from SLURM_PROCID/NTASKS/LOCALID and the expanded node list.
   const std::string cfg = kSrc + "/configs/fashion_mnist_mlp.yaml";
-  const std::string srun_out = SlurmCluster::sh_out("cd " + d.string() + " && srun -n 2 --kill-on-bad-exit=1 " + kBin + " train " + cfg +
-                                                    " data.limit_train=4096 data.batch_size=64 train.duration=1ep run.dir=" + d.string() +
-                                                    " run.name=srun 2>&1; echo exit=$?");
+  auto srun = [&](const std::string& layout, const std::string& name) {
+    ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / name).c_str(), 1);
+    const auto out = SlurmCluster::sh_out("cd " + d.string() + " && srun " + layout + " --kill-on-bad-exit=1 " + kBin + " train " + cfg +
+                                          " data.limit_train=4096 data.batch_size=64 train.duration=1ep runtime.threads=1 run.dir=" +
+                                          d.string() + " run.name=" + name + " 2>&1; echo exit=$?");
+    ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+    return out;
+  };
+  const std::string srun_out = srun("-N 1 -n 2", "srun");
   INFO(srun_out);
   CHECK(srun_out.find("exit=0") != std::string::npos);
   CHECK(srun_out.find("(local 0/2, node 0/1, slurm) joined Gloo over FileStore") != std::string::npos);
   CHECK(srun_out.find("test accuracy: ") != std::string::npos);
   CHECK(fs::exists(d / "srun" / "v0" / "checkpoints"));
   CHECK_FALSE(fs::exists(d / "srun" / "v1"));
+  // Two nodes (node[1-2], one task each): the TCPStore that rank 0 serves, and the same weights.
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);  // the test cluster's node names do not resolve
+  const std::string two_nodes = srun("-N 2 -n 2", "srun2");
+  ::unsetenv("MASTER_ADDR");
+  INFO(two_nodes);
+  CHECK(two_nodes.find("exit=0") != std::string::npos);
+  CHECK(two_nodes.find("(local 0/1, node 0/2, slurm) joined Gloo over TCPStore") != std::string::npos);
+  const auto one = lines_of(d / "srun.0");
+  REQUIRE(one.size() == 32);
+  CHECK(lines_of(d / "srun.1") == one);
+  CHECK(lines_of(d / "srun2.0") == one);
+  CHECK(lines_of(d / "srun2.1") == one);
 
   // 2. The batch job: signalled mid-run, it must come back and finish exactly as an uninterrupted run.
   const std::string common = " data.limit_train=8192 train.duration=30ep train.eval_every=5ep checkpoint.every=5ep data.workers=1 run.dir=" + d.string();
