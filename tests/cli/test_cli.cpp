@@ -872,6 +872,44 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
   CHECK(lines_of(d / "srun2.0") == one);
   CHECK(lines_of(d / "srun2.1") == one);
 
+  auto wait_job = [](const std::string& job) {
+    std::string state;
+    for (int i = 0; i < 900; ++i) {  // requeue: cred_expire 10 s + scheduler, then the rest of the run
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const auto info = SlurmCluster::sh_out("scontrol show job " + job + " 2>&1");
+      const auto js = info.find("JobState=");
+      state = js == std::string::npos ? "" : info.substr(js + 9, info.find(' ', js) - js - 9);
+      if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT") break;
+    }
+    return state;
+  };
+  auto job_log = [&](const std::string& name) {
+    std::string log;
+    for (const auto& e : fs::directory_iterator(d / name))
+      if (e.path().filename().string().rfind("slurm-", 0) == 0) log += slurp(e.path());
+    return log;
+  };
+  auto submitted = [](const std::string& out) {
+    const auto at = out.find("submitted job ");
+    REQUIRE(at != std::string::npos);
+    return std::to_string(std::stol(out.substr(at + 14)));
+  };
+  // A two-node batch job from `mltrain slurm --nodes 2`: its script names the first node's host as
+  // MASTER_ADDR; the same weights again.
+  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "batch2").c_str(), 1);
+  auto w2 = run("slurm " + cfg + " --nodes 2 --ntasks-per-node 1 --time 00:05:00 --submit data.limit_train=4096 data.batch_size=64 "
+                "train.duration=1ep runtime.threads=1 run.dir=" + d.string() + " run.name=batch2");
+  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  INFO(w2.out);
+  REQUIRE(w2.code == 0);
+  CHECK(slurp(d / "batch2" / "slurm.sbatch").find("export MASTER_ADDR=${MASTER_ADDR:-$(hostname)}") != std::string::npos);
+  const std::string job2 = submitted(w2.out);
+  const std::string state2 = wait_job(job2);
+  INFO(job_log("batch2"));
+  REQUIRE(state2 == "COMPLETED");
+  CHECK(job_log("batch2").find("(local 0/1, node 0/2, slurm) joined Gloo over TCPStore") != std::string::npos);
+  CHECK(lines_of(d / "batch2.0") == one);
+
   // 2. The batch job: signalled mid-run, it must come back and finish exactly as an uninterrupted run.
   const std::string common = " data.limit_train=8192 train.duration=30ep train.eval_every=5ep checkpoint.every=5ep data.workers=1 run.dir=" + d.string();
   REQUIRE(run("train " + cfg + common + " run.name=reference").code == 0);
@@ -882,9 +920,7 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
   CHECK(script.find("#SBATCH --signal=USR1@90") != std::string::npos);
   CHECK(script.find("#SBATCH --requeue") != std::string::npos);
   CHECK(script.find("#SBATCH --open-mode=append") != std::string::npos);
-  const auto at = w.out.find("submitted job ");
-  REQUIRE(at != std::string::npos);
-  const std::string job = std::to_string(std::stol(w.out.substr(at + 14)));
+  const std::string job = submitted(w.out);
   // Wait until it has trained a little, then send USR1 to its tasks (what --signal=USR1@90 does).
   const auto metrics = d / "batch" / "v0" / "metrics.jsonl";
   bool signalled = false;
@@ -896,17 +932,8 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
     }
   }
   REQUIRE(signalled);
-  std::string state;
-  for (int i = 0; i < 900; ++i) {  // requeue: cred_expire 10 s + scheduler, then the rest of the run
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const auto info = SlurmCluster::sh_out("scontrol show job " + job + " 2>&1");
-    const auto js = info.find("JobState=");
-    state = js == std::string::npos ? "" : info.substr(js + 9, info.find(' ', js) - js - 9);
-    if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT") break;
-  }
-  std::string log;
-  for (const auto& e : fs::directory_iterator(d / "batch"))
-    if (e.path().filename().string().rfind("slurm-", 0) == 0) log += slurp(e.path());
+  const std::string state = wait_job(job);
+  const std::string log = job_log("batch");
   INFO("job " << job << " state " << state << "\n" << log);
   REQUIRE(state == "COMPLETED");
   CHECK(log.find("requeueing job " + job) != std::string::npos);

@@ -28,8 +28,12 @@ std::string sbatch_script(const SbatchOptions& o) {
     << "#SBATCH --chdir=" << o.workdir << "\n\n"
     << "set -euo pipefail\n"
     << "# mltrain requeues itself after its checkpoint on USR1/TERM (never more than distributed.max_requeues).\n"
-    << "export MLTRAIN_SLURM_REQUEUE=1\n"
-    << "echo \"job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST ($(date -Is))\"\n"
+    << "export MLTRAIN_SLURM_REQUEUE=1\n";
+  if (o.nodes > 1)
+    s << "# Rank 0 serves the rendezvous on the first node, where this script runs: its own host name\n"
+      << "# resolves even where Slurm's node names (SLURM_JOB_NODELIST) are not DNS names.\n"
+      << "export MASTER_ADDR=${MASTER_ADDR:-$(hostname)}\n";
+  s << "echo \"job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST ($(date -Is))\"\n"
     << "# srun without --signal B: so the signal reaches the tasks, not just this shell.\n"
     << "srun --kill-on-bad-exit=1 " << shell_quote(o.mltrain) << " train " << shell_quote(o.config);
   for (const auto& ov : o.overrides) s << " " << shell_quote(ov);
