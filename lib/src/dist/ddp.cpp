@@ -240,12 +240,18 @@ static std::string missing_ranks(Comm::Impl& impl, int size) {
 }
 
 void Comm::fail(const std::string& op, const std::exception& e) {
+  const std::string what = e.what();
   const std::string missing = missing_ranks(*impl_, world_.size);
-  spdlog::error("[dist] rank {}: {}", world_.rank, missing);
-  spdlog::error("[dist] rank {}: {} failed: {}\nlast collectives on this rank:\n{}", world_.rank, op, e.what(), recent());
-  throw RuntimeError("distributed", "rank " + std::to_string(world_.rank) + ": " + op + " failed (timeout " +
-                                        std::to_string(int(timeout_s_)) + " s; " + missing + "): " + e.what(),
-                     "look for the first rank that failed in the launcher's output; its collectives are logged above");
+  // The peers are worth naming when one is gone or the transport says so (a timeout, a closed or
+  // reset connection); not for a local refusal such as an unsupported dtype.
+  const bool peers = missing.rfind("missing:", 0) == 0 || missing.find("never joined") != std::string::npos ||
+                     what.find("imed out") != std::string::npos || what.find("onnection") != std::string::npos;
+  if (peers) spdlog::error("[dist] rank {}: {}", world_.rank, missing);
+  spdlog::error("[dist] rank {}: {} failed: {}\nlast collectives on this rank:\n{}", world_.rank, op, what, recent());
+  throw RuntimeError("distributed", "rank " + std::to_string(world_.rank) + ": " + op + " failed" +
+                                        (peers ? " (timeout " + std::to_string(int(timeout_s_)) + " s; " + missing + ")" : "") + ": " + what,
+                     peers ? "look for the first rank that failed in the launcher's output; its collectives are logged above"
+                           : "a local error, not a lost peer: see the message");
 }
 
 #ifdef MLTRAIN_WITH_GLOO
