@@ -736,6 +736,44 @@ TEST_CASE("launch: a SIGKILLed worker restarts the group from its checkpoint, or
   CHECK(secs < 60);  // stopped well within the collective timeout, not hung
 }
 
+TEST_CASE("launch across two nodes (a launcher per node): one node's weights; a worker killed on node 1 restarts both nodes", "[cli][dist]") {
+  const auto d = tmpdir("launch_nodes");
+  const std::string train = " -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
+                            "model.dropout=0 runtime.threads=1 distributed.timeout_s=30 run.dir=" + d.string();
+  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "one").c_str(), 1);
+  REQUIRE(run("launch --nproc-per-node 2" + train + " train.duration=1ep run.name=one").code == 0);
+  const auto want = lines_of(d / "one.0");
+  REQUIRE(want.size() == 32);
+  // Two launchers on this host as nodes 0 and 1, one worker each.
+  auto nodes = [&](const std::string& launch_args, const std::string& extra) {
+    const std::string l = kBin + " launch --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 " + launch_args + " ";
+    // Node 1 in the background; node 0's output is the result, and node 1 is waited for (no stragglers).
+    return sh("cd " + d.string() + " && { " + l + "--node-rank 1" + train + extra + " > node1.log 2>&1 & " + l + "--node-rank 0" + train +
+              extra + "; rc=$?; wait; exit $rc; }");
+  };
+  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "two").c_str(), 1);
+  auto two = nodes("--master-port 29677", " train.duration=1ep run.name=two");
+  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  CHECK(two.out.find("[launch] attempt 0: node 0/2, 1 workers, rendezvous 127.0.0.1:29677") != std::string::npos);
+  CHECK(two.out.find("(local 0/1, node 0/2, torchrun) joined Gloo over TCPStore") != std::string::npos);
+  CHECK(lines_of(d / "two.0") == want);
+  CHECK(lines_of(d / "two.1") == want);
+  // Rank 1 (node 1) SIGKILLed at step 20: node 0's worker loses its peer; both launchers restart,
+  // meet again on port + 1 and resume from the checkpoint.
+  ::setenv("MLTRAIN_TEST_KILL", "1:20", 1);
+  auto restart = nodes("--master-port 29687 --max-restarts 1", " train.duration=2ep checkpoint.every=8u run.name=restart");
+  ::unsetenv("MLTRAIN_TEST_KILL");
+  INFO(restart.out << "\nnode 1:\n" << slurp(d / "node1.log"));
+  CHECK(restart.code == 0);
+  CHECK(restart.out.find("missing: rank 1 (pid ") != std::string::npos);
+  CHECK(restart.out.find("[launch] attempt 1: node 0/2, 1 workers, rendezvous 127.0.0.1:29688") != std::string::npos);
+  CHECK(restart.out.find("resuming in") != std::string::npos);
+  CHECK(restart.out.find("after 64 steps") != std::string::npos);
+  CHECK(run("launch --nnodes 2 --nproc-per-node 1" + train).code == 2);  // several nodes need an agreed port
+}
+
 TEST_CASE("distributed.backend=nccl without a CUDA LibTorch: exit 2 naming the key, before any rank waits", "[cli][dist]") {
   const auto d = tmpdir("nccl_cpu");
   auto r = sh("cd " + d.string() + " && RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_PORT=29691 timeout 60 " + kBin + " train " +
@@ -756,6 +794,7 @@ TEST_CASE("external torchrun runs the same binary: one node, two nodes, rank 0's
   auto digest = [&](const std::string& tag) { ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / tag).c_str(), 1); };
   // Debian's torchrun (torch 1.13 on Python 3.11) crashes on its default --redirects/--tee: -r 1 -t 1.
   const std::string torchrun = "cd " + d.string() + " && torchrun -r 1 -t 1 ";
+  const std::string in_dir = "cd " + d.string() + " && ";
 
   digest("launch");
   auto ref = run("launch --nproc-per-node 2 -- mltrain train " + cfg + " run.name=launch");
@@ -775,9 +814,9 @@ TEST_CASE("external torchrun runs the same binary: one node, two nodes, rank 0's
 
   // 2. Two "nodes" on this host (two agents, --nnodes 2): the multi-node path, one worker each.
   digest("two");
-  const std::string agent = torchrun + "--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port 29672 ";
-  auto two = sh("(" + agent + "--node_rank 1 --no_python " + train + " run.name=two > node1.log 2>&1 &) ; " + agent +
-                "--node_rank 0 --no_python " + train + " run.name=two");
+  const std::string agent = "torchrun -r 1 -t 1 --nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port 29672 ";
+  auto two = sh(in_dir + "{ " + agent + "--node_rank 1 --no_python " + train + " run.name=two > node1.log 2>&1 & " + agent +
+                "--node_rank 0 --no_python " + train + " run.name=two; rc=$?; wait; exit $rc; }");
   INFO(two.out << slurp(d / "node1.log"));
   REQUIRE(two.code == 0);
   CHECK(two.out.find("rank 0/2 (local 0/1, node 0/2, torchrun) joined Gloo over torchrun's TCPStore") != std::string::npos);
@@ -786,8 +825,8 @@ TEST_CASE("external torchrun runs the same binary: one node, two nodes, rank 0's
   // 3. No agent (hand-set variables, two nodes): rank 0 serves the TCPStore and warns about it.
   digest("tcp");
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29673 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 LOCAL_RANK=0 ";
-  auto tcp = sh("cd " + d.string() + " && (" + env + "RANK=1 GROUP_RANK=1 " + train + " run.name=tcp > tcp1.log 2>&1 &) ; " + env +
-                "RANK=0 GROUP_RANK=0 " + train + " run.name=tcp");
+  auto tcp = sh(in_dir + "{ " + env + "RANK=1 GROUP_RANK=1 " + train + " run.name=tcp > tcp1.log 2>&1 & " + env + "RANK=0 GROUP_RANK=0 " +
+                train + " run.name=tcp; rc=$?; wait; exit $rc; }");
   INFO(tcp.out);
   REQUIRE(tcp.code == 0);
   CHECK(tcp.out.find("TCPStore on 127.0.0.1:29673: the port is unauthenticated and open on all interfaces") != std::string::npos);

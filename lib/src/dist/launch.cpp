@@ -71,6 +71,12 @@ void flush_lines(Worker& w, int rank, bool all) {
 
 LaunchResult launch(const LaunchOptions& o) {
   if (o.nproc < 1) throw ConfigError("--nproc-per-node", "must be at least 1");
+  if (o.nnodes < 1) throw ConfigError("--nnodes", "must be at least 1");
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw ConfigError("--node-rank", std::to_string(o.node_rank) + " is not below --nnodes " + std::to_string(o.nnodes), "number the nodes 0 .. nnodes-1");
+  if (o.nnodes > 1 && o.master_port <= 0)
+    throw ConfigError("--master-port", "several nodes need a port agreed on by every launcher", "pass the same --master-port (and --master-addr) on every node");
+  if (o.master_port < 0 || o.master_port > 65535) throw ConfigError("--master-port", std::to_string(o.master_port) + " is not a TCP port");
   if (o.command.empty()) throw ConfigError("mltrain launch", "no command given", "mltrain launch --nproc-per-node 2 -- mltrain train cfg.yaml");
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -78,19 +84,25 @@ LaunchResult launch(const LaunchOptions& o) {
   ::sigaction(SIGTERM, &sa, nullptr);
   LaunchResult res;
   std::mt19937_64 rng(std::random_device{}());
-  const std::string run_id = std::to_string(::getpid()) + "-" + std::to_string(rng() % 1000000);
+  // Every node must agree on the run id; one node alone picks its own.
+  const std::string run_id = o.nnodes > 1 ? "launch-" + o.master_addr + "-" + std::to_string(o.master_port)
+                                          : std::to_string(::getpid()) + "-" + std::to_string(rng() % 1000000);
+  const int world = o.nnodes * o.nproc, first = o.node_rank * o.nproc;  // this node's ranks: first ..
   for (int attempt = 0;; ++attempt) {
-    const int port = free_port();
+    const int port = o.master_port > 0 ? o.master_port + attempt : free_port();
     std::vector<Worker> ws(size_t(o.nproc));
     for (int r = 0; r < o.nproc; ++r) {
+      const int rank = first + r;
       const std::vector<std::string> set = {
-          "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(o.nproc), "LOCAL_RANK=" + std::to_string(r),
-          "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc), "GROUP_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
-          "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt), "MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt)};
+          "RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(r),
+          "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc), "GROUP_RANK=" + std::to_string(o.node_rank), "MASTER_ADDR=" + o.master_addr,
+          "MASTER_PORT=" + std::to_string(port), "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt),
+          "MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt)};
       // stdout and stderr through one pipe, streamed with the rank's prefix; dies with the launcher.
       ws[size_t(r)].pid = spawn_child(o.command, environment_with(set), &ws[size_t(r)].fd, "", /*own_group=*/false);
     }
-    std::fprintf(stderr, "[launch] attempt %d: %d workers on 127.0.0.1:%d\n", attempt, o.nproc, port);
+    std::fprintf(stderr, "[launch] attempt %d: node %d/%d, %d workers, rendezvous %s:%d\n", attempt, o.node_rank, o.nnodes, o.nproc,
+                 o.master_addr.c_str(), port);
     int failed = -1, failed_status = 0, alive = o.nproc;
     bool stopping = false;
     auto stop_time = std::chrono::steady_clock::time_point::max();
@@ -111,7 +123,7 @@ LaunchResult launch(const LaunchOptions& o) {
           const ssize_t k = ::read(w.fd, b, sizeof b);
           if (k > 0) w.buf.append(b, size_t(k));
           else if (k == 0) ::close(w.fd), w.fd = -1;
-          flush_lines(w, int(r), false);
+          flush_lines(w, first + int(r), false);
         }
         if (w.done) continue;
         int st = 0;
@@ -119,8 +131,8 @@ LaunchResult launch(const LaunchOptions& o) {
           w.done = true, w.status = st, --alive;
           const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
           if (!ok && failed < 0 && !stopping) {
-            failed = int(r), failed_status = st;
-            std::fprintf(stderr, "[launch] %s; stopping the other workers\n", describe(int(r), st).c_str());
+            failed = first + int(r), failed_status = st;
+            std::fprintf(stderr, "[launch] %s; stopping the other workers\n", describe(failed, st).c_str());
             for (auto& x : ws)
               if (!x.done) ::kill(x.pid, SIGTERM);
             stopping = true;
@@ -140,7 +152,7 @@ LaunchResult launch(const LaunchOptions& o) {
         while ((k = ::read(w.fd, b, sizeof b)) > 0) w.buf.append(b, size_t(k));
         ::close(w.fd);
       }
-      flush_lines(w, int(r), true);
+      flush_lines(w, first + int(r), true);
     }
     if (g_forward) {  // stopped on request: report the first non-zero status
       res.exit_code = 128 + int(g_forward);

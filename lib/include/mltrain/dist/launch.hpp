@@ -6,6 +6,12 @@
 // worker fails stops the others (SIGTERM, then SIGKILL after a grace period) and restarts the
 // whole group, which resumes from its latest checkpoint, up to K times. Then it fails naming the
 // rank and its exit status. SIGINT/SIGTERM to the launcher are forwarded to every worker.
+//
+// Several nodes (torchrun's static rendezvous): one launcher per node with the same --nnodes,
+// --master-addr and --master-port and its own --node-rank; ranks are node_rank * N + local rank,
+// rank 0 serves the TCPStore. A failure anywhere stops the group on every node (the other nodes'
+// workers lose their peers and fail too), and each launcher restarts its workers; attempt k
+// meets on master_port + k, so no worker of a new attempt can reach the old attempt's store.
 #include <string>
 #include <vector>
 
@@ -13,6 +19,10 @@ namespace mltrain::dist {
 
 struct LaunchOptions {
   int nproc = 2;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free port (one node only)
   int max_restarts = 0;
   double grace_s = 10;  // after SIGTERM, before SIGKILL
   std::vector<std::string> command;
