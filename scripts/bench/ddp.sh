@@ -7,8 +7,13 @@
 #   bash scripts/bench/ddp.sh [SECTION...]     (default: 1 2 3 4)
 set -euo pipefail
 source "$(dirname "$0")/prelude.sh"
-summary() { grep -o '{"allreduce[^}]*}\|{"event":"summary"[^}]*}' "$1" | tail -1; }
-py() { /usr/bin/python3 -c "$1"; }
+# Python with launched() at hand: the final JSON summary that rank 0 printed in a launch log.
+py() {
+  /usr/bin/python3 -c "import json
+def launched(path):
+    return [json.loads(l.split('] ', 1)[1]) for l in open(path) if '\"event\":\"summary\"' in l][-1]
+$1"
+}
 SECTIONS=${*:-1 2 3 4}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 if want 1; then
@@ -19,9 +24,8 @@ for model in mlp cnn; do
   $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_$model.yaml train.duration=$dur data.batch_size=64 \
     run.dir="$D" run.name=${model}_2 --jsonl >"$D/${model}_2.out" 2>&1
   py "
-import json
 a = json.loads(open('$D/${model}_1.out').read().strip().splitlines()[-1])
-b = [json.loads(l.split('] ', 1)[1]) for l in open('$D/${model}_2.out') if '\"event\":\"summary\"' in l][-1]
+b = launched('$D/${model}_2.out')
 sa, sb = a['step'] * 128 / a['train_seconds'], b['step'] * 128 / b['train_seconds']
 print(f'$model: 1 process {sa:.0f} samples/s (acc {a[\"test_accuracy\"]:.4f}); 2 ranks {sb:.0f} samples/s (acc {b[\"test_accuracy\"]:.4f}); ratio {sb / sa:.2f}x; '
       f'all-reduce wait {100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} % of training')"
@@ -33,8 +37,7 @@ for ov in true false; do
   $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=3ep data.batch_size=64 \
     distributed.bucket_mb=0.25 distributed.overlap=$ov run.dir="$D" run.name=ov_$ov --jsonl >"$D/ov_$ov.out" 2>&1
   py "
-import json
-b = [json.loads(l.split('] ', 1)[1]) for l in open('$D/ov_$ov.out') if '\"event\":\"summary\"' in l][-1]
+b = launched('$D/ov_$ov.out')
 print(f'overlap $ov: all-reduce wait {b[\"allreduce_wait_s\"]:.2f} s of {b[\"train_seconds\"]:.2f} s ({100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} %), '
       f'{b[\"step\"] * 128 / b[\"train_seconds\"]:.0f} samples/s')"
 done
@@ -46,8 +49,7 @@ for o in adam onebit_adam; do
     optim.name=$o optim.freeze_step=469 run.dir="$D" run.name=$o --jsonl >"$D/$o.out" 2>&1
 done
 py "
-import json
-r = {o: [json.loads(l.split('] ', 1)[1]) for l in open('$D/' + o + '.out') if '\"event\":\"summary\"' in l][-1] for o in ('adam', 'onebit_adam')}
+r = {o: launched('$D/' + o + '.out') for o in ('adam', 'onebit_adam')}
 a, b = r['adam'], r['onebit_adam']
 per_a = a['allreduce_bytes'] / a['step']
 after = (b['allreduce_bytes'] - 469 * per_a) / (b['step'] - 469)
@@ -62,8 +64,7 @@ for c in none fp16; do
     distributed.compress=$c run.dir="$D" run.name=c_$c --jsonl >"$D/c_$c.out" 2>&1
 done
 py "
-import json
-r = {c: [json.loads(l.split('] ', 1)[1]) for l in open('$D/c_' + c + '.out') if '\"event\":\"summary\"' in l][-1] for c in ('none', 'fp16')}
+r = {c: launched('$D/c_' + c + '.out') for c in ('none', 'fp16')}
 for c, b in r.items():
     print(f'{c:>4}: {b[\"allreduce_bytes\"] / b[\"step\"] / 1e3:.0f} kB per step, all-reduce wait {100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} % of training, '
           f'{b[\"step\"] * 128 / b[\"train_seconds\"]:.0f} samples/s, test accuracy {b[\"test_accuracy\"]:.4f}')
