@@ -14,6 +14,12 @@ def launched(path):
     return [json.loads(l.split('] ', 1)[1]) for l in open(path) if '\"event\":\"summary\"' in l][-1]
 $1"
 }
+# launch2 NAME KEY=VALUE...: the MLP on 2 ranks (64 each, global batch 128), JSON lines in $D/NAME.out
+launch2() {
+  local name=$1; shift
+  $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml data.batch_size=64 run.dir="$D" run.name="$name" \
+    "$@" --jsonl >"$D/$name.out" 2>&1
+}
 SECTIONS=${*:-1 2 3 4}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 if want 1; then
@@ -34,8 +40,7 @@ fi
 if want 2; then
 echo "== 2. overlap (MLP, 2 ranks, 0.25 MB buckets)"
 for ov in true false; do
-  $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=3ep data.batch_size=64 \
-    distributed.bucket_mb=0.25 distributed.overlap=$ov run.dir="$D" run.name=ov_$ov --jsonl >"$D/ov_$ov.out" 2>&1
+  launch2 ov_$ov train.duration=3ep distributed.bucket_mb=0.25 distributed.overlap=$ov
   py "
 b = launched('$D/ov_$ov.out')
 print(f'overlap $ov: all-reduce wait {b[\"allreduce_wait_s\"]:.2f} s of {b[\"train_seconds\"]:.2f} s ({100 * b[\"allreduce_wait_s\"] / b[\"train_seconds\"]:.1f} %), '
@@ -45,8 +50,7 @@ fi
 if want 3; then
 echo "== 3. 1-bit Adam vs Adam (MLP, 2 ranks, 5 epochs, freeze after 1 epoch = 469 steps)"
 for o in adam onebit_adam; do
-  $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=5ep data.batch_size=64 \
-    optim.name=$o optim.freeze_step=469 run.dir="$D" run.name=$o --jsonl >"$D/$o.out" 2>&1
+  launch2 $o train.duration=5ep optim.name=$o optim.freeze_step=469
 done
 py "
 r = {o: launched('$D/' + o + '.out') for o in ('adam', 'onebit_adam')}
@@ -60,8 +64,7 @@ fi
 if want 4; then
 echo "== 4. gradient compression (MLP, 2 ranks, 3 epochs): fp32 against fp16 on the wire"
 for c in none fp16; do
-  $M launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_mlp.yaml train.duration=3ep data.batch_size=64 \
-    distributed.compress=$c run.dir="$D" run.name=c_$c --jsonl >"$D/c_$c.out" 2>&1
+  launch2 c_$c train.duration=3ep distributed.compress=$c
 done
 py "
 r = {c: launched('$D/c_' + c + '.out') for c in ('none', 'fp16')}

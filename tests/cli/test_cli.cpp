@@ -854,7 +854,7 @@ TEST_CASE("external torchrun runs the same binary: one node, two nodes, rank 0's
 // A real single-node Slurm (scripts/slurm/cluster.sh), started for these tests and stopped after.
 struct SlurmCluster {
   SlurmCluster() {
-    const std::string out = sh_out("bash " + kSrc + "/scripts/slurm/cluster.sh start 2>&1");
+    const std::string out = sh("bash " + kSrc + "/scripts/slurm/cluster.sh start").out;
     const auto at = out.find("export SLURM_CONF=");
     INFO(out);
     REQUIRE(at != std::string::npos);
@@ -864,15 +864,6 @@ struct SlurmCluster {
   ~SlurmCluster() {
     std::system(("bash " + kSrc + "/scripts/slurm/cluster.sh stop >/dev/null 2>&1").c_str());
     ::unsetenv("SLURM_CONF");
-  }
-  static std::string sh_out(const std::string& cmd) {
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    if (p) pclose(p);
-    return out;
   }
   std::string conf;
 };
@@ -885,9 +876,9 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
   const std::string cfg = kSrc + "/configs/fashion_mnist_mlp.yaml";
   auto srun = [&](const std::string& layout, const std::string& name) {
     ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / name).c_str(), 1);
-    const auto out = SlurmCluster::sh_out("cd " + d.string() + " && srun " + layout + " --kill-on-bad-exit=1 " + kBin + " train " + cfg +
-                                          " data.limit_train=4096 data.batch_size=64 train.duration=1ep runtime.threads=1 run.dir=" +
-                                          d.string() + " run.name=" + name + " 2>&1; echo exit=$?");
+    const auto out = sh("cd " + d.string() + " && srun " + layout + " --kill-on-bad-exit=1 " + kBin + " train " + cfg +
+                        " data.limit_train=4096 data.batch_size=64 train.duration=1ep runtime.threads=1 run.dir=" + d.string() +
+                        " run.name=" + name + " 2>&1; echo exit=$?").out;
     ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
     return out;
   };
@@ -915,7 +906,7 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
     std::string state;
     for (int i = 0; i < 900; ++i) {  // requeue: cred_expire 10 s + scheduler, then the rest of the run
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      const auto info = SlurmCluster::sh_out("scontrol show job " + job + " 2>&1");
+      const auto info = sh("scontrol show job " + job).out;
       const auto js = info.find("JobState=");
       state = js == std::string::npos ? "" : info.substr(js + 9, info.find(' ', js) - js - 9);
       if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT") break;
