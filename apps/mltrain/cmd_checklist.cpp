@@ -3,7 +3,7 @@
 #include "commands.hpp"
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/core/error.hpp"
-#include "mltrain/train/checklist.hpp"
+#include "mltrain/checklist/checklist.hpp"
 
 namespace mltrain::cli {
 
@@ -27,13 +27,13 @@ void setup_checklist(CLI::App& app, Action& run) {
     run = [opt] {
       std::optional<config::ExperimentConfig> cfg;
       if (!opt->config.empty()) cfg = config::load_experiment(opt->config, opt->overrides);
-      train::ChecklistOptions o;
+      checklist::ChecklistOptions o;
       o.level = opt->level;
       o.cfg = cfg ? &*cfg : nullptr;
       o.config_path = opt->config;
-      const auto report = train::run_checklist(o);
+      const auto report = checklist::run_checklist(o);
       if (opt->json) std::cout << report.dump(2) << "\n";
-      else std::cout << train::checklist_text(report);
+      else std::cout << checklist::checklist_text(report);
       return report["counts"]["FAIL"].get<int>() > 0 ? kExitCheckFailed : kExitOk;
     };
   });

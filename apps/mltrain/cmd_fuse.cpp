@@ -1,14 +1,14 @@
 #include <iostream>
 
 #include "commands.hpp"
-#include "mltrain/train/fuse.hpp"
+#include "mltrain/deploy/fuse.hpp"
 
 namespace mltrain::cli {
 
 void setup_fuse(CLI::App& app, Action& run) {
   struct Opts {
     std::string where;
-    train::FuseOptions fo;
+    deploy::FuseOptions fo;
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
@@ -20,8 +20,8 @@ void setup_fuse(CLI::App& app, Action& run) {
   sub->add_flag("--json", o->json, "print the JSON report");
   sub->callback([o, &run] {
     run = [o] {
-      const auto r = train::fuse_run(o->where, o->fo);
-      std::cout << (o->json ? r.dump(2) + "\n" : train::fuse_text(r));
+      const auto r = deploy::fuse_run(o->where, o->fo);
+      std::cout << (o->json ? r.dump(2) + "\n" : deploy::fuse_text(r));
       return 0;
     };
   });

@@ -2,12 +2,12 @@
 
 #include "commands.hpp"
 #include "mltrain/config/experiment.hpp"
-#include "mltrain/train/profile.hpp"
+#include "mltrain/profile/profile.hpp"
 
 namespace mltrain::cli {
 
 void setup_profile(CLI::App& app, Action& run) {
-  auto opt = std::make_shared<train::ProfileOptions>();
+  auto opt = std::make_shared<profile::ProfileOptions>();
   auto json = std::make_shared<bool>(false);
   auto no_ops = std::make_shared<bool>(false);
   auto* sub = app.add_subcommand(
@@ -26,12 +26,12 @@ void setup_profile(CLI::App& app, Action& run) {
   sub->callback([opt, json, no_ops, &run] {
     run = [opt, json, no_ops] {
       const auto cfg = config::load_experiment(opt->config_path, opt->overrides);
-      train::ProfileOptions o = *opt;
+      profile::ProfileOptions o = *opt;
       o.ops = !*no_ops;
       if (o.out_dir.empty()) o.out_dir = cfg.run.dir + "/" + cfg.run.name + "/profile";
-      const auto report = train::profile_config(cfg, o);
+      const auto report = profile::profile_config(cfg, o);
       if (*json) std::cout << report.dump(2) << "\n";
-      else std::cout << train::profile_text(report) << "files: " << o.out_dir << "/{profile.json,phases.svg,report.txt}\n";
+      else std::cout << profile::profile_text(report) << "files: " << o.out_dir << "/{profile.json,phases.svg,report.txt}\n";
       return 0;
     };
   });

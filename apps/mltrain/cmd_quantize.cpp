@@ -1,14 +1,14 @@
 #include <iostream>
 
 #include "commands.hpp"
-#include "mltrain/quant/quantize.hpp"
+#include "mltrain/deploy/quantize.hpp"
 
 namespace mltrain::cli {
 
 void setup_quantize(CLI::App& app, Action& run) {
   struct Opts {
     std::string where;
-    quant::QuantizeOptions qo;
+    deploy::QuantizeOptions qo;
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
@@ -36,8 +36,8 @@ void setup_quantize(CLI::App& app, Action& run) {
   sub->add_flag("--json", o->json, "print the JSON report");
   sub->callback([o, &run] {
     run = [o] {
-      const auto r = quant::quantize_run(o->where, o->qo);
-      std::cout << (o->json ? r.dump(2) + "\n" : quant::quantize_text(r));
+      const auto r = deploy::quantize_run(o->where, o->qo);
+      std::cout << (o->json ? r.dump(2) + "\n" : deploy::quantize_text(r));
       return 0;
     };
   });

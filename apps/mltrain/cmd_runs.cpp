@@ -3,7 +3,7 @@
 #include "commands.hpp"
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/core/fs.hpp"
-#include "mltrain/train/runs.hpp"
+#include "mltrain/report/runs.hpp"
 
 namespace mltrain::cli {
 
@@ -13,7 +13,7 @@ void setup_runs(CLI::App& app, Action& run) {
   sub->add_option("dir", *dir, "runs folder (run.dir) or one run folder")->capture_default_str();
   sub->callback([dir, &run] {
     run = [dir] {
-      std::cout << train::runs_table(train::find_runs(*dir));
+      std::cout << report::runs_table(report::find_runs(*dir));
       return 0;
     };
   });
@@ -34,10 +34,10 @@ void setup_report(CLI::App& app, Action& run) {
       std::vector<std::filesystem::path> dirs;
       std::vector<std::string> sections;
       for (const auto& d : o->dirs) {
-        if (std::filesystem::exists(std::filesystem::path(d) / "study.json")) sections.push_back(tune::study_html(d));
+        if (std::filesystem::exists(std::filesystem::path(d) / "study.yaml")) sections.push_back(tune::study_html(d));
         else dirs.emplace_back(d);
       }
-      write_file_atomic(o->out, train::html_report(dirs, sections));
+      write_file_atomic(o->out, report::html_report(dirs, sections));
       std::cout << "wrote " << o->out << " (" << dirs.size() << " run" << (dirs.size() == 1 ? "" : "s");
       if (!sections.empty()) std::cout << ", " << sections.size() << " stud" << (sections.size() == 1 ? "y" : "ies");
       std::cout << ")\n";

@@ -7,7 +7,7 @@
 #include "mltrain/core/fs.hpp"
 #include "mltrain/core/svg.hpp"
 #include "mltrain/optim/schedule.hpp"
-#include "mltrain/train/run.hpp"
+#include "mltrain/train/pipeline.hpp"
 #include "mltrain/train/trainer.hpp"
 
 namespace mltrain::cli {

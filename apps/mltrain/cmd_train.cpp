@@ -48,18 +48,11 @@ void setup_train(CLI::App& app, Action& run) {
         std::cout << config::to_yaml(cfg);
         return 0;
       }
-      if (cfg.distributed.nproc_per_node > 1 && !std::getenv("RANK") && !std::getenv("SLURM_PROCID")) {
-        // The `distributed:` block: this process becomes the launcher of nproc_per_node copies of itself.
-        dist::LaunchOptions lo;
-        lo.nproc = static_cast<int>(cfg.distributed.nproc_per_node);
-        lo.max_restarts = static_cast<int>(cfg.distributed.max_restarts);
-        lo.command = {self_exe(), "train", opt->config};
-        lo.command.insert(lo.command.end(), ov.begin(), ov.end());
-        if (opt->jsonl) lo.command.push_back("--jsonl");
-        const auto r = dist::launch(lo);
-        if (r.exit_code != 0 && !r.failure.empty()) std::cerr << "error: launch: " << r.failure << "\n";
-        return r.exit_code;
-      }
+      // The `distributed:` block: this process may become the launcher of copies of itself.
+      std::vector<std::string> self = {self_exe(), "train", opt->config};
+      self.insert(self.end(), ov.begin(), ov.end());
+      if (opt->jsonl) self.push_back("--jsonl");
+      if (const auto launched = dist::launch_if_configured(cfg.distributed, self)) return *launched;
       watch_stop_signals();  // before LibTorch, the loader or Gloo start any thread
       train::RunOptions ro;
       ro.config_path = opt->config;

@@ -19,7 +19,7 @@
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
 #include "mltrain/train/observers.hpp"
-#include "mltrain/train/run.hpp"
+#include "mltrain/train/pipeline.hpp"
 #include "mltrain/train/trainer.hpp"
 
 using namespace mltrain;
@@ -60,12 +60,14 @@ static int bench_main(int argc, char** argv) {
   }
   std::vector<std::string> ov(argv + 3, argv + argc);
   auto cfg = config::load_experiment(argv[2], ov);
-  runtime::apply({static_cast<int>(cfg.runtime.threads.resolve(0)), cfg.runtime.kernel_route, cfg.runtime.allocator});
-  auto splits = train::load_splits(cfg.data);
+  cfg.train.eval_every = config::Period::never();
+  // The pipeline as `mltrain train` builds it (runtime policy, device, splits, model).
+  const auto base = train::build_pipeline(cfg, dist::World{}, train::model_only());
+  const train::Splits& splits = base->splits;
   const int64_t steps = cfg.train.duration.to_steps(splits.train.count / cfg.data.batch_size);
   const int64_t warmup = std::min<int64_t>(20, steps / 5);
 
-  const data::LoaderOptions lo = train::train_loader_options(cfg, torch::kCPU);
+  const data::LoaderOptions lo = train::train_loader_options(cfg, base->device);
   nlohmann::json out = {{"mode", mode}, {"model", cfg.model.name}, {"batch", lo.batch_size},
                         {"threads", at::get_num_threads()}, {"route", runtime::kernel_route()},
                         {"allocator", cfg.runtime.allocator}};
@@ -87,7 +89,8 @@ static int bench_main(int argc, char** argv) {
     out["samples_per_s"] = (steps - warmup) * lo.batch_size / secs(t0);
     out["sink"] = sink;
   } else if (mode == "bare") {
-    auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
+    // The baseline: the same model and optimizer in a bare loop over one resident batch.
+    auto& model = base->model;
     auto opt = optim::Optimizer::create(cfg.optim, model->named_parameters());
     data::Loader loader(splits.train, lo);
     loader.start_epoch(0);
@@ -106,20 +109,14 @@ static int bench_main(int argc, char** argv) {
     out["samples_per_s"] = (steps - warmup) * lo.batch_size / secs(t0);
     out["minor_faults_per_step"] = double(runtime::minor_faults() - f0) / steps;
   } else if (mode == "train") {
-    auto model = model::build_model(cfg.model, splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
-    auto opt = optim::Optimizer::create(cfg.optim, model->named_parameters());
-    data::Loader loader(splits.train, lo);
-    data::LoaderOptions eo = lo;
-    eo.shuffle = false;
-    eo.drop_last = false;
-    data::Loader eval(splits.test, eo);
-    cfg.train.eval_every = config::Period::never();
-    // Warm-up run (allocator, oneDNN kernel caches), then the timed run of the same loop.
+    // Warm-up run (allocator, oneDNN kernel caches), then the timed run of a fresh pipeline.
     auto warm_cfg = cfg;
     warm_cfg.train.duration = config::Period::steps(warmup);
-    train::Trainer warm(warm_cfg, *model, *opt, loader, eval);
-    warm.fit();
-    train::Trainer trainer(cfg, *model, *opt, loader, eval);
+    train::PipelineOptions po;
+    po.splits = &splits;
+    train::build_pipeline(warm_cfg, dist::World{}, po)->trainer->fit();
+    const auto p = train::build_pipeline(cfg, dist::World{}, po);
+    train::Trainer& trainer = *p->trainer;
     auto tmp = std::filesystem::temp_directory_path() / "mltrain_bench_run";
     std::filesystem::remove_all(tmp);
     std::filesystem::create_directories(tmp);

@@ -1,6 +1,8 @@
 // Config: periods, overrides, YAML reading (accept/reject tables), print-config round trip.
 #include <catch2/catch.hpp>
 
+#include "temp_dir.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,8 +15,7 @@ using namespace mltrain;
 using namespace mltrain::config;
 
 static std::string write_tmp(const std::string& name, const std::string& text) {
-  auto dir = std::filesystem::temp_directory_path() / "mltrain_test_config";
-  std::filesystem::create_directories(dir);
+  static const auto dir = mltrain::testing::fresh_temp_dir("config");
   auto p = (dir / name).string();
   std::ofstream(p) << text;
   return p;

@@ -1,5 +1,7 @@
 // Data engine: IDX / npy / shard readers (accept and reject tables), and the loader.
 #include <catch2/catch.hpp>
+
+#include "temp_dir.hpp"
 #include <zlib.h>
 
 #include <filesystem>
@@ -18,8 +20,7 @@ namespace fs = std::filesystem;
 static const std::string kFmnist = "/usr/share/datasets/fashion-mnist";
 
 static fs::path tmpdir() {
-  auto d = fs::temp_directory_path() / "mltrain_test_data";
-  fs::create_directories(d);
+  static const fs::path d = mltrain::testing::fresh_temp_dir("data");  // once per run of this binary
   return d;
 }
 static std::string put(const std::string& name, const std::string& bytes) {

@@ -1,6 +1,8 @@
 // Engine: kernel route, optimizers (PyTorch goldens), models, safetensors, checkpoints, SHA-256.
 #include <catch2/catch.hpp>
 
+#include "temp_dir.hpp"
+
 #include <filesystem>
 #include <fstream>
 
@@ -12,7 +14,7 @@
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
 #include "mltrain/train/checkpoint.hpp"
-#include "mltrain/train/safetensors.hpp"
+#include "mltrain/formats/safetensors.hpp"
 
 using namespace mltrain;
 namespace fs = std::filesystem;
@@ -21,12 +23,7 @@ namespace fs = std::filesystem;
 #define MLTRAIN_SOURCE_DIR "."
 #endif
 
-static fs::path tmpdir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("mltrain_test_engine_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+static fs::path tmpdir(const std::string& name) { return mltrain::testing::fresh_temp_dir("engine_" + name); }
 
 TEST_CASE("kernel route: oneDNN sgemm matches LibTorch's kernel for mm/addmm/linear and their gradients", "[route]") {
   torch::manual_seed(1);
@@ -200,9 +197,9 @@ TEST_CASE("safetensors: round trip, layout, corruption", "[safetensors]") {
   auto path = (d / "t.safetensors").string();
   auto a = torch::arange(6, torch::kFloat32).reshape({2, 3});
   auto b = torch::tensor({1, 2, 3}, torch::kInt64);
-  train::save_safetensors(path, {{"a", a}, {"b", b}, {"a_t", a.t()}}, {{"step", "3"}});
+  formats::save_safetensors(path, {{"a", a}, {"b", b}, {"a_t", a.t()}}, {{"step", "3"}});
   std::map<std::string, std::string> meta;
-  auto back = train::load_safetensors(path, &meta);
+  auto back = formats::load_safetensors(path, &meta);
   CHECK(torch::equal(back.at("a"), a));
   CHECK(torch::equal(back.at("b"), b));
   CHECK(torch::equal(back.at("a_t"), a.t().contiguous()));
@@ -212,9 +209,9 @@ TEST_CASE("safetensors: round trip, layout, corruption", "[safetensors]") {
   in.read(reinterpret_cast<char*>(&hlen), 8);
   CHECK(hlen % 8 == 0);
   fs::resize_file(path, fs::file_size(path) - 4);
-  CHECK_THROWS_WITH(train::load_safetensors(path), Catch::Contains("do not fit the file"));
+  CHECK_THROWS_WITH(formats::load_safetensors(path), Catch::Contains("do not fit the file"));
   std::ofstream(path, std::ios::binary) << std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
-  CHECK_THROWS_AS(train::load_safetensors(path), CheckpointError);
+  CHECK_THROWS_AS(formats::load_safetensors(path), CheckpointError);
 }
 
 TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and keep-best", "[checkpoint]") {
@@ -222,7 +219,7 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
   train::CheckpointStore store(root, {/*keep_last=*/2, /*keep_best=*/1, /*maximize=*/true});
   auto writer = [](int v) {
     return [v](const fs::path& dir) {
-      train::save_safetensors((dir / "model.safetensors").string(), {{"w", torch::full({4}, float(v))}});
+      formats::save_safetensors((dir / "model.safetensors").string(), {{"w", torch::full({4}, float(v))}});
     };
   };
   const double monitors[] = {0.5, 0.9, 0.6, 0.7};
@@ -249,7 +246,7 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
   CHECK_THAT(warnings[0], Catch::Contains("fails its SHA-256 check"));
   // A half-written checkpoint (no manifest) is never picked.
   fs::create_directories(root / "step_50");
-  train::save_safetensors((root / "step_50" / "model.safetensors").string(), {{"w", torch::zeros({1})}});
+  formats::save_safetensors((root / "step_50" / "model.safetensors").string(), {{"w", torch::zeros({1})}});
   latest = store.load_latest(&warnings);
   CHECK(latest->step == 30);
   CHECK_THROWS_WITH(train::CheckpointStore::load_dir(root / "step_50"), Catch::Contains("no manifest.json"));

@@ -1,6 +1,8 @@
 // The tuner: search space, samplers, pruners, the study journal and driver (no LibTorch). The
 // driver tests run the real mltrain binary on command trials (shell scripts) and kill it with SIGKILL.
 #include <catch2/catch.hpp>
+
+#include "temp_dir.hpp"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +16,8 @@
 #include <set>
 #include <thread>
 
+#include "mltrain/config/study.hpp"
+#include "mltrain/core/error.hpp"
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/functions.hpp"
 #include "mltrain/tune/journal.hpp"
@@ -26,12 +30,7 @@ using namespace mltrain::tune;
 
 static const std::string kBin = MLTRAIN_BIN;
 
-static fs::path tmpdir(const std::string& name) {
-  const auto d = fs::temp_directory_path() / ("mltrain_test_tune_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+static fs::path tmpdir(const std::string& name) { return mltrain::testing::fresh_temp_dir("tune_" + name); }
 
 static int sh(const std::string& cmd) {
   const int s = std::system(cmd.c_str());
@@ -345,4 +344,89 @@ TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or
   for (const auto& t : before)
     if (t.state == "COMPLETE") CHECK(started[t.number] == 1);
   CHECK(int(after.size()) == 6 + stale);
+}
+
+// ---------------------------------------------------------------- study files on the schema
+
+TEST_CASE("study files: accept/reject table, every problem with file:line:col", "[tune][study_file]") {
+  const auto d = tmpdir("study_table");
+  const std::string ok_trial = "trial: {command: [/bin/true]}\n";
+  const std::string ok_space = "space:\n  x: {type: float, low: 0, high: 1}\n";
+  struct Row {
+    std::string yaml;
+    std::vector<std::string> overrides;
+    std::vector<std::string> expect;  // empty: accepted; else substrings of the one ConfigError
+  };
+  const std::vector<Row> rows = {
+      {ok_trial + ok_space, {}, {}},
+      {"objective: {function: branin}\n", {}, {}},
+      {"study: {timeout: 30m}\n" + ok_trial + ok_space, {}, {}},
+      {"smapler: {name: tpe}\n" + ok_trial + ok_space, {}, {"s.yaml:1:1: smapler: unknown key (did you mean 'sampler'?)"}},
+      {"study: {n_trails: 3}\n" + ok_trial + ok_space, {}, {"s.yaml:1:9: study.n_trails: unknown key (did you mean 'n_trials'?)"}},
+      {ok_trial + ok_space, {"sampler.name=annealing"}, {"override 'sampler.name=annealing': sampler.name: 'annealing' is not one of: grid, random, tpe, gp"}},
+      {"study: {timeout: 600}\n" + ok_trial + ok_space, {}, {"s.yaml:1:18: study.timeout: '600' has no unit: write 600s"}},
+      {"study: {timeout: 2ep}\n" + ok_trial + ok_space, {}, {"study.timeout: unknown unit 'ep' in '2ep' (a duration takes s, m or h)"}},
+      {"study: {n_trials: 0}\n" + ok_trial + ok_space, {}, {"s.yaml:1:19: study.n_trials: must be > 0"}},
+      {ok_trial + "space:\n  x: {type: float, low: 1, high: 0}\n", {}, {"s.yaml:3:3: space.x: low must be below high (1 >= 0)"}},
+      {ok_trial + "space:\n  x: {type: float, low: 0, high: 1, log: true}\n", {}, {"s.yaml:3:25: space.x.low: a log-scaled parameter needs low > 0"}},
+      {ok_trial + "space:\n  c: {type: categorical, choices: []}\n", {}, {"space.c.choices: a categorical parameter needs a non-empty list of choices"}},
+      {ok_trial + "space:\n  x: {low: 0, high: 1}\n", {}, {"s.yaml:3:3: space.x: missing type; use float, int or categorical"}},
+      {ok_trial + "space:\n  x: {type: double, low: 0, high: 1}\n", {}, {"s.yaml:3:13: space.x.type: 'double' is not one of: float, int, categorical"}},
+      {ok_trial + "space:\n  n: {type: int, low: 0.5, high: 4}\n", {}, {"space.n: an int parameter needs integer low and high"}},
+      {ok_trial + "space:\n  x: {type: float, low: 0, high: 1, grid: [0.5, 2]}\n", {}, {"space.x.grid: value 2 is outside [low, high]"}},
+      {"trial: {command: [/bin/true]}\nobjective: {function: branin}\n", {}, {"trial: choose one of trial.train, trial.command and objective.function"}},
+      {ok_space, {}, {"objective: nothing to tune"}},
+      {"trial: {train: nope.yaml}\n" + ok_space, {}, {"s.yaml:1:16: trial.train: 'nope.yaml' does not exist"}},
+      {"objective: {function: bananas}\n", {}, {"s.yaml:1:23: objective.function: unknown test function 'bananas' (have: "}},
+      {"sampler: {name: grid}\n" + ok_trial + ok_space, {}, {"sampler.name: the grid sampler needs `grid: [...]` or a `step`"}},
+      {ok_trial + ok_space, {"sampler.n_candidtes=3"}, {"sampler.n_candidtes: unknown key (did you mean 'sampler.n_candidates'?)"}},
+      {"study: {seed: 1, seed: 2}\n" + ok_trial + ok_space, {}, {"s.yaml:1:18: study.seed: duplicate key (first set at line 1)"}},
+      {"sampler: {gamma: 1.5}\n" + ok_trial + ok_space, {}, {"sampler.gamma: must be in (0, 1)"}},
+      {ok_trial + "space: [x, y]\n", {}, {"s.yaml:2:8: space: expected a mapping of names to settings"}},
+      {"study: {name: a/b, max_retry: -1}\n" + ok_trial + ok_space, {},
+       {"study.name: must be a non-empty name without '/'", "study.max_retry: must be >= 0", "2 config errors"}},
+  };
+  REQUIRE(rows.size() >= 15);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    const auto path = d / "s.yaml";
+    write(path, r.yaml);
+    INFO("row " << i << ":\n" << r.yaml);
+    if (r.expect.empty()) {
+      CHECK_NOTHROW(load_study_config(path.string(), r.overrides));
+      continue;
+    }
+    try {
+      load_study_config(path.string(), r.overrides);
+      FAIL("accepted");
+    } catch (const mltrain::ConfigError& e) {
+      const std::string what = e.what();
+      INFO(what);
+      for (const auto& s : r.expect) CHECK(what.find(s) != std::string::npos);
+      CHECK(std::string(e.fix()).find("mltrain config schema --study") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("study files: durations through Period's parser; the resolved study.yaml reads back to the same bytes", "[tune][study_file]") {
+  const auto d = tmpdir("study_yaml");
+  write(d / "s.yaml", "study: {name: s, dir: " + d.string() + ", timeout: 1.5h}\nsampler: {name: gp, xi: 0.01}\n"
+                      "trial: {command: [/bin/echo, 'a b']}\n"
+                      "space:\n  optim.lr: {type: float, low: 1.0e-4, high: 0.1, log: true}\n"
+                      "  data.batch_size: {type: categorical, choices: [64, 128, '256', true]}\n");
+  const auto c = load_study_config((d / "s.yaml").string(), {"study.timeout=45m"});
+  CHECK(c.timeout_s == 2700);
+  REQUIRE(c.space.size() == 2);
+  CHECK(c.space[0].name == "optim.lr");
+  CHECK(c.space[1].choices == std::vector<nlohmann::json>{64, 128, "256", true});
+  const std::string yaml = mltrain::config::to_yaml(c.file);
+  CHECK(yaml.find("timeout: 2700s") != std::string::npos);
+  write(d / "again.yaml", yaml);
+  const auto back = load_study_config((d / "again.yaml").string(), {});
+  CHECK(mltrain::config::to_yaml(back.file) == yaml);
+  CHECK(back.space[1].choices == c.space[1].choices);
+  // A test function's space is written out, so the folder says what was searched.
+  write(d / "f.yaml", "objective: {function: branin}\n");
+  const auto f = load_study_config((d / "f.yaml").string(), {});
+  CHECK(mltrain::config::to_yaml(f.file).find("space:\n  x1:") != std::string::npos);
 }

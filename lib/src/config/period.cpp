@@ -8,24 +8,41 @@
 
 namespace mltrain::config {
 
-std::optional<Period> Period::try_parse(const std::string& raw, std::string* why) {
+namespace {
+// "<positive number><unit>" or never/off, spaces ignored: the one tokenizer behind Period and
+// Duration. Returns false (with *why) when there is no positive number; `never` sets *never.
+bool split_amount(const std::string& raw, const char* example, double* v, std::string* unit, bool* never,
+                  std::string* why) {
   std::string text;
   for (char c : raw)
     if (c != ' ') text += c;
-  if (text == "never" || text == "off") return Period::never();
+  *never = text == "never" || text == "off";
+  if (*never) return true;
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  const std::string number = text.substr(0, i), unit = text.substr(i);
+  const std::string number = text.substr(0, i);
+  *unit = text.substr(i);
   if (number.empty()) {
-    if (why) *why = "expected a number followed by a unit (e.g. 10ep, 500u), got '" + raw + "'";
-    return std::nullopt;
+    if (why) *why = std::string("expected a number followed by a unit (e.g. ") + example + "), got '" + raw + "'";
+    return false;
   }
   char* end = nullptr;
-  const double v = std::strtod(number.c_str(), &end);
-  if (end != number.c_str() + number.size() || !std::isfinite(v) || v <= 0) {
+  *v = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !std::isfinite(*v) || *v <= 0) {
     if (why) *why = "'" + number + "' is not a positive number";
-    return std::nullopt;
+    return false;
   }
+  return true;
+}
+}  // namespace
+
+std::optional<Period> Period::try_parse(const std::string& raw, std::string* why) {
+  double v = 0;
+  std::string unit;
+  bool never = false;
+  if (!split_amount(raw, "10ep, 500u", &v, &unit, &never, why)) return std::nullopt;
+  if (never) return Period::never();
+  const std::string number = raw.substr(0, raw.find_first_not_of("0123456789. "));
   if (unit == "u" || unit == "steps" || unit == "step") {
     if (v != std::floor(v)) {
       if (why) *why = "a step count must be a whole number, got '" + raw + "'";
@@ -34,11 +51,36 @@ std::optional<Period> Period::try_parse(const std::string& raw, std::string* why
     return Period::steps(static_cast<int64_t>(v));
   }
   if (unit == "ep" || unit == "e" || unit == "epochs" || unit == "epoch") return Period::epochs(v);
-  if (why)
-    *why = unit.empty() ? "'" + raw + "' has no unit: write " + number + "ep (epochs) or " + number +
-                              "u (optimizer steps)"
-                        : "unknown unit '" + unit + "' in '" + raw + "' (use ep for epochs, u for steps)";
+  if (why) {
+    if (unit.empty())
+      *why = "'" + raw + "' has no unit: write " + number + "ep (epochs) or " + number + "u (optimizer steps)";
+    else if (unit == "s" || unit == "m" || unit == "min" || unit == "h")
+      *why = "unknown unit '" + unit + "' in '" + raw +
+             "' for a training period (use ep for epochs, u for steps; wall-clock time is not one)";
+    else
+      *why = "unknown unit '" + unit + "' in '" + raw + "' (use ep for epochs, u for steps)";
+  }
   return std::nullopt;
+}
+
+std::optional<Duration> Duration::try_parse(const std::string& raw, std::string* why) {
+  double v = 0;
+  std::string unit;
+  bool never = false;
+  if (!split_amount(raw, "90s, 30m, 2h", &v, &unit, &never, why)) return std::nullopt;
+  if (never) return Duration::never();
+  if (unit == "s") return Duration::of_seconds(v);
+  if (unit == "m" || unit == "min") return Duration::of_seconds(v * 60);
+  if (unit == "h") return Duration::of_seconds(v * 3600);
+  if (why)
+    *why = unit.empty() ? "'" + raw + "' has no unit: write " + raw + "s, or use m (minutes) or h (hours)"
+                        : "unknown unit '" + unit + "' in '" + raw + "' (a duration takes s, m or h)";
+  return std::nullopt;
+}
+
+std::string Duration::str() const {
+  if (!enabled()) return "never";
+  return format_double(secs) + "s";
 }
 
 Period Period::parse(const std::string& text) {

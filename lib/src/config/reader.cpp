@@ -148,6 +148,22 @@ std::string decode(const YAML::Node& n, Count& out) {
   return "";
 }
 
+std::string decode(const YAML::Node& n, Duration& out) {
+  std::string s, why;
+  if (auto e = scalar_or_err(n, s, "a duration like 90s, 30m or 2h"); !e.empty()) return e;
+  auto d = Duration::try_parse(s, &why);
+  if (!d) return why;
+  out = *d;
+  return "";
+}
+
+std::string decode(const YAML::Node& n, Scalar& out) {
+  std::string s;
+  if (auto e = scalar_or_err(n, s, "a single value (number, true/false or string)"); !e.empty()) return e;
+  out = {s, n.Tag() == "!"};  // yaml-cpp tags quoted scalars "!"
+  return "";
+}
+
 template <class T>
 static std::string decode_list(const YAML::Node& n, std::vector<T>& out) {
   if (!n.IsSequence()) return "expected a list like [1, 2]";
@@ -164,6 +180,8 @@ static std::string decode_list(const YAML::Node& n, std::vector<T>& out) {
 std::string decode(const YAML::Node& n, std::vector<int64_t>& out) { return decode_list(n, out); }
 std::string decode(const YAML::Node& n, std::vector<double>& out) { return decode_list(n, out); }
 std::string decode(const YAML::Node& n, std::vector<Period>& out) { return decode_list(n, out); }
+std::string decode(const YAML::Node& n, std::vector<std::string>& out) { return decode_list(n, out); }
+std::string decode(const YAML::Node& n, std::vector<Scalar>& out) { return decode_list(n, out); }
 
 void Reader::finish() {
   if (!node_.IsMap()) return;

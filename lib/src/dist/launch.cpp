@@ -175,3 +175,18 @@ LaunchResult launch(const LaunchOptions& o) {
 }
 
 }  // namespace mltrain::dist
+
+namespace mltrain::dist {
+
+std::optional<int> launch_if_configured(const config::DistributedConfig& cfg, const std::vector<std::string>& command) {
+  if (cfg.nproc_per_node <= 1 || std::getenv("RANK") || std::getenv("SLURM_PROCID")) return std::nullopt;
+  LaunchOptions lo;
+  lo.nproc = static_cast<int>(cfg.nproc_per_node);
+  lo.max_restarts = static_cast<int>(cfg.max_restarts);
+  lo.command = command;
+  const LaunchResult r = launch(lo);
+  if (r.exit_code != 0 && !r.failure.empty()) std::fprintf(stderr, "error: launch: %s\n", r.failure.c_str());
+  return r.exit_code;
+}
+
+}  // namespace mltrain::dist

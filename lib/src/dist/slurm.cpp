@@ -1,5 +1,8 @@
 #include "mltrain/dist/slurm.hpp"
 
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
 #include <sstream>
 
 namespace mltrain::dist {
@@ -39,6 +42,21 @@ std::string sbatch_script(const SbatchOptions& o) {
   for (const auto& ov : o.overrides) s << " " << shell_quote(ov);
   s << "\n";
   return s.str();
+}
+
+void requeue_after_checkpoint(int64_t max_requeues, int64_t step) {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (!job || !std::getenv("MLTRAIN_SLURM_REQUEUE")) return;
+  const char* rc = std::getenv("SLURM_RESTART_COUNT");
+  const int64_t restarts = rc ? std::atoll(rc) : 0;
+  if (restarts >= max_requeues) {
+    spdlog::warn("[slurm] job {} already requeued {} times (distributed.max_requeues): not requeueing", job, restarts);
+    return;
+  }
+  spdlog::warn("[slurm] checkpoint saved at step {}; requeueing job {} (restart {} of at most {})", step, job, restarts + 1,
+               max_requeues);
+  const std::string cmd = std::string("scontrol requeue ") + job;
+  if (std::system(cmd.c_str()) != 0) spdlog::error("[slurm] `{}` failed; resubmit the job to resume", cmd);
 }
 
 }  // namespace mltrain::dist

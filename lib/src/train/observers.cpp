@@ -8,7 +8,7 @@
 #include "mltrain/config/format.hpp"
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
-#include "mltrain/train/safetensors.hpp"
+#include "mltrain/formats/safetensors.hpp"
 
 namespace mltrain::train {
 namespace fs = std::filesystem;
@@ -18,7 +18,7 @@ static double epoch_float(Trainer& t) {
 }
 
 MetricsWriter::MetricsWriter(const fs::path& run_dir, bool tensorboard, bool eval_to_stdout) : eval_to_stdout_(eval_to_stdout) {
-  if (tensorboard) tb_ = std::make_unique<TbWriter>(run_dir.string());
+  if (tensorboard) tb_ = std::make_unique<formats::TbWriter>(run_dir.string());
   const bool fresh = !fs::exists(run_dir / "metrics.csv");
   jsonl_.open(run_dir / "metrics.jsonl", std::ios::app);
   csv_.open(run_dir / "metrics.csv", std::ios::app);
@@ -154,7 +154,7 @@ void CheckpointWriter::save(Trainer& t) {
       if (w.is_floating_point() && !torch::isfinite(w).all().item<bool>())
         throw RuntimeError(name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
                            "lower optim.lr; the previous checkpoint is intact");
-    save_safetensors((dir / "model.safetensors").string(), weights, {{"format", "pt"}, {"step", std::to_string(p.step)}});
+    formats::save_safetensors((dir / "model.safetensors").string(), weights, {{"format", "pt"}, {"step", std::to_string(p.step)}});
     auto state = t.optimizer().state();
     for (auto& e : t.technique_tensors()) state.push_back(e);
     for (auto& [name, w] : state)
@@ -163,7 +163,7 @@ void CheckpointWriter::save(Trainer& t) {
                            "lower optim.lr; the previous checkpoint is intact");
     state.emplace_back("__rng_cpu__", compat::cpu_rng_state());
     if (t.device().is_cuda()) state.emplace_back("__rng_cuda__", compat::cuda_rng_state());
-    save_safetensors((dir / "state.safetensors").string(), state);
+    formats::save_safetensors((dir / "state.safetensors").string(), state);
   };
   store_.save(p.step, writer, ts, monitor);
   last_saved_ = p.step;
@@ -183,7 +183,7 @@ void CheckpointWriter::on_train_end(Trainer& t) { save(t); }
 
 void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
   const std::string mpath = (ck.dir / "model.safetensors").string();
-  auto weights = load_safetensors(mpath);
+  auto weights = formats::load_safetensors(mpath);
   torch::NoGradGuard no_grad;
   model::NamedTensors targets = t.model().named_parameters();
   for (auto& b : t.model().named_buffers()) targets.push_back(b);
@@ -199,7 +199,7 @@ void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
     dst.copy_(it->second);
   }
   const std::string spath = (ck.dir / "state.safetensors").string();
-  auto state = load_safetensors(spath);
+  auto state = formats::load_safetensors(spath);
   auto rng = state.find("__rng_cpu__");
   if (rng == state.end()) throw CheckpointError(spath, "missing the RNG state");
   compat::set_cpu_rng_state(rng->second);

@@ -1,11 +1,11 @@
-#include "mltrain/train/trained_model.hpp"
+#include "mltrain/train/pipeline.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include "mltrain/core/error.hpp"
-#include "mltrain/core/runtime.hpp"
 #include "mltrain/train/checkpoint.hpp"
-#include "mltrain/train/safetensors.hpp"
+#include "mltrain/formats/safetensors.hpp"
+#include "mltrain/train/pipeline.hpp"
 
 namespace fs = std::filesystem;
 
@@ -33,11 +33,14 @@ TrainedModel load_trained_model(const fs::path& p, const std::string& who) {
   const fs::path config = tm.run_dir / "config.yaml";
   if (!fs::exists(config)) throw CheckpointError(config.string(), "missing: the run's resolved config is needed to rebuild the model");
   tm.cfg = config::load_experiment(config.string(), {});
-  runtime::apply({static_cast<int>(tm.cfg.runtime.threads.resolve(0)), tm.cfg.runtime.kernel_route, tm.cfg.runtime.allocator});
-  tm.splits = load_splits(tm.cfg.data);
-  tm.model = model::build_model(tm.cfg.model, tm.splits.train.sample_shape, tm.cfg.data.num_classes, tm.cfg.run.seed);
+  // The model as the run built it, on the CPU: these commands evaluate and export on the host.
+  config::ExperimentConfig on_host = tm.cfg;
+  on_host.runtime.device = "cpu";
+  auto built = build_pipeline(on_host, dist::World{}, model_only());
+  tm.splits = std::move(built->splits);
+  tm.model = std::move(built->model);
   const std::string wpath = (tm.checkpoint / "model.safetensors").string();
-  auto weights = load_safetensors(wpath);
+  auto weights = formats::load_safetensors(wpath);
   torch::NoGradGuard no_grad;
   model::NamedTensors params = tm.model->named_parameters();
   for (auto& b : tm.model->named_buffers()) params.push_back(b);

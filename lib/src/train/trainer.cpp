@@ -68,15 +68,23 @@ StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epo
 }
 
 Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
-                 data::Loader& eval)
-    : cfg_(cfg), model_(model), opt_(opt), train_(train), eval_(eval), clipper_(cfg.clip), health_(cfg.grad_health), early_(cfg.early_stopping) {
+                 data::Loader& eval, Distributed distributed)
+    : cfg_(cfg), model_(model), opt_(opt), train_(train), eval_(eval), comm_(distributed.comm), dp_(distributed.dp),
+      clipper_(cfg.clip), health_(cfg.grad_health), early_(cfg.early_stopping) {
   const auto params = model_.named_parameters();
   device_ = params.empty() ? torch::Device(torch::kCPU) : params.front().second.device();
   const int64_t bpe = train_.batches_per_epoch();
   if (bpe == 0)
     throw ConfigError("data.batch_size", "larger than the training set (" + std::to_string(train_.samples_per_epoch()) +
                                              " samples): no full batch", "lower data.batch_size");
-  plan(1);
+  // Planned once, with the world: global_batch = batch_size x accumulate x world.
+  StepPlan plan = plan_steps(cfg_, bpe, comm_ ? comm_->size() : 1);
+  accumulate_ = plan.accumulate;
+  steps_per_epoch_ = plan.steps_per_epoch;
+  total_steps_ = plan.total_steps;
+  schedule_ = std::move(plan.lr);
+  smoothing_ = std::make_unique<optim::Schedule>(cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_,
+                                                 steps_per_epoch_);
   if (cfg.amp.enabled && cfg.amp.dtype == "fp16") {
     if (!device_.is_cuda())
       throw ConfigError("amp.dtype", "fp16 autocast needs a CUDA device; this run trains on the CPU",
@@ -84,21 +92,6 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
     scaler_.emplace(cfg.amp);
   }
   if (cfg.ema.enabled) ema_ = std::make_unique<Ema>(cfg.ema, model_);
-}
-
-void Trainer::plan(int64_t world) {
-  StepPlan plan = plan_steps(cfg_, train_.batches_per_epoch(), world);
-  accumulate_ = plan.accumulate;
-  steps_per_epoch_ = plan.steps_per_epoch;
-  total_steps_ = plan.total_steps;
-  schedule_ = std::move(plan.lr);
-  smoothing_ = std::make_unique<optim::Schedule>(cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_,
-                                                 steps_per_epoch_);
-}
-
-void Trainer::set_distributed(dist::Comm* comm, dist::DataParallel* dp) {
-  comm_ = comm, dp_ = dp;
-  if (comm_) plan(comm_->size());
 }
 
 // Host batch -> training device. From pinned slots the copy is asynchronous; the caller fences it

@@ -245,39 +245,6 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
   return s;
 }
 
-StudyConfig study_config_from_folder(const std::string& dir) {
-  const fs::path p = fs::path(dir) / "study.json";
-  if (!fs::exists(p)) throw DataError(dir, "is not a study folder (no study.json)", "pass the folder `mltrain tune` wrote, e.g. runs/tune/<name>");
-  nlohmann::json r;
-  try {
-    r = nlohmann::json::parse(read_file(p.string()));
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(p.string(), std::string("damaged: ") + e.what(), "rerun the study command; it rewrites study.json");
-  }
-  StudyConfig c;
-  c.resolved = r;
-  c.name = fs::path(dir).filename().string();
-  c.dir = fs::path(dir).parent_path().string();
-  c.sampler.name = r["sampler"].value("name", "tpe");
-  c.pruner.name = r["pruner"].value("name", "none");
-  c.metric = r["objective"].value("metric", "value");
-  c.maximize = r["objective"].value("direction", "maximize") == "maximize";
-  c.function = r["objective"].value("function", "");
-  c.train_config = r["trial"].value("train", "");
-  c.overrides = r["trial"].value("overrides", std::vector<std::string>{});
-  for (auto it = r["space"].begin(); it != r["space"].end(); ++it) {
-    const auto& j = it.value();
-    const std::string type = j.value("type", "float");
-    Param q;
-    if (type == "categorical") q = Param::categorical(it.key(), j["choices"].get<std::vector<nlohmann::json>>());
-    else if (type == "int") q = Param::integer(it.key(), int64_t(j["low"].get<double>()), int64_t(j["high"].get<double>()), j.value("log", false), int64_t(j.value("step", 1.0)));
-    else q = Param::floating(it.key(), j["low"].get<double>(), j["high"].get<double>(), j.value("log", false), j.value("step", 0.0));
-    if (j.contains("grid")) q.grid = j["grid"].get<std::vector<double>>();
-    c.space.push_back(q);
-  }
-  return c;
-}
-
 std::string study_text(const nlohmann::json& s) {
   std::ostringstream o;
   o << "study " << s.value("study", "") << " (" << s.value("sampler", "") << " sampler, " << s.value("pruner", "") << " pruner): "

@@ -178,14 +178,20 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
   const fs::path sd = cfg.study_dir();
   fs::create_directories(sd);
   // The study folder remembers its space: resuming with another space would mix incomparable trials.
-  const fs::path saved = sd / "study.json";
+  const fs::path saved = sd / "study.yaml";
   if (fs::exists(saved)) {
-    const auto prev = nlohmann::json::parse(read_file(saved.string()));
-    if (prev.value("space", nlohmann::json()) != cfg.resolved["space"] || prev["objective"] != cfg.resolved["objective"])
+    auto what_trials_mean = [](const config::StudyFile& f) {
+      config::StudyFile only;
+      only.objective = f.objective;
+      only.space = f.space;
+      return config::to_yaml(only);
+    };
+    const auto prev = config::load_study_file(saved.string(), {}, nullptr, /*in_folder=*/true);
+    if (what_trials_mean(prev) != what_trials_mean(cfg.file))
       throw ConfigError(cfg.source, "study '" + cfg.name + "' in " + sd.string() + " was created with another space or objective",
                         "use a new study.name, or delete " + sd.string());
   }
-  write_file_atomic(saved.string(), cfg.resolved.dump(2) + "\n");
+  write_file_atomic(saved.string(), config::to_yaml(cfg.file));
 
   Journal journal(sd / "journal.jsonl");
   auto sampler = make_sampler(cfg.sampler, cfg.space);

@@ -7,6 +7,7 @@
 //   ExperimentConfig cfg;
 //   read_config(YAML::LoadFile(path), path, ov, issues, cfg);   // cfg.visit(reader)
 //   issues.throw_if_any();                                     // ConfigError listing all of them
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -30,6 +31,21 @@ class Issues {
   void add(std::string origin, std::string path, std::string message) {
     list_.push_back({std::move(origin), std::move(path), std::move(message)});
   }
+  // Where each setting was read (path -> "file:line:col"), so checks across settings made after
+  // reading still point at the line: add_at("space.lr.low", ...) names the line of space.lr.low.
+  void note_origin(const std::string& path, std::string origin) { origins_[path] = std::move(origin); }
+  void add_at(const std::string& path, std::string message, const std::string& fallback_origin) {
+    auto it = origins_.find(path);
+    add(it != origins_.end() ? it->second : fallback_origin, path, std::move(message));
+  }
+  bool has_origin(const std::string& path) const { return origins_.count(path) > 0; }
+  // Whether a problem was already reported at `path` or below it (checks across settings skip
+  // what could not be read, instead of piling a second message on the first).
+  bool any_under(const std::string& path) const {
+    for (const auto& i : list_)
+      if (i.path == path || i.path.rfind(path + ".", 0) == 0) return true;
+    return false;
+  }
   bool empty() const { return list_.empty(); }
   const std::vector<Issue>& list() const { return list_; }
   std::string text() const;
@@ -37,6 +53,7 @@ class Issues {
 
  private:
   std::vector<Issue> list_;
+  std::map<std::string, std::string> origins_;
 };
 
 struct Override {
@@ -62,6 +79,10 @@ std::string decode(const YAML::Node& n, Count& out);
 std::string decode(const YAML::Node& n, std::vector<int64_t>& out);
 std::string decode(const YAML::Node& n, std::vector<double>& out);
 std::string decode(const YAML::Node& n, std::vector<Period>& out);
+std::string decode(const YAML::Node& n, Duration& out);
+std::string decode(const YAML::Node& n, Scalar& out);
+std::string decode(const YAML::Node& n, std::vector<std::string>& out);
+std::string decode(const YAML::Node& n, std::vector<Scalar>& out);
 
 class Reader {
  public:
@@ -88,6 +109,7 @@ class Reader {
     } else {
       return;  // default stays
     }
+    issues_.note_origin(path, origin);
     std::string err = decode(n, value);
     if (err.empty()) err = check(value);
     if (!err.empty()) issues_.add(origin, path, err);
@@ -143,6 +165,42 @@ class Reader {
       item.visit(r);
       r.finish();
       items.push_back(item);
+    }
+  }
+
+  // A mapping of user-chosen names to settings structs (tune's `space: {optim.lr: {...}}`), in
+  // file order. Names may contain dots, so entries take no key=value overrides.
+  template <class S>
+  void entries(const char* key, std::vector<std::pair<std::string, S>>& items, const char* /*doc*/) {
+    const std::string path = prefix_ + key;
+    declared_.push_back(path);
+    keys_.push_back(key);
+    if (!node_.IsMap() || !node_[key]) return;
+    const YAML::Node n = node_[key];
+    if (!n.IsMap()) {
+      issues_.add(mark_text(file_, n.Mark()), path, "expected a mapping of names to settings (name: {key: value, ...})");
+      return;
+    }
+    items.clear();
+    std::vector<std::string> names;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const std::string name = it->first.Scalar();
+      const std::string at = path + "." + name;
+      if (std::find(names.begin(), names.end(), name) != names.end()) {
+        issues_.add(mark_text(file_, it->first.Mark()), at, "duplicate name; YAML would silently keep one of them");
+        continue;
+      }
+      names.push_back(name);
+      issues_.note_origin(at, mark_text(file_, it->first.Mark()));
+      S item;
+      Overrides none;
+      std::vector<std::string> sink;
+      if (!it->second.IsMap())
+        issues_.add(mark_text(file_, it->second.Mark()), at, "expected a mapping of settings");
+      Reader r(it->second.IsMap() ? it->second : YAML::Node(), file_, at + ".", none, issues_, sink);
+      item.visit(r);
+      r.finish();
+      items.emplace_back(name, item);
     }
   }
 

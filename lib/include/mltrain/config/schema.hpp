@@ -34,6 +34,14 @@ struct Count {
   static Count of(int64_t n) { return {n}; }
 };
 
+// One YAML scalar kept as written (a categorical choice: 64, 0.5, true or 'adam'); quoted: it was
+// a quoted string in the file, so it stays a string.
+struct Scalar {
+  std::string text;
+  bool quoted = false;
+  bool operator==(const Scalar& o) const { return text == o.text && quoted == o.quoted; }
+};
+
 // A check returns "" when the value is acceptable, else what is wrong. desc is shown in the schema.
 template <class T>
 struct Check {
@@ -96,6 +104,10 @@ template <> inline const char* type_name<std::vector<double>>() { return "list o
 template <> inline const char* type_name<Period>() { return "period (10ep | 500u | never)"; }
 template <> inline const char* type_name<Count>() { return "int | auto"; }
 template <> inline const char* type_name<std::vector<Period>>() { return "list of period"; }
+template <> inline const char* type_name<Duration>() { return "duration (90s | 30m | 2h | never)"; }
+template <> inline const char* type_name<Scalar>() { return "scalar"; }
+template <> inline const char* type_name<std::vector<std::string>>() { return "list of string"; }
+template <> inline const char* type_name<std::vector<Scalar>>() { return "list of scalar"; }
 
 // Text form of a value, as print-config writes it and the schema shows it.
 inline std::string to_text(bool v) { return v ? "true" : "false"; }
@@ -104,6 +116,8 @@ inline std::string to_text(double v) { return format_double(v); }
 inline std::string to_text(const std::string& v) { return yaml_quote(v); }
 inline std::string to_text(const Period& v) { return v.str(); }
 inline std::string to_text(const Count& v) { return v.str(); }
+inline std::string to_text(const Duration& v) { return v.str(); }
+inline std::string to_text(const Scalar& v) { return v.quoted ? yaml_quote(v.text) : v.text; }
 template <class T>
 std::string to_text(const std::vector<T>& v) {
   std::string s = "[";

@@ -40,6 +40,23 @@ class YamlWriter {
       out_ << w.text();
     }
   }
+  template <class S>
+  void entries(const char* key, std::vector<std::pair<std::string, S>>& items, const char*) {
+    if (items.empty()) {
+      line(std::string(key) + ": {}");
+      return;
+    }
+    line(std::string(key) + ":");
+    for (auto& [name, item] : items) {
+      YamlWriter w(indent_ + 2);
+      const bool plain = !name.empty() && name.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == std::string::npos;
+      w.line((plain ? name : yaml_quote(name)) + ":");
+      YamlWriter inner(indent_ + 4);
+      item.visit(inner);
+      out_ << w.text() << inner.text();
+    }
+  }
   std::string text() const { return out_.str(); }
 
  private:
@@ -80,6 +97,14 @@ class SchemaWriter {
     rows_.push_back({prefix_ + key, "list of mappings", "[]", doc, ""});
     S item;
     SchemaWriter w(prefix_ + key + "[].");
+    item.visit(w);
+    rows_.insert(rows_.end(), w.rows_.begin(), w.rows_.end());
+  }
+  template <class S>
+  void entries(const char* key, std::vector<std::pair<std::string, S>>&, const char* doc) {
+    rows_.push_back({prefix_ + key, "map of name -> mapping", "{}", doc, ""});
+    S item;
+    SchemaWriter w(prefix_ + key + ".<name>.");
     item.visit(w);
     rows_.insert(rows_.end(), w.rows_.begin(), w.rows_.end());
   }

@@ -12,8 +12,11 @@
 // rank 0 serves the TCPStore. A failure anywhere stops the group on every node (the other nodes'
 // workers lose their peers and fail too), and each launcher restarts its workers; attempt k
 // meets on master_port + k, so no worker of a new attempt can reach the old attempt's store.
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "mltrain/config/experiment.hpp"
 
 namespace mltrain::dist {
 
@@ -36,5 +39,11 @@ struct LaunchResult {
 };
 
 LaunchResult launch(const LaunchOptions& o);
+
+// The launch-or-train decision of `mltrain train`: with distributed.nproc_per_node > 1 and no
+// launcher around (neither RANK nor SLURM_PROCID set), this process becomes the launcher of
+// nproc_per_node copies of `command` and the launch's exit code is returned (its failure printed);
+// nullopt means: train in this process.
+std::optional<int> launch_if_configured(const config::DistributedConfig& cfg, const std::vector<std::string>& command);
 
 }  // namespace mltrain::dist

@@ -4,6 +4,7 @@
 // --requeue and --open-mode=append. On the signal (or a preemption's SIGTERM) every rank stops at
 // the same step boundary, rank 0 checkpoints and runs `scontrol requeue $SLURM_JOB_ID`, and the
 // requeued job resumes from that checkpoint (distributed.max_requeues caps it).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,5 +20,10 @@ struct SbatchOptions {
 
 std::string sbatch_script(const SbatchOptions& o);
 std::string shell_quote(const std::string& s);
+
+// After a stop signal's checkpoint, under `mltrain slurm`'s batch script (SLURM_JOB_ID and
+// MLTRAIN_SLURM_REQUEUE set): puts the job back in the queue with `scontrol requeue`, unless it has
+// already been requeued max_requeues times (SLURM_RESTART_COUNT). Logs what it did; no-op elsewhere.
+void requeue_after_checkpoint(int64_t max_requeues, int64_t step);
 
 }  // namespace mltrain::dist

@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "mltrain/train/checkpoint.hpp"
-#include "mltrain/train/tensorboard.hpp"
+#include "mltrain/formats/tensorboard.hpp"
 #include "mltrain/train/trainer.hpp"
 
 namespace mltrain::train {
@@ -37,7 +37,7 @@ class MetricsWriter : public Observer {
  private:
   void write(const nlohmann::json& j);
   std::ofstream jsonl_, csv_;
-  std::unique_ptr<TbWriter> tb_;
+  std::unique_ptr<formats::TbWriter> tb_;
   Window w_;
   bool eval_to_stdout_ = false;
 };

@@ -11,8 +11,6 @@
 #include <vector>
 
 #include "mltrain/config/experiment.hpp"
-#include "mltrain/data/dataset.hpp"
-#include "mltrain/data/loader.hpp"
 
 namespace mltrain::train {
 
@@ -32,25 +30,6 @@ struct RunResult {
   bool resumed = false;
   int rank = 0;  // distributed: only rank 0 wrote anything
 };
-
-struct Splits {
-  data::Dataset train, eval, test;
-  std::string eval_name;  // "val" or "test"
-};
-Splits load_splits(const config::DataConfig& cfg);
-
-// The training loader's options from the config (workers resolved against this machine's cores;
-// pinned memory only when training on CUDA).
-data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, const torch::Device& device);
-
-// runtime.device resolved and checked (ConfigError when cuda is asked for and absent); applies
-// runtime.cudnn_benchmark on CUDA.
-torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu = 0);
-
-// A plain loader over real samples for commands that evaluate or calibrate (fuse, quantize,
-// landscape): the config's normalisation and seed, no augmentation, no worker threads.
-data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, int64_t batch_size, bool shuffle,
-                                         bool drop_last);
 
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt);
 

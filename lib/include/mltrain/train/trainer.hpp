@@ -4,9 +4,9 @@
 // smoothing) are small components it calls in order; everything else — metrics files, progress,
 // checkpoints, early stopping — hangs off Observer hooks.
 //
-//   Trainer t(cfg, *model, *optimizer, train_loader, eval_loader);
-//   t.add_observer(std::make_unique<MetricsWriter>(run_dir));
-//   t.fit();                                   // throws Interrupted after a clean checkpoint on SIGTERM
+//   auto p = build_pipeline(cfg, world);      // pipeline.hpp: the Trainer comes planned for its world
+//   p->trainer->add_observer(std::make_unique<MetricsWriter>(run_dir));
+//   p->trainer->fit();                                 // throws Interrupted after a clean checkpoint on SIGTERM
 #include <torch/torch.h>
 
 #include <array>
@@ -94,16 +94,21 @@ struct StepPlan {
 };
 StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epoch, int64_t world);
 
+// Data parallel over comm (world > 1): steps are planned for the world size (global batch, LR
+// scaling), gradients sync through dp, evaluation metrics are summed over ranks and stop signals
+// agreed, so every rank takes the same decisions at the same step.
+struct Distributed {
+  dist::Comm* comm = nullptr;
+  dist::DataParallel* dp = nullptr;
+};
+
 class Trainer {
  public:
+  // Built by train::build_pipeline (pipeline.hpp), which owns everything it refers to.
   Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
-          data::Loader& eval);
+          data::Loader& eval, Distributed distributed = {});
   void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
   void set_phase_clock(PhaseClock* clock) { phases_ = clock; }
-  // Data parallel over comm (world > 1): replans steps for the world size (global batch, LR
-  // scaling), syncs gradients through dp, sums evaluation metrics over ranks and agrees on stop
-  // signals, so every rank takes the same decisions at the same step.
-  void set_distributed(dist::Comm* comm, dist::DataParallel* dp);
   void fit();
   EvalResult evaluate(data::Loader& loader);  // with the EMA weights when ema.evaluate
 
@@ -145,7 +150,6 @@ class Trainer {
   PhaseClock* phases_ = nullptr;
   dist::Comm* comm_ = nullptr;
   dist::DataParallel* dp_ = nullptr;
-  void plan(int64_t world);
   Progress progress_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0, accumulate_ = 1;
   std::optional<EvalResult> last_eval_;

@@ -21,7 +21,7 @@ namespace mltrain::tune {
 nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<TrialState>& trials);
 // The importance table alone (exposed for tests): values as reported, complete trials only.
 nlohmann::json parameter_importance(const Space& space, const std::vector<TrialState>& trials, bool maximize);
-// Rebuilds the settings a study folder was run with (study.json).
+// Rebuilds the settings a study folder was run with (its study.yaml, read through the schema).
 StudyConfig study_config_from_folder(const std::string& study_dir);
 std::string study_text(const nlohmann::json& summary);
 // An HTML section for `mltrain report`: the study's summary, best trial, trials table head, and its

@@ -4,7 +4,7 @@
 // trial, a run folder and log. Rerunning the same command resumes: finished trials are kept,
 // trials whose driver is gone become FAIL ("stale") and are retried up to max_retry.
 //
-//   auto cfg = load_study_config("configs/tune_mlp.yaml", {"sampler.name=gp"});
+//   auto cfg = load_study_config("configs/tune/branin.yaml", {"sampler.name=gp"});
 //   auto summary = run_study(cfg, {.self_exe = "/proc/self/exe"});
 #include <nlohmann/json.hpp>
 
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "mltrain/config/study.hpp"
 #include "mltrain/tune/pruner.hpp"
 #include "mltrain/tune/sampler.hpp"
 #include "mltrain/tune/space.hpp"
@@ -40,11 +41,13 @@ struct StudyConfig {
   std::vector<std::string> command;    // ... or this command (params as --name=value and MLTRAIN_PARAM_*)
   int threads = 0;                     // per trial (0: cores / max_concurrent)
   Space space;
-  nlohmann::json resolved;             // what study.yaml holds
+  config::StudyFile file;              // the resolved study, as <study dir>/study.yaml holds it
   std::filesystem::path study_dir() const { return std::filesystem::path(dir) / name; }
 };
 
-// Errors (unknown keys, bad ranges, missing objective) are ConfigError with file:line:col.
+// The study file read through its schema (config/study.hpp): every problem (unknown keys, bad
+// ranges, a missing objective, a sampler the space does not fit) in one ConfigError, each with
+// file:line:col.
 StudyConfig load_study_config(const std::string& path, const std::vector<std::string>& overrides);
 
 struct RunStudyOptions {

@@ -1,0 +1,116 @@
+#pragma once
+// The seam: the one place a training pipeline is assembled from a config and a world. `train`,
+// `profile`, `checklist`, `landscape`, `fuse`/`quantize` (through load_trained_model) and the
+// benchmark binary all build through it, so the runtime policy, the device, the splits, the
+// loaders, the model, the optimizer, the process group and the step plan cannot differ between
+// them. The Trainer is planned once, with its world, and the augmenter sized from that plan.
+//
+//   auto p = train::build_pipeline(cfg, dist::world_from_env());
+//   p->trainer->add_observer(std::make_unique<train::MetricsWriter>(run_dir));
+//   p->trainer->fit();
+//
+//   auto m = train::build_pipeline(cfg, {}, train::model_only());  // runtime, device, splits, model
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "mltrain/config/experiment.hpp"
+#include "mltrain/data/dataset.hpp"
+#include "mltrain/data/loader.hpp"
+#include "mltrain/dist/ddp.hpp"
+#include "mltrain/dist/world.hpp"
+#include "mltrain/model/model.hpp"
+#include "mltrain/optim/optimizer.hpp"
+#include "mltrain/train/trainer.hpp"
+
+namespace mltrain::train {
+
+struct Splits {
+  data::Dataset train, eval, test;
+  std::string eval_name;  // "val" or "test"
+};
+// The data set's splits (DataError, exit 3, on a missing or malformed file).
+Splits load_splits(const config::DataConfig& cfg);
+
+enum class Stage {
+  kModel,    // runtime, device, splits and the model on its device: commands on trained weights
+  kTrainer,  // and loaders, optimizer, process group (world > 1) and a planned Trainer
+};
+
+struct PipelineOptions {
+  Stage until = Stage::kTrainer;
+  const Splits* splits = nullptr;  // reuse splits already loaded (profile's passes); else cfg.data
+  int64_t eval_limit = 0;          // > 0: the eval loader sees only the eval split's first N samples
+};
+inline PipelineOptions model_only(const Splits* splits = nullptr) {
+  PipelineOptions o;
+  o.until = Stage::kModel;
+  o.splits = splits;
+  return o;
+}
+
+// Owns every part; members are declared in dependency order, so they are destroyed in reverse
+// (the Trainer before the loaders and the model it refers to).
+struct Pipeline {
+  explicit Pipeline(const config::ExperimentConfig& c) : cfg(c) {}
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  const config::ExperimentConfig cfg;  // the Trainer holds a reference to it
+  dist::World world;
+  torch::Device device = torch::kCPU;
+  Splits splits;
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<data::Loader> train_loader, eval_loader;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<dist::Comm> comm;  // world > 1 only
+  std::unique_ptr<dist::DataParallel> dp;
+  std::unique_ptr<Trainer> trainer;
+
+  // The eval loader's options, for a test loader built after training (same batch, no shuffle).
+  data::LoaderOptions eval_options;
+};
+
+std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& cfg, const dist::World& world,
+                                         const PipelineOptions& opt = {});
+
+// Intra-op threads for this world: runtime.threads when set; else OMP_NUM_THREADS when the
+// environment sets it (torchrun sets 1 unless told otherwise), as PyTorch does; else ranks on one
+// node split its cores between them; 0 (every core) for a single process.
+int resolve_threads(const config::ExperimentConfig& cfg, const dist::World& world);
+
+// runtime.device resolved and checked (ConfigError when cuda is asked for and absent); applies
+// runtime.cudnn_benchmark on CUDA. `gpu`: a data-parallel rank's LOCAL_RANK (one GPU per local
+// rank, torchrun's and srun's convention).
+torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu = 0);
+
+// The training loader's options from the config (workers resolved against this machine's cores;
+// pinned memory only when training on CUDA).
+data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, const torch::Device& device);
+
+// A loader over `ds` with the training loader's options and the run's augmentation sized to one
+// epoch: what `profile` and `checklist` measure the loader's supply rate with.
+std::unique_ptr<data::Loader> augmented_loader(const config::ExperimentConfig& cfg, const data::Dataset& ds,
+                                               const data::LoaderOptions& lo);
+
+// A plain loader over real samples for commands that evaluate or calibrate (fuse, quantize,
+// landscape): the config's normalisation and seed, no augmentation, no worker threads.
+data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, int64_t batch_size, bool shuffle,
+                                         bool drop_last);
+
+// A trained model back from disk, for the commands that work on finished runs (landscape, fuse,
+// quantize): RUN_DIR (its latest intact checkpoint) or a checkpoint folder; the manifest is
+// verified, the model is rebuilt on the CPU through build_pipeline from the run's resolved
+// config.yaml and its weights loaded (CheckpointError, exit 3, when anything is missing, damaged or
+// of another model). `who` prefixes the warnings about skipped checkpoints.
+//
+//   auto tm = load_trained_model("runs/cnn/v0", "fuse");   // tm.model in eval mode
+struct TrainedModel {
+  config::ExperimentConfig cfg;
+  std::unique_ptr<model::Model> model;
+  std::filesystem::path checkpoint, run_dir;
+  Splits splits;
+};
+TrainedModel load_trained_model(const std::filesystem::path& run_or_checkpoint, const std::string& who);
+
+}  // namespace mltrain::train

@@ -1,0 +1,113 @@
+#include "mltrain/config/study.hpp"
+
+#include <cmath>
+#include <filesystem>
+
+#include "mltrain/config/reader.hpp"
+#include "mltrain/config/writer.hpp"
+
+namespace mltrain::config {
+
+namespace {
+
+// One parameter's range: what no single field's check can see.
+void check_param(const std::string& name, const ParamSettings& p, Issues& issues, const std::string& file) {
+  const std::string path = "space." + name;
+  auto at = [&](const std::string& key, const std::string& msg) {
+    issues.add_at(key.empty() ? path : path + "." + key, msg, file);
+  };
+  auto given = [&](const char* key) { return issues.has_origin(path + "." + key); };
+  if (issues.any_under(path)) return;  // already reported: a field that could not be read
+  if (p.type.empty()) {
+    issues.add_at(path, "missing type; use float, int or categorical", file);
+    return;
+  }
+  if (p.type == "categorical") {
+    if (p.choices.empty()) at("choices", "a categorical parameter needs a non-empty list of choices");
+    return;
+  }
+  if (!given("low") || !given("high")) {
+    issues.add_at(path, "needs low and high", file);
+    return;
+  }
+  if (!(p.low < p.high))
+    issues.add_at(path, "low must be below high (" + format_double(p.low) + " >= " + format_double(p.high) + ")", file);
+  if (p.log && p.low <= 0) at("low", "a log-scaled parameter needs low > 0");
+  if (p.log && p.step > 0 && p.type == "float") issues.add_at(path, "log and step cannot be combined", file);
+  if (p.type == "int" && (p.low != std::floor(p.low) || p.high != std::floor(p.high)))
+    issues.add_at(path, "an int parameter needs integer low and high", file);
+  for (double g : p.grid)
+    if (g < p.low || g > p.high) at("grid", "value " + format_double(g) + " is outside [low, high]");
+}
+
+void cross_checks(const StudyFile& s, Issues& issues, const std::string& file, bool in_folder) {
+  const int kinds = !s.objective.function.empty() + !s.trial.train.empty() + !s.trial.command.empty();
+  if (kinds == 0)
+    issues.add(file, "objective",
+               "nothing to tune: set trial.train (a config for mltrain train), trial.command, or objective.function");
+  if (kinds > 1) issues.add(file, "trial", "choose one of trial.train, trial.command and objective.function");
+  if (!in_folder && !s.trial.train.empty() && !std::filesystem::exists(s.trial.train))
+    issues.add_at("trial.train", "'" + s.trial.train + "' does not exist", file);
+  if (s.space.empty() && s.objective.function.empty()) issues.add(file, "space", "no parameters to tune");
+  for (const auto& [name, p] : s.space) check_param(name, p, issues, file);
+}
+
+}  // namespace
+
+StudyFile load_study_file(const std::string& path, const std::vector<std::string>& overrides, const StudyChecks& extra,
+                          bool in_folder) {
+  YAML::Node root;
+  if (!std::filesystem::exists(path))
+    throw ConfigError(path, "study file not found", "check the path; examples are in configs/tune/");
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(mark_text(path, e.mark), "not valid YAML: " + e.msg,
+                      "fix the syntax at that line (indentation, a missing ':' or quote)");
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(path, "cannot read the study file", "check its permissions");
+  }
+  Issues issues;
+  if (!root.IsMap() && !root.IsNull()) {
+    issues.add(mark_text(path, root.Mark()), "", "the top level must be a mapping (study:, sampler:, space: ...)");
+    root = YAML::Node();
+  }
+  Overrides ov = parse_overrides(overrides, issues);
+  StudyFile s;
+  std::vector<std::string> declared;
+  Reader reader(root, path, "", ov, issues, declared);
+  s.visit(reader);
+  reader.finish();
+  for (auto& [key, o] : ov) {
+    if (o.used) continue;
+    const std::string hint = did_you_mean(key, declared);
+    issues.add("override '" + o.text + "'", key,
+               "unknown key" + (hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
+  }
+  // Every problem at once: the checks across settings run even when a field failed (they skip
+  // what could not be read).
+  cross_checks(s, issues, path, in_folder);
+  if (extra) extra(s, issues);
+  try {
+    issues.throw_if_any();
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.where(), e.message(),
+                      "see `mltrain config schema --study` for every key; examples are in configs/tune/");
+  }
+  return s;
+}
+
+std::string to_yaml(const StudyFile& s) {
+  YamlWriter w;
+  const_cast<StudyFile&>(s).visit(w);
+  return w.text();
+}
+
+std::string study_schema_text() {
+  StudyFile defaults;
+  SchemaWriter w;
+  defaults.visit(w);
+  return w.text();
+}
+
+}  // namespace mltrain::config

@@ -1,0 +1,125 @@
+#pragma once
+// Shared by the CLI tests (one file per command, tests/cli/test_cli_<command>.cpp, one ctest entry
+// each): run the real `mltrain` binary, spawn and wait for it, fresh temp folders, small files.
+#include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include "temp_dir.hpp"
+
+extern char** environ;
+namespace fs = std::filesystem;
+
+inline const std::string kBin = MLTRAIN_BIN;
+inline const std::string kSrc = MLTRAIN_SOURCE_DIR;
+inline const std::string kFmnist = "/usr/share/datasets/fashion-mnist";
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+inline Result sh(const std::string& command) {
+  const std::string cmd = "{ " + command + " ; } 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+inline Result run(const std::string& args) { return sh(kBin + " " + args); }
+
+inline fs::path tmpdir(const std::string& name) { return mltrain::testing::fresh_temp_dir("cli_" + name); }
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, kBin.c_str(), &fa, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+inline int wait_exit(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+inline bool wait_for(const std::function<bool()>& cond, double seconds) {
+  auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+// A small, quick, fully deterministic CNN run on real Fashion-MNIST data.
+inline std::vector<std::string> small_run(const fs::path& dir, const std::string& name) {
+  return {kBin, "train", kSrc + "/configs/fashion_mnist_cnn.yaml", "run.dir=" + dir.string(), "run.name=" + name,
+          "data.limit_train=3000", "data.batch_size=64", "data.eval_batch_size=500", "train.duration=2ep",
+          "train.eval_every=1ep", "checkpoint.every=10u", "checkpoint.keep_last=3", "runtime.threads=2",
+          "model.channels=[8, 16]", "model.fc=32", "data.workers=1"};
+}
+inline std::string join(const std::vector<std::string>& v, size_t from) {
+  std::string s;
+  for (size_t i = from; i < v.size(); ++i) s += " '" + v[i] + "'";
+  return s;
+}
+
+
+// The report printed by --json, after any log lines.
+inline nlohmann::json json_of(const std::string& out) {
+  const size_t at = out.compare(0, 2, "{\n") == 0 ? 0 : out.find("\n{\n");
+  REQUIRE(at != std::string::npos);
+  return nlohmann::json::parse(out.substr(at == 0 ? 0 : at + 1));
+}
+
+inline std::string gunzip(const fs::path& p) {
+  gzFile f = gzopen(p.c_str(), "rb");
+  REQUIRE(f != nullptr);
+  std::string out;
+  char buf[65536];
+  int n;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  gzclose(f);
+  return out;
+}
+
+inline std::vector<std::string> lines_of(const fs::path& p) {
+  std::vector<std::string> v;
+  std::ifstream in(p);
+  std::string l;
+  while (std::getline(in, l)) v.push_back(l);
+  return v;
+}

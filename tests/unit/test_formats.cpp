@@ -1,0 +1,117 @@
+// TensorBoard event files: CRC32C against the standard check value, the writer/reader round trip,
+// corruption detection, and a real Fashion-MNIST run whose event scalars equal metrics.jsonl.
+#include <catch2/catch.hpp>
+
+#include "temp_dir.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "mltrain/config/experiment.hpp"
+#include "mltrain/core/error.hpp"
+#include "mltrain/train/run.hpp"
+#include "mltrain/formats/tensorboard.hpp"
+
+namespace fs = std::filesystem;
+using namespace mltrain;
+using namespace mltrain::formats;
+using namespace mltrain::train;
+
+static fs::path fresh(const std::string& name) { return mltrain::testing::fresh_temp_dir("tb_" + name); }
+
+TEST_CASE("CRC32C check value and TFRecord mask", "[tensorboard]") {
+  CHECK(crc32c("123456789", 9) == 0xE3069283u);  // the Castagnoli check value (RFC 3720 B.4)
+  CHECK(crc32c("", 0) == 0u);
+  const uint32_t c = crc32c("123456789", 9);
+  CHECK(masked_crc32c("123456789", 9) == (((c >> 15) | (c << 17)) + 0xa282ead8u));
+}
+
+TEST_CASE("event writer round trip; a flipped byte is caught with its record", "[tensorboard]") {
+  const auto d = fresh("roundtrip");
+  std::string path;
+  {
+    TbWriter w(d.string());
+    w.scalar("train/loss", 10, 0.5);
+    w.scalar("eval/accuracy", 20, 0.875);
+    w.histogram("weights/w", 20, {-1.0, 0.0, 0.5, 2.0, 2.0}, 4);
+    path = w.path();
+  }
+  CHECK(fs::path(path).filename().string().find("events.out.tfevents.") == 0);
+  const auto ev = read_event_file(path);
+  REQUIRE(ev.size() == 4);
+  CHECK(ev[0].file_version == "brain.Event:2");
+  CHECK(ev[1].step == 10);
+  REQUIRE(ev[1].values.size() == 1);
+  CHECK(ev[1].values[0].tag == "train/loss");
+  CHECK(ev[1].values[0].simple_value == 0.5f);
+  CHECK(ev[2].values[0].simple_value == 0.875f);
+  const auto& h = ev[3].values[0];
+  REQUIRE(h.has_histo);
+  CHECK(h.histo_num == 5);
+  CHECK(h.histo_min == -1.0);
+  CHECK(h.histo_max == 2.0);
+  CHECK(h.histo_sum == Approx(3.5));
+  REQUIRE(h.bucket.size() == 4);
+  CHECK(h.bucket[0] + h.bucket[1] + h.bucket[2] + h.bucket[3] == 5);
+  CHECK(h.bucket[3] == 2);  // the two 2.0s in the last bucket
+  CHECK(ev[1].wall_time > 1.7e9);
+
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t second = 12 + (bytes.size() > 0 ? static_cast<unsigned char>(bytes[0]) : 0) + 4;  // record 1's start
+  std::string bad = bytes;
+  bad[second + 14] ^= 0x20;  // inside record 1's payload
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
+  try {
+    read_event_file(path);
+    FAIL("corruption not detected");
+  } catch (const DataError& e) {
+    CHECK(std::string(e.what()).find("record 1") != std::string::npos);
+    CHECK(std::string(e.what()).find("data CRC mismatch") != std::string::npos);
+  }
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 3);  // cut short
+  CHECK_THROWS_AS(read_event_file(path), DataError);
+}
+
+TEST_CASE("a real Fashion-MNIST run: event scalars equal metrics.jsonl", "[tensorboard][fmnist]") {
+  const auto d = fresh("run");
+  auto cfg = config::load_experiment("", {"model.name=mlp", "model.hidden=[64]", "data.limit_train=4096",
+                                          "train.duration=2ep", "train.log_every=8u", "train.histograms_every=1ep",
+                                          "run.dir=" + d.string(), "run.name=tb", "checkpoint.every=never"});
+  const auto r = run_training(cfg, {});
+  std::string events;
+  for (const auto& e : fs::directory_iterator(r.run_dir))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = e.path().string();
+  REQUIRE(!events.empty());
+  const auto ev = read_event_file(events);  // every record's CRCs verified
+  std::map<std::pair<std::string, int64_t>, float> tb;
+  int histos = 0;
+  for (const auto& e : ev)
+    for (const auto& v : e.values) {
+      if (v.has_simple) tb[{v.tag, e.step}] = v.simple_value;
+      histos += v.has_histo;
+    }
+  CHECK(histos >= 2 * 4);  // 2 epochs x (2 weights + 2 biases)
+  std::ifstream in(r.run_dir / "metrics.jsonl");
+  std::string line;
+  int compared = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    const std::string ev_name = j["event"];
+    if (ev_name != "train" && ev_name != "eval") continue;
+    for (const auto& [k, v] : j.items()) {
+      if (k == "step" || !v.is_number()) continue;
+      const auto it = tb.find({ev_name + "/" + k, j["step"].get<int64_t>()});
+      INFO(ev_name << "/" << k << " at step " << j["step"]);
+      REQUIRE(it != tb.end());
+      CHECK(it->second == static_cast<float>(v.get<double>()));
+      ++compared;
+    }
+  }
+  CHECK(compared > 50);
+}
