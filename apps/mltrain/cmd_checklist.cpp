@@ -14,10 +14,12 @@ void setup_checklist(CLI::App& app, Action& run) {
     bool json = false;
   };
   auto opt = std::make_shared<Opts>();
-  auto* sub = app.add_subcommand("checklist",
-                                 "check this node (and a config's pipeline) against the optimisation checklist; "
-                                 "exit 4 on any FAIL: mltrain checklist [CONFIG.yaml] [--level quick|full] [--json]");
-  sub->add_option("config", opt->config, "experiment config whose data, model and runtime to check (optional)");
+  auto* sub = app.add_subcommand(
+      "checklist",
+      "check this node (and a config's pipeline) against the optimisation checklist; "
+      "exit 4 on any FAIL: mltrain checklist [CONFIG.yaml] [--level quick|full] [--json]");
+  sub->add_option("config", opt->config,
+                  "experiment config whose data, model and runtime to check (optional)");
   sub->add_option("overrides", opt->overrides, "key.path=value overrides, as for train");
   sub->add_option("--level", opt->level, "quick (< 30 s) or full (larger measurements)")
       ->check(CLI::IsMember({"quick", "full"}))
@@ -32,8 +34,10 @@ void setup_checklist(CLI::App& app, Action& run) {
       o.cfg = cfg ? &*cfg : nullptr;
       o.config_path = opt->config;
       const auto report = checklist::run_checklist(o);
-      if (opt->json) std::cout << report.dump(2) << "\n";
-      else std::cout << checklist::checklist_text(report);
+      if (opt->json)
+        std::cout << report.dump(2) << "\n";
+      else
+        std::cout << checklist::checklist_text(report);
       return report["counts"]["FAIL"].get<int>() > 0 ? kExitCheckFailed : kExitOk;
     };
   });

@@ -10,10 +10,12 @@ void setup_config(CLI::App& app, Action& run) {
   auto* sub = app.add_subcommand("config", "inspect the config schema");
   auto* schema = sub->add_subcommand("schema", "every key with its type, default and description");
   auto study = std::make_shared<bool>(false);
-  schema->add_flag("--study", *study, "the keys of a tune study file (mltrain tune STUDY.yaml) instead");
+  schema->add_flag("--study", *study,
+                   "the keys of a tune study file (mltrain tune STUDY.yaml) instead");
   auto check_file = std::make_shared<std::string>();
   auto check_ov = std::make_shared<std::vector<std::string>>();
-  auto* check = sub->add_subcommand("check", "validate a config (all errors at once) without running it");
+  auto* check =
+      sub->add_subcommand("check", "validate a config (all errors at once) without running it");
   check->add_option("config", *check_file, "experiment config")->required();
   check->add_option("overrides", *check_ov, "key.path=value overrides");
   sub->require_subcommand(1);

@@ -10,9 +10,13 @@ void setup_data(CLI::App& app, Action& run) {
   auto* sub = app.add_subcommand("data", "convert and inspect data files");
   sub->require_subcommand(1);
 
-  struct ConvertOpts { std::string images, labels, out; int64_t num_classes = 10; };
+  struct ConvertOpts {
+    std::string images, labels, out;
+    int64_t num_classes = 10;
+  };
   auto c = std::make_shared<ConvertOpts>();
-  auto* conv = sub->add_subcommand("convert", "write a memory-mapped shard from IDX (.gz ok) or .npy images + labels");
+  auto* conv = sub->add_subcommand(
+      "convert", "write a memory-mapped shard from IDX (.gz ok) or .npy images + labels");
   conv->add_option("--images", c->images, "images file")->required();
   conv->add_option("--labels", c->labels, "labels file")->required();
   conv->add_option("-o,--output", c->out, "output .shard file")->required();
@@ -21,15 +25,19 @@ void setup_data(CLI::App& app, Action& run) {
     run = [c] {
       auto ds = data::load_dataset(c->images, c->labels, c->num_classes);
       data::write_shard(ds, c->out);
-      std::cout << "wrote " << c->out << ": " << ds.count << " samples of " << ds.sample_elems() << " "
-                << data::dtype_name(ds.dtype) << "\n";
+      std::cout << "wrote " << c->out << ": " << ds.count << " samples of " << ds.sample_elems()
+                << " " << data::dtype_name(ds.dtype) << "\n";
       return 0;
     };
   });
 
-  struct InspectOpts { std::string file, labels; int64_t num_classes = 1 << 30; };
+  struct InspectOpts {
+    std::string file, labels;
+    int64_t num_classes = 1 << 30;
+  };
   auto in = std::make_shared<InspectOpts>();
-  auto* insp = sub->add_subcommand("inspect", "print shape, dtype, label counts and pixel statistics of a data file");
+  auto* insp = sub->add_subcommand(
+      "inspect", "print shape, dtype, label counts and pixel statistics of a data file");
   insp->add_option("file", in->file, "IDX, .npy or .shard file")->required();
   insp->add_option("--labels", in->labels, "labels file to pair with images");
   insp->callback([&run, in] {
@@ -40,9 +48,11 @@ void setup_data(CLI::App& app, Action& run) {
         return 0;
       }
       auto ds = data::load_dataset(in->file, in->labels, in->num_classes);
-      std::cout << in->file << ": " << (data::is_shard(in->file) ? "shard" : "array") << ", " << ds.count
-                << " samples, dtype " << data::dtype_name(ds.dtype) << ", sample shape [";
-      for (size_t i = 0; i < ds.sample_shape.size(); ++i) std::cout << (i ? "," : "") << ds.sample_shape[i];
+      std::cout << in->file << ": " << (data::is_shard(in->file) ? "shard" : "array") << ", "
+                << ds.count << " samples, dtype " << data::dtype_name(ds.dtype)
+                << ", sample shape [";
+      for (size_t i = 0; i < ds.sample_shape.size(); ++i)
+        std::cout << (i ? "," : "") << ds.sample_shape[i];
       std::cout << "]\n";
       std::map<int64_t, int64_t> hist;
       for (int64_t i = 0; i < ds.count; ++i) hist[ds.label(i)]++;
@@ -58,7 +68,8 @@ void setup_data(CLI::App& app, Action& run) {
           s2 += v * v;
         }
         const double mean = s / n;
-        std::cout << "pixels/255: mean " << mean << " std " << std::sqrt(s2 / n - mean * mean) << "\n";
+        std::cout << "pixels/255: mean " << mean << " std " << std::sqrt(s2 / n - mean * mean)
+                  << "\n";
       }
       return 0;
     };

@@ -10,17 +10,22 @@ void setup_profile(CLI::App& app, Action& run) {
   auto opt = std::make_shared<profile::ProfileOptions>();
   auto json = std::make_shared<bool>(false);
   auto no_ops = std::make_shared<bool>(false);
-  auto* sub = app.add_subcommand(
-      "profile", "find the bottleneck of a training config: mltrain profile CONFIG.yaml [key=value ...] [--sweep KEY=v1,v2]");
+  auto* sub = app.add_subcommand("profile",
+                                 "find the bottleneck of a training config: mltrain profile "
+                                 "CONFIG.yaml [key=value ...] [--sweep KEY=v1,v2]");
   sub->add_option("config", opt->config_path, "experiment config")->required();
   sub->add_option("overrides", opt->overrides, "key.path=value overrides, as for train");
-  sub->add_option("--wait", opt->wait, "steps run before anything is recorded")->capture_default_str();
-  sub->add_option("--warmup", opt->warmup, "steps recorded by the profiler, then discarded")->capture_default_str();
+  sub->add_option("--wait", opt->wait, "steps run before anything is recorded")
+      ->capture_default_str();
+  sub->add_option("--warmup", opt->warmup, "steps recorded by the profiler, then discarded")
+      ->capture_default_str();
   sub->add_option("--active", opt->active, "steps measured")->capture_default_str();
   sub->add_option("--top", opt->top, "operators in the table")->capture_default_str();
-  sub->add_option("--sweep", opt->sweep, "KEY=v1,v2,...: measure once per value (e.g. data.workers=0,1,2,4)");
-  sub->add_option("--out", opt->out_dir, "folder for profile.json, phases.svg, report.txt, trace.json.gz "
-                                         "(default: <run.dir>/<run.name>/profile)");
+  sub->add_option("--sweep", opt->sweep,
+                  "KEY=v1,v2,...: measure once per value (e.g. data.workers=0,1,2,4)");
+  sub->add_option("--out", opt->out_dir,
+                  "folder for profile.json, phases.svg, report.txt, trace.json.gz "
+                  "(default: <run.dir>/<run.name>/profile)");
   sub->add_flag("--no-ops", *no_ops, "skip the operator-profiler pass");
   sub->add_flag("--json", *json, "print the JSON report instead of text");
   sub->callback([opt, json, no_ops, &run] {
@@ -30,8 +35,11 @@ void setup_profile(CLI::App& app, Action& run) {
       o.ops = !*no_ops;
       if (o.out_dir.empty()) o.out_dir = cfg.run.dir + "/" + cfg.run.name + "/profile";
       const auto report = profile::profile_config(cfg, o);
-      if (*json) std::cout << report.dump(2) << "\n";
-      else std::cout << profile::profile_text(report) << "files: " << o.out_dir << "/{profile.json,phases.svg,report.txt}\n";
+      if (*json)
+        std::cout << report.dump(2) << "\n";
+      else
+        std::cout << profile::profile_text(report) << "files: " << o.out_dir
+                  << "/{profile.json,phases.svg,report.txt}\n";
       return 0;
     };
   });

@@ -23,19 +23,28 @@ void setup_slurm(CLI::App& app, Action& run) {
     bool submit = false;
   };
   auto o = std::make_shared<Opts>();
-  auto* sub = app.add_subcommand("slurm", "write (and with --submit, submit) an sbatch script for a training run: mltrain slurm CONFIG.yaml "
-                                          "--nodes N --ntasks-per-node G --time T [--partition P] [--submit] [key=value ...]");
+  auto* sub = app.add_subcommand(
+      "slurm",
+      "write (and with --submit, submit) an sbatch script for a training run: mltrain slurm "
+      "CONFIG.yaml "
+      "--nodes N --ntasks-per-node G --time T [--partition P] [--submit] [key=value ...]");
   sub->add_option("config", o->config, "experiment config")->required();
   sub->add_option("overrides", o->overrides, "key.path=value overrides passed to mltrain train");
   sub->add_option("--nodes", o->so.nodes, "nodes")->capture_default_str();
-  sub->add_option("--ntasks-per-node", o->so.ntasks_per_node, "ranks per node (one per GPU on GPU nodes)")->capture_default_str();
-  sub->add_option("--time", o->so.time, "time limit (Slurm format, e.g. 04:00:00)")->capture_default_str();
+  sub->add_option("--ntasks-per-node", o->so.ntasks_per_node,
+                  "ranks per node (one per GPU on GPU nodes)")
+      ->capture_default_str();
+  sub->add_option("--time", o->so.time, "time limit (Slurm format, e.g. 04:00:00)")
+      ->capture_default_str();
   sub->add_option("--partition", o->so.partition, "partition");
-  sub->add_option("--signal-lead", o->so.signal_lead_s, "seconds before the limit at which Slurm sends USR1")->capture_default_str();
+  sub->add_option("--signal-lead", o->so.signal_lead_s,
+                  "seconds before the limit at which Slurm sends USR1")
+      ->capture_default_str();
   sub->add_flag("--submit", o->submit, "submit with sbatch and print the job id");
   sub->callback([o, &run] {
     run = [o] {
-      const auto cfg = config::load_experiment(o->config, o->overrides);  // a bad config fails here, not in the queue
+      const auto cfg = config::load_experiment(
+          o->config, o->overrides);  // a bad config fails here, not in the queue
       auto so = o->so;
       so.mltrain = self_exe();
       so.config = fs::absolute(o->config).string();
@@ -57,7 +66,8 @@ void setup_slurm(CLI::App& app, Action& run) {
       while (p && std::fgets(b, sizeof b, p)) out += b;
       const int st = p ? ::pclose(p) : -1;
       if (st != 0)
-        throw RuntimeError("sbatch", "submission failed: " + out, "check `sinfo` and the partition; the script is " + so.output);
+        throw RuntimeError("sbatch", "submission failed: " + out,
+                           "check `sinfo` and the partition; the script is " + so.output);
       std::cout << "submitted job " << out;
       return 0;
     };

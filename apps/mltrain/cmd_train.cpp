@@ -24,20 +24,26 @@ struct TrainOptions {
 
 // Flags are the highest precedence: they replace an override of the same key.
 void set_flag(std::vector<std::string>& ov, const std::string& key, const std::string& value) {
-  ov.erase(std::remove_if(ov.begin(), ov.end(), [&](const std::string& s) { return s.rfind(key + "=", 0) == 0; }), ov.end());
+  ov.erase(std::remove_if(ov.begin(), ov.end(),
+                          [&](const std::string& s) { return s.rfind(key + "=", 0) == 0; }),
+           ov.end());
   ov.push_back(key + "=" + value);
 }
 }  // namespace
 
 void setup_train(CLI::App& app, Action& run) {
   auto opt = std::make_shared<TrainOptions>();
-  auto* sub = app.add_subcommand("train", "train a model from a YAML config: mltrain train CONFIG.yaml [key.path=value ...]");
+  auto* sub = app.add_subcommand(
+      "train", "train a model from a YAML config: mltrain train CONFIG.yaml [key.path=value ...]");
   sub->add_option("config", opt->config, "experiment config (see configs/)")->required();
-  sub->add_option("overrides", opt->overrides, "key.path=value overrides, e.g. optim.lr=0.01 train.duration=2ep");
+  sub->add_option("overrides", opt->overrides,
+                  "key.path=value overrides, e.g. optim.lr=0.01 train.duration=2ep");
   sub->add_flag("--print-config", opt->print_config, "print the resolved config and exit");
   sub->add_option("--run-name", opt->run_name, "same as run.name=...");
   sub->add_option("--threads", opt->threads, "same as runtime.threads=...");
-  sub->add_flag("--jsonl", opt->jsonl, "print each evaluation and the final summary as JSON lines on stdout (what `mltrain tune` reads)");
+  sub->add_flag("--jsonl", opt->jsonl,
+                "print each evaluation and the final summary as JSON lines on stdout (what "
+                "`mltrain tune` reads)");
   sub->callback([opt, &run, &app] {
     run = [opt, &app] {
       auto ov = opt->overrides;
@@ -63,11 +69,12 @@ void setup_train(CLI::App& app, Action& run) {
       auto r = train::run_training(cfg, ro);
       if (r.rank != 0) return 0;  // rank 0 reports for the group
       std::ostream& human = opt->jsonl ? std::cerr : std::cout;
-      human << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ") after " << r.steps
-                << " steps, " << r.train_seconds << " s of training\n";
+      human << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ") after "
+            << r.steps << " steps, " << r.train_seconds << " s of training\n";
       if (cfg.train.target_accuracy > 0) {
         if (r.time_to_target)
-          human << "time to " << cfg.train.target_accuracy << " test accuracy: " << *r.time_to_target << " s\n";
+          human << "time to " << cfg.train.target_accuracy
+                << " test accuracy: " << *r.time_to_target << " s\n";
         else
           human << "target accuracy " << cfg.train.target_accuracy << " not reached\n";
       }

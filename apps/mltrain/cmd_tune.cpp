@@ -19,12 +19,18 @@ void setup_tune(CLI::App& app, Action& run) {
     std::string report_dir;
   };
   auto o = std::make_shared<Opts>();
-  auto* sub = app.add_subcommand("tune", "hyperparameter search: mltrain tune STUDY.yaml [key.path=value ...]; mltrain tune report STUDY_DIR");
-  auto* rep = sub->add_subcommand("report", "summarise a study folder (tables, importance, SVG plots): mltrain tune report STUDY_DIR");
+  auto* sub = app.add_subcommand("tune",
+                                 "hyperparameter search: mltrain tune STUDY.yaml [key.path=value "
+                                 "...]; mltrain tune report STUDY_DIR");
+  auto* rep = sub->add_subcommand(
+      "report",
+      "summarise a study folder (tables, importance, SVG plots): mltrain tune report STUDY_DIR");
   rep->add_option("study_dir", o->report_dir, "the study folder (runs/tune/<name>)")->required();
   rep->add_flag("--json", o->json, "print the JSON summary");
   sub->add_option("study", o->study, "study file (see configs/tune_*.yaml)");
-  sub->add_option("overrides", o->overrides, "key.path=value overrides of the study file, e.g. sampler.name=gp study.n_trials=50");
+  sub->add_option(
+      "overrides", o->overrides,
+      "key.path=value overrides of the study file, e.g. sampler.name=gp study.n_trials=50");
   sub->add_flag("--json", o->json, "print the JSON summary");
   sub->add_flag("-q,--quiet", o->quiet, "no per-trial lines on stderr");
   sub->callback([o, &run, rep] {
@@ -36,7 +42,9 @@ void setup_tune(CLI::App& app, Action& run) {
         std::cout << (o->json ? s.dump(2) + "\n" : tune::study_text(s));
         return 0;
       }
-      if (o->study.empty()) throw ConfigError("mltrain tune", "no study file given", "mltrain tune STUDY.yaml, or mltrain tune report STUDY_DIR");
+      if (o->study.empty())
+        throw ConfigError("mltrain tune", "no study file given",
+                          "mltrain tune STUDY.yaml, or mltrain tune report STUDY_DIR");
       const auto cfg = tune::load_study_config(o->study, o->overrides);
       const auto s = tune::run_study(cfg, {self_exe(), o->quiet});
       std::cout << (o->json ? s.dump(2) + "\n" : tune::study_text(s));

@@ -24,8 +24,9 @@
 
 static void print_version() {
   std::cout << "mltrain " << MLTRAIN_VERSION << "\n"
-            << "LibTorch " << mltrain::compat::torch_version() << " (mkldnn " << (mltrain::compat::mkldnn_available() ? "yes" : "no")
-            << ", cuda " << (mltrain::compat::cuda_available() ? "yes" : "no") << ")\n"
+            << "LibTorch " << mltrain::compat::torch_version() << " (mkldnn "
+            << (mltrain::compat::mkldnn_available() ? "yes" : "no") << ", cuda "
+            << (mltrain::compat::cuda_available() ? "yes" : "no") << ")\n"
             << "build: " << MLTRAIN_BUILD_OPTIONS << "\n"
             << "runtime defaults: threads=auto (" << mltrain::runtime::usable_cores()
             << " usable cores), kernel_route=onednn, allocator=retain\n";
@@ -37,7 +38,9 @@ static int fail(const std::string& message, int code) {
   std::cerr << "error: " << message << "\n";
   if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE"); path && *path) {
     std::ofstream f(path);
-    f << nlohmann::json{{"message", "mltrain: " + message}, {"timestamp", std::time(nullptr)}}.dump() << "\n";
+    f << nlohmann::json{{"message", "mltrain: " + message}, {"timestamp", std::time(nullptr)}}
+             .dump()
+      << "\n";
   }
   return code;
 }
@@ -47,8 +50,10 @@ int main(int argc, char** argv) {
   // (The default logger keeps its identity and lifetime; only its sink changes.)
   spdlog::default_logger()->sinks() = {std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};
   spdlog::set_pattern("%H:%M:%S %^%l%$ %v");
-  CLI::App app{"mltrain: a training orchestrator on LibTorch.\nExit codes: 0 ok, 1 runtime failure, 2 usage or config error, "
-               "3 bad data or checkpoint, 128+N stopped cleanly by signal N."};
+  CLI::App app{
+      "mltrain: a training orchestrator on LibTorch.\nExit codes: 0 ok, 1 runtime failure, 2 usage "
+      "or config error, "
+      "3 bad data or checkpoint, 128+N stopped cleanly by signal N."};
   app.set_help_all_flag("--help-all", "help for every subcommand");
   bool version = false;
   app.add_flag("--version", version, "print mltrain, LibTorch and build options");
@@ -90,7 +95,8 @@ int main(int argc, char** argv) {
   try {
     return run();
   } catch (const mltrain::Interrupted& e) {
-    spdlog::warn("{}; checkpoint written, exiting with {}", e.what(), mltrain::kExitSignalBase + e.signal());
+    spdlog::warn("{}; checkpoint written, exiting with {}", e.what(),
+                 mltrain::kExitSignalBase + e.signal());
     return mltrain::kExitSignalBase + e.signal();
   } catch (const mltrain::Error& e) {
     return fail(e.what(), e.exit_code());

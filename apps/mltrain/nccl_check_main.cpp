@@ -41,15 +41,18 @@ int main(int argc, char** argv) {
     const std::string path = "/tmp/mltrain_nccl_store_" + std::to_string(::getpid());
     std::remove(path.c_str());
     auto store = c10::make_intrusive<c10d::FileStore>(path, world);
-    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, 0, world, c10d::ProcessGroupNCCL::Options::create());
-    std::vector<at::Tensor> t{torch::ones({static_cast<int64_t>(bytes / 4)}, torch::dtype(torch::kFloat32).device(torch::kCUDA, 0))};
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        store, 0, world, c10d::ProcessGroupNCCL::Options::create());
+    std::vector<at::Tensor> t{torch::ones({static_cast<int64_t>(bytes / 4)},
+                                          torch::dtype(torch::kFloat32).device(torch::kCUDA, 0))};
     for (int i = 0; i < 3; ++i) pg->allreduce(t)->wait();
     torch::cuda::synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) pg->allreduce(t)->wait();
     torch::cuda::synchronize();
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-    if (t[0][0].item<float>() != 1.0f) throw std::runtime_error("all-reduce over one rank changed the values");
+    if (t[0][0].item<float>() != 1.0f)
+      throw std::runtime_error("all-reduce over one rank changed the values");
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
     pg->shutdown();  // 2.3+: without it the destructor warns and can block on the watchdog
 #endif
@@ -60,8 +63,10 @@ int main(int argc, char** argv) {
     error = error.substr(0, error.find('\n'));
   }
   const double algbw = seconds > 0 ? bytes / seconds / 1e9 : 0;
-  std::cout << "{\"ok\":" << (ok ? "true" : "false") << ",\"version\":" << quote(version) << ",\"world\":" << world
-            << ",\"bytes\":" << bytes << ",\"seconds\":" << seconds << ",\"algbw_gbps\":" << algbw
-            << ",\"busbw_gbps\":" << algbw * 2.0 * (world - 1) / world << ",\"error\":" << quote(error) << "}" << std::endl;
+  std::cout << "{\"ok\":" << (ok ? "true" : "false") << ",\"version\":" << quote(version)
+            << ",\"world\":" << world << ",\"bytes\":" << bytes << ",\"seconds\":" << seconds
+            << ",\"algbw_gbps\":" << algbw
+            << ",\"busbw_gbps\":" << algbw * 2.0 * (world - 1) / world
+            << ",\"error\":" << quote(error) << "}" << std::endl;
   std::_Exit(ok ? 0 : 1);  // skip NCCL/CUDA teardown: the answer is out
 }

@@ -25,7 +25,9 @@
 using namespace mltrain;
 using Clock = std::chrono::steady_clock;
 
-static double secs(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+static double secs(Clock::time_point a) {
+  return std::chrono::duration<double>(Clock::now() - a).count();
+}
 
 static int bench_main(int argc, char** argv);
 
@@ -46,14 +48,21 @@ static int bench_main(int argc, char** argv) {
   const std::string mode = argv[1];
   if (mode == "gemm") {  // mltrain_bench gemm native|onednn THREADS: fp32 GEMM throughput per route
     runtime::apply({std::stoi(argc > 3 ? argv[3] : "0"), argv[2], "retain"});
-    for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}}) {
+    for (auto [m, k, n] :
+         std::vector<std::array<int64_t, 3>>{{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}}) {
       auto a = torch::randn({m, k}), b = torch::randn({k, n});
       for (int i = 0; i < 3; ++i) torch::mm(a, b);
       int iters = 0;
       auto t0 = Clock::now();
       while (secs(t0) < 0.5 || iters < 3) torch::mm(a, b), ++iters;
-      std::cout << nlohmann::json{{"mode", "gemm"}, {"route", argv[2]}, {"threads", at::get_num_threads()},
-                                  {"m", m}, {"k", k}, {"n", n}, {"gflops", 2.0 * m * k * n * iters / secs(t0) / 1e9}}.dump()
+      std::cout << nlohmann::json{{"mode", "gemm"},
+                                  {"route", argv[2]},
+                                  {"threads", at::get_num_threads()},
+                                  {"m", m},
+                                  {"k", k},
+                                  {"n", n},
+                                  {"gflops", 2.0 * m * k * n * iters / secs(t0) / 1e9}}
+                       .dump()
                 << std::endl;
     }
     return 0;
@@ -68,8 +77,11 @@ static int bench_main(int argc, char** argv) {
   const int64_t warmup = std::min<int64_t>(20, steps / 5);
 
   const data::LoaderOptions lo = train::train_loader_options(cfg, base->device);
-  nlohmann::json out = {{"mode", mode}, {"model", cfg.model.name}, {"batch", lo.batch_size},
-                        {"threads", at::get_num_threads()}, {"route", runtime::kernel_route()},
+  nlohmann::json out = {{"mode", mode},
+                        {"model", cfg.model.name},
+                        {"batch", lo.batch_size},
+                        {"threads", at::get_num_threads()},
+                        {"route", runtime::kernel_route()},
                         {"allocator", cfg.runtime.allocator}};
 
   if (mode == "loader") {

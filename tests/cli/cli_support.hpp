@@ -46,7 +46,9 @@ inline Result sh(const std::string& command) {
 
 inline Result run(const std::string& args) { return sh(kBin + " " + args); }
 
-inline fs::path tmpdir(const std::string& name) { return mltrain::testing::fresh_temp_dir("cli_" + name); }
+inline fs::path tmpdir(const std::string& name) {
+  return mltrain::testing::fresh_temp_dir("cli_" + name);
+}
 
 inline std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -86,17 +88,28 @@ inline bool wait_for(const std::function<bool()>& cond, double seconds) {
 
 // A small, quick, fully deterministic CNN run on real Fashion-MNIST data.
 inline std::vector<std::string> small_run(const fs::path& dir, const std::string& name) {
-  return {kBin, "train", kSrc + "/configs/fashion_mnist_cnn.yaml", "run.dir=" + dir.string(), "run.name=" + name,
-          "data.limit_train=3000", "data.batch_size=64", "data.eval_batch_size=500", "train.duration=2ep",
-          "train.eval_every=1ep", "checkpoint.every=10u", "checkpoint.keep_last=3", "runtime.threads=2",
-          "model.channels=[8, 16]", "model.fc=32", "data.workers=1"};
+  return {kBin,
+          "train",
+          kSrc + "/configs/fashion_mnist_cnn.yaml",
+          "run.dir=" + dir.string(),
+          "run.name=" + name,
+          "data.limit_train=3000",
+          "data.batch_size=64",
+          "data.eval_batch_size=500",
+          "train.duration=2ep",
+          "train.eval_every=1ep",
+          "checkpoint.every=10u",
+          "checkpoint.keep_last=3",
+          "runtime.threads=2",
+          "model.channels=[8, 16]",
+          "model.fc=32",
+          "data.workers=1"};
 }
 inline std::string join(const std::vector<std::string>& v, size_t from) {
   std::string s;
   for (size_t i = from; i < v.size(); ++i) s += " '" + v[i] + "'";
   return s;
 }
-
 
 // The report printed by --json, after any log lines.
 inline nlohmann::json json_of(const std::string& out) {

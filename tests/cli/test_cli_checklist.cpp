@@ -3,7 +3,8 @@
 
 TEST_CASE("checklist: every item has a status, SKIPs say why, FAIL exits 4", "[cli][checklist]") {
   const auto d = tmpdir("checklist");
-  auto r = run("checklist " + kSrc + "/configs/fashion_mnist_cnn.yaml run.dir=" + d.string() + " --json");
+  auto r = run("checklist " + kSrc + "/configs/fashion_mnist_cnn.yaml run.dir=" + d.string() +
+               " --json");
   INFO(r.out);
   REQUIRE(r.code == 0);  // this machine: no FAIL
   auto j = json_of(r.out);
@@ -13,19 +14,24 @@ TEST_CASE("checklist: every item has a status, SKIPs say why, FAIL exits 4", "[c
     const std::string st = it["status"];
     CHECK((st == "PASS" || st == "WARN" || st == "FAIL" || st == "SKIP"));
     CHECK(!it["why"].get<std::string>().empty());
-    if (st == "SKIP") CHECK(!it["fix"].get<std::string>().empty());  // the reason
-    else CHECK(!it["measured"].get<std::string>().empty());
+    if (st == "SKIP")
+      CHECK(!it["fix"].get<std::string>().empty());  // the reason
+    else
+      CHECK(!it["measured"].get<std::string>().empty());
     ids.insert(it["id"].get<std::string>());
   }
-  for (const char* id : {"data.read_bandwidth", "data.loader_rate", "data.augmentation_cost", "data.pinned_copy",
-                         "compute.gemm_route", "compute.cudnn_benchmark", "compute.autocast_coverage", "compute.fusion",
-                         "system.swappiness", "system.transparent_hugepages", "system.cpu_governor", "system.threads",
-                         "system.allocator", "system.numa", "system.open_files", "system.disk_space", "gpu.versions",
-                         "gpu.nccl_allreduce"})
+  for (const char* id :
+       {"data.read_bandwidth", "data.loader_rate", "data.augmentation_cost", "data.pinned_copy",
+        "compute.gemm_route", "compute.cudnn_benchmark", "compute.autocast_coverage",
+        "compute.fusion", "system.swappiness", "system.transparent_hugepages",
+        "system.cpu_governor", "system.threads", "system.allocator", "system.numa",
+        "system.open_files", "system.disk_space", "gpu.versions", "gpu.nccl_allreduce"})
     CHECK(ids.count(id) == 1);
   for (const auto& it : j["items"]) {
-    if (it["id"] == "compute.fusion") CHECK(it["value"]["conv_bn_pairs"] == 2);  // conv1/bn1, conv2/bn2
-    if (it["id"] == "compute.autocast_coverage") CHECK(it["measured"].get<std::string>().find("aten::conv2d") != std::string::npos);
+    if (it["id"] == "compute.fusion")
+      CHECK(it["value"]["conv_bn_pairs"] == 2);  // conv1/bn1, conv2/bn2
+    if (it["id"] == "compute.autocast_coverage")
+      CHECK(it["measured"].get<std::string>().find("aten::conv2d") != std::string::npos);
   }
 
   // Over-subscribed threads and a checkpoint budget no disk holds: FAIL, exit 4, named in the text.

@@ -1,10 +1,15 @@
 // `mltrain fuse`.
 #include "cli_support.hpp"
 
-TEST_CASE("fuse: CNN and TorchScript runs fold BN within tolerance; damaged or mismatched input exits 3", "[cli][fuse]") {
+TEST_CASE(
+    "fuse: CNN and TorchScript runs fold BN within tolerance; damaged or mismatched input exits 3",
+    "[cli][fuse]") {
   const auto d = tmpdir("fuse");
-  const std::string common = " data.limit_train=2048 train.duration=1ep checkpoint.every=1ep run.dir=" + d.string();
-  REQUIRE(run("train " + kSrc + "/configs/fashion_mnist_cnn.yaml" + common + " run.name=cnn").code == 0);
+  const std::string common =
+      " data.limit_train=2048 train.duration=1ep checkpoint.every=1ep run.dir=" + d.string();
+  REQUIRE(
+      run("train " + kSrc + "/configs/fashion_mnist_cnn.yaml" + common + " run.name=cnn").code ==
+      0);
   auto r = run("fuse " + (d / "cnn" / "v0").string() + " --batches 4");
   INFO(r.out);
   REQUIRE(r.code == 0);
@@ -15,11 +20,14 @@ TEST_CASE("fuse: CNN and TorchScript runs fold BN within tolerance; damaged or m
   CHECK(j["torchscript_max_abs_diff"].get<double>() < 1e-4);
   CHECK(j["speedup_batch128"].get<double>() > 0);
   CHECK(fs::exists(d / "cnn" / "v0" / "fused" / "model.pt"));
-  CHECK(slurp(d / "cnn" / "v0" / "fused" / "config.yaml").find("batchnorm: false") != std::string::npos);
+  CHECK(slurp(d / "cnn" / "v0" / "fused" / "config.yaml").find("batchnorm: false") !=
+        std::string::npos);
 
   // A TorchScript model goes through LibTorch's FoldConvBatchNorm.
   REQUIRE(run("train " + kSrc + "/configs/fashion_mnist_cnn.yaml" + common +
-              " run.name=ts model.name=torchscript model.path=" + kSrc + "/tests/golden/tiny_script.pt").code == 0);
+              " run.name=ts model.name=torchscript model.path=" + kSrc +
+              "/tests/golden/tiny_script.pt")
+              .code == 0);
   r = run("fuse " + (d / "ts" / "v0").string() + " --batches 2 -o " + (d / "ts_fused").string());
   REQUIRE(r.code == 0);
   j = nlohmann::json::parse(slurp(d / "ts_fused" / "fuse.json"));

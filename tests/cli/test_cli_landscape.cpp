@@ -6,7 +6,8 @@ TEST_CASE("landscape: slices of a trained run; bad paths exit 3", "[cli][landsca
   auto args = small_run(d, "ls");
   args.push_back("train.duration=20u");
   REQUIRE(run(join(args, 1)).code == 0);
-  auto r = run("landscape " + (d / "ls/v0").string() + " --points 5 --grid 3 --batches 1 --batch-size 64");
+  auto r = run("landscape " + (d / "ls/v0").string() +
+               " --points 5 --grid 3 --batches 1 --batch-size 64");
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("sharpness"));
   const auto csv = slurp(d / "ls/v0/landscape/landscape_1d.csv");

@@ -1,15 +1,20 @@
 // `mltrain launch`: data parallelism over Gloo, failures, restarts, several nodes.
 #include "cli_support.hpp"
 
-TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and match one process", "[cli][dist]") {
+TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and match one process",
+          "[cli][dist]") {
   const auto d = tmpdir("ddp");
   // The same global batch (128): one process with 128, or two ranks with 64 each.
-  const std::string common = kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=8192 train.duration=2ep model.dropout=0 "
-                             "checkpoint.every=1ep run.dir=" + d.string();
+  const std::string common =
+      kSrc +
+      "/configs/fashion_mnist_mlp.yaml data.limit_train=8192 train.duration=2ep model.dropout=0 "
+      "checkpoint.every=1ep run.dir=" +
+      d.string();
   auto one = run("train " + common + " run.name=single data.batch_size=128");
   REQUIRE(one.code == 0);
   ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);
-  auto two = run("launch --nproc-per-node 2 -- mltrain train " + common + " run.name=ddp data.batch_size=64");
+  auto two = run("launch --nproc-per-node 2 -- mltrain train " + common +
+                 " run.name=ddp data.batch_size=64");
   ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
   INFO(two.out);
   REQUIRE(two.code == 0);
@@ -30,15 +35,24 @@ TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and mat
   CHECK_FALSE(fs::exists(d / "ddp" / "v1"));  // one run folder, written by rank 0 only
 }
 
-TEST_CASE("a dead peer: the surviving rank fails fast, names the missing rank and dumps its last collectives", "[cli][dist]") {
+TEST_CASE(
+    "a dead peer: the surviving rank fails fast, names the missing rank and dumps its last "
+    "collectives",
+    "[cli][dist]") {
   const auto d = tmpdir("ddp_dead");
   // Two ranks started by hand (as an external launcher would); rank 1 SIGKILLs itself at step 10.
-  const std::string train = kBin + " train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
-                            "train.duration=2ep distributed.timeout_s=20 run.dir=" + d.string() + " run.name=dead";
-  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MLTRAIN_RUN_ID=dead$$ MLTRAIN_TEST_KILL=1:10 ";
+  const std::string train =
+      kBin + " train " + kSrc +
+      "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
+      "train.duration=2ep distributed.timeout_s=20 run.dir=" +
+      d.string() + " run.name=dead";
+  const std::string env =
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 "
+      "MLTRAIN_RUN_ID=dead$$ MLTRAIN_TEST_KILL=1:10 ";
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string cmd = "cd " + d.string() + " && { (" + env + "RANK=0 LOCAL_RANK=0 " + train + " > r0.log 2>&1; echo $? > r0.rc) & (" + env +
-                          "RANK=1 LOCAL_RANK=1 " + train + " > r1.log 2>&1; echo $? > r1.rc); wait; }";
+  const std::string cmd = "cd " + d.string() + " && { (" + env + "RANK=0 LOCAL_RANK=0 " + train +
+                          " > r0.log 2>&1; echo $? > r0.rc) & (" + env + "RANK=1 LOCAL_RANK=1 " +
+                          train + " > r1.log 2>&1; echo $? > r1.rc); wait; }";
   REQUIRE(std::system(("bash -c '" + cmd + "'").c_str()) == 0);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string log0 = slurp(d / "r0.log");
@@ -51,10 +65,15 @@ TEST_CASE("a dead peer: the surviving rank fails fast, names the missing rank an
   CHECK(secs < 20);  // within the collective timeout
 }
 
-TEST_CASE("fp16 gradient compression: half the bytes, parameters still bitwise equal across ranks; bf16 refused on Gloo", "[cli][dist]") {
+TEST_CASE(
+    "fp16 gradient compression: half the bytes, parameters still bitwise equal across ranks; bf16 "
+    "refused on Gloo",
+    "[cli][dist]") {
   const auto d = tmpdir("ddp_fp16");
-  const std::string train = "launch --nproc-per-node 2 -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 "
-                            "data.batch_size=64 train.duration=1ep run.dir=" + d.string() + " --jsonl";
+  const std::string train = "launch --nproc-per-node 2 -- mltrain train " + kSrc +
+                            "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 "
+                            "data.batch_size=64 train.duration=1ep run.dir=" +
+                            d.string() + " --jsonl";
   auto bytes = [&](const std::string& out) {
     const auto at = out.find("{\"allreduce_bytes\":");
     REQUIRE(at != std::string::npos);
@@ -71,37 +90,50 @@ TEST_CASE("fp16 gradient compression: half the bytes, parameters still bitwise e
   REQUIRE(r0.size() == 32);
   CHECK(r0 == lines_of(d / "digest.1"));
   const auto a = bytes(fp32.out), b = bytes(fp16.out);
-  const double grad = 535818.0 * 4 * 32;  // fp32 gradient bytes over the 32 steps; the rest is the initial broadcast and metrics
-  CHECK((b["allreduce_bytes"].get<double>() - (a["allreduce_bytes"].get<double>() - grad)) == Approx(grad / 2).epsilon(0.001));
+  const double grad =
+      535818.0 * 4 *
+      32;  // fp32 gradient bytes over the 32 steps; the rest is the initial broadcast and metrics
+  CHECK((b["allreduce_bytes"].get<double>() - (a["allreduce_bytes"].get<double>() - grad)) ==
+        Approx(grad / 2).epsilon(0.001));
   CHECK(std::abs(b["test_accuracy"].get<double>() - a["test_accuracy"].get<double>()) < 0.01);
   auto bf16 = run(train + " run.name=bf16 distributed.compress=bf16");
   CHECK(bf16.code == 2);
   CHECK(bf16.out.find("distributed.compress: bf16 needs the NCCL backend") != std::string::npos);
 }
 
-TEST_CASE("a hung peer: the collective times out instead of hanging, and the launcher stops the group", "[cli][dist]") {
+TEST_CASE(
+    "a hung peer: the collective times out instead of hanging, and the launcher stops the group",
+    "[cli][dist]") {
   const auto d = tmpdir("ddp_hang");
   // Rank 1 stops making progress at step 10 (alive, silent: a stuck read, a deadlock).
   ::setenv("MLTRAIN_TEST_STALL", "1:10", 1);
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run("launch --nproc-per-node 2 --max-restarts 0 --grace 3 -- mltrain train " + kSrc +
-               "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 train.duration=2ep distributed.timeout_s=6 "
-               "run.dir=" + d.string() + " run.name=hang");
+               "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
+               "train.duration=2ep distributed.timeout_s=6 "
+               "run.dir=" +
+               d.string() + " run.name=hang");
   ::unsetenv("MLTRAIN_TEST_STALL");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.out);
   CHECK(r.code != 0);
-  CHECK(r.out.find("failed (timeout 6 s; every rank on this host is alive (a peer on another host, or a hang))") != std::string::npos);
+  CHECK(r.out.find("failed (timeout 6 s; every rank on this host is alive (a peer on another host, "
+                   "or a hang))") != std::string::npos);
   CHECK(r.out.find("last collectives on this rank") != std::string::npos);
   CHECK(r.out.find("error: launch: rank 0 exited with status 1") != std::string::npos);
-  CHECK(secs < 6 + 3 + 15);  // the timeout, the grace period, start-up: never the hour the peer sleeps
+  CHECK(secs <
+        6 + 3 + 15);  // the timeout, the grace period, start-up: never the hour the peer sleeps
 }
 
-TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer bytes, learns", "[cli][dist][onebit]") {
+TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer bytes, learns",
+          "[cli][dist][onebit]") {
   const auto d = tmpdir("onebit");
   ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);
-  auto r = run("launch --nproc-per-node 2 -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=8192 "
-               "data.batch_size=64 train.duration=2ep optim.name=onebit_adam optim.freeze_step=32 run.dir=" + d.string() + " run.name=ob --jsonl");
+  auto r = run(
+      "launch --nproc-per-node 2 -- mltrain train " + kSrc +
+      "/configs/fashion_mnist_mlp.yaml data.limit_train=8192 "
+      "data.batch_size=64 train.duration=2ep optim.name=onebit_adam optim.freeze_step=32 run.dir=" +
+      d.string() + " run.name=ob --jsonl");
   ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
   INFO(r.out);
   REQUIRE(r.code == 0);
@@ -111,7 +143,8 @@ TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer 
   const auto at = r.out.find("{\"allreduce_bytes\":");
   REQUIRE(at != std::string::npos);
   const auto j = nlohmann::json::parse(r.out.substr(at, r.out.find('\n', at) - at));
-  const double full = 535818.0 * 4;  // the MLP's gradient, what plain data parallelism sends per step
+  const double full =
+      535818.0 * 4;  // the MLP's gradient, what plain data parallelism sends per step
   // minus the initial parameter broadcast and the 32 warm-up steps' gradient all-reduces
   const double per_step_after = (j["allreduce_bytes"].get<double>() - 33 * full) / (128 - 32);
   INFO("bytes per step after the freeze: " << per_step_after);
@@ -119,11 +152,17 @@ TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer 
   CHECK(j["test_accuracy"].get<double>() > 0.75);
 }
 
-TEST_CASE("launch: a SIGKILLed worker restarts the group from its checkpoint, or fails naming the rank", "[cli][dist]") {
+TEST_CASE(
+    "launch: a SIGKILLed worker restarts the group from its checkpoint, or fails naming the rank",
+    "[cli][dist]") {
   const auto d = tmpdir("ddp_kill");
-  const std::string train = " -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
-                            "train.duration=2ep checkpoint.every=8u distributed.timeout_s=30 run.dir=" + d.string();
-  ::setenv("MLTRAIN_TEST_KILL", "1:20", 1);  // rank 1 SIGKILLs itself at step 20 on the first attempt
+  const std::string train =
+      " -- mltrain train " + kSrc +
+      "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
+      "train.duration=2ep checkpoint.every=8u distributed.timeout_s=30 run.dir=" +
+      d.string();
+  ::setenv("MLTRAIN_TEST_KILL", "1:20",
+           1);  // rank 1 SIGKILLs itself at step 20 on the first attempt
   auto ok = run("launch --nproc-per-node 2 --max-restarts 1" + train + " run.name=restart");
   INFO(ok.out);
   CHECK(ok.code == 0);
@@ -141,59 +180,84 @@ TEST_CASE("launch: a SIGKILLed worker restarts the group from its checkpoint, or
   CHECK(secs < 60);  // stopped well within the collective timeout, not hung
 }
 
-TEST_CASE("launch across two nodes (a launcher per node): one node's weights; a worker killed on node 1 restarts both nodes", "[cli][dist]") {
+TEST_CASE(
+    "launch across two nodes (a launcher per node): one node's weights; a worker killed on node 1 "
+    "restarts both nodes",
+    "[cli][dist]") {
   const auto d = tmpdir("launch_nodes");
-  const std::string train = " -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
-                            "model.dropout=0 runtime.threads=1 distributed.timeout_s=30 run.dir=" + d.string();
+  const std::string train =
+      " -- mltrain train " + kSrc +
+      "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
+      "model.dropout=0 runtime.threads=1 distributed.timeout_s=30 run.dir=" +
+      d.string();
   ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "one").c_str(), 1);
   REQUIRE(run("launch --nproc-per-node 2" + train + " train.duration=1ep run.name=one").code == 0);
   const auto want = lines_of(d / "one.0");
   REQUIRE(want.size() == 32);
   // Two launchers on this host as nodes 0 and 1, one worker each.
   auto nodes = [&](const std::string& launch_args, const std::string& extra) {
-    const std::string l = kBin + " launch --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 " + launch_args + " ";
+    const std::string l =
+        kBin + " launch --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 " + launch_args + " ";
     // Node 1 in the background; node 0's output is the result, and node 1 is waited for (no stragglers).
-    return sh("cd " + d.string() + " && { " + l + "--node-rank 1" + train + extra + " > node1.log 2>&1 & " + l + "--node-rank 0" + train +
-              extra + "; rc=$?; wait; exit $rc; }");
+    return sh("cd " + d.string() + " && { " + l + "--node-rank 1" + train + extra +
+              " > node1.log 2>&1 & " + l + "--node-rank 0" + train + extra +
+              "; rc=$?; wait; exit $rc; }");
   };
   ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "two").c_str(), 1);
   auto two = nodes("--master-port 29677", " train.duration=1ep run.name=two");
   ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
   INFO(two.out);
   REQUIRE(two.code == 0);
-  CHECK(two.out.find("[launch] attempt 0: node 0/2, 1 workers, rendezvous 127.0.0.1:29677") != std::string::npos);
-  CHECK(two.out.find("(local 0/1, node 0/2, torchrun) joined Gloo over TCPStore") != std::string::npos);
+  CHECK(two.out.find("[launch] attempt 0: node 0/2, 1 workers, rendezvous 127.0.0.1:29677") !=
+        std::string::npos);
+  CHECK(two.out.find("(local 0/1, node 0/2, torchrun) joined Gloo over TCPStore") !=
+        std::string::npos);
   CHECK(lines_of(d / "two.0") == want);
   CHECK(lines_of(d / "two.1") == want);
   // Rank 1 (node 1) SIGKILLed at step 20: node 0's worker loses its peer; both launchers restart,
   // meet again on port + 1 and resume from the checkpoint.
   ::setenv("MLTRAIN_TEST_KILL", "1:20", 1);
-  auto restart = nodes("--master-port 29687 --max-restarts 1", " train.duration=2ep checkpoint.every=8u run.name=restart");
+  auto restart = nodes("--master-port 29687 --max-restarts 1",
+                       " train.duration=2ep checkpoint.every=8u run.name=restart");
   ::unsetenv("MLTRAIN_TEST_KILL");
   INFO(restart.out << "\nnode 1:\n" << slurp(d / "node1.log"));
   CHECK(restart.code == 0);
   CHECK(restart.out.find("missing: rank 1 (pid ") != std::string::npos);
-  CHECK(restart.out.find("[launch] attempt 1: node 0/2, 1 workers, rendezvous 127.0.0.1:29688") != std::string::npos);
+  CHECK(restart.out.find("[launch] attempt 1: node 0/2, 1 workers, rendezvous 127.0.0.1:29688") !=
+        std::string::npos);
   CHECK(restart.out.find("resuming in") != std::string::npos);
   CHECK(restart.out.find("after 64 steps") != std::string::npos);
-  CHECK(run("launch --nnodes 2 --nproc-per-node 1" + train).code == 2);  // several nodes need an agreed port
+  CHECK(run("launch --nnodes 2 --nproc-per-node 1" + train).code ==
+        2);  // several nodes need an agreed port
 }
 
-TEST_CASE("distributed.backend=nccl without a CUDA LibTorch: exit 2 naming the key, before any rank waits", "[cli][dist]") {
+TEST_CASE(
+    "distributed.backend=nccl without a CUDA LibTorch: exit 2 naming the key, before any rank "
+    "waits",
+    "[cli][dist]") {
   const auto d = tmpdir("nccl_cpu");
-  auto r = sh("cd " + d.string() + " && RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_PORT=29691 timeout 60 " + kBin + " train " +
-              kSrc + "/configs/fashion_mnist_mlp.yaml distributed.backend=nccl run.dir=" + d.string());
+  auto r =
+      sh("cd " + d.string() +
+         " && RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_PORT=29691 timeout 60 " +
+         kBin + " train " + kSrc +
+         "/configs/fashion_mnist_mlp.yaml distributed.backend=nccl run.dir=" + d.string());
   INFO(r.out);
   CHECK(r.code == 2);
-  CHECK(r.out.find("error: distributed.backend: nccl is not available in this build") != std::string::npos);
+  CHECK(r.out.find("error: distributed.backend: nccl is not available in this build") !=
+        std::string::npos);
   CHECK(r.out.find("fix: use distributed.backend=gloo") != std::string::npos);
 }
 
-TEST_CASE("launch: global_batch = batch_size x accumulate x world is accepted (the Trainer is planned with its world)",
-          "[launch][dist]") {
+TEST_CASE(
+    "launch: global_batch = batch_size x accumulate x world is accepted (the Trainer is planned "
+    "with its world)",
+    "[launch][dist]") {
   const auto d = tmpdir("global_batch");
-  const std::string common = kSrc + "/configs/fashion_mnist_mlp.yaml data.limit_train=2048 train.duration=1ep "
-                             "checkpoint.every=1ep run.dir=" + d.string();
+  const std::string common =
+      kSrc +
+      "/configs/fashion_mnist_mlp.yaml data.limit_train=2048 train.duration=1ep "
+      "checkpoint.every=1ep run.dir=" +
+      d.string();
   // 64 x 1 x 2 = 128: valid for two ranks. Before the pipeline seam every rank planned for a world
   // of 1 first and exited 2 with 'global_batch 128 != data.batch_size 64 x accumulate 1 x world 1'.
   auto two = run("launch --nproc-per-node 2 -- mltrain train " + common +
@@ -207,7 +271,9 @@ TEST_CASE("launch: global_batch = batch_size x accumulate x world is accepted (t
   CHECK(status["state"] == "finished");
   CHECK(status["step"] == 16);
   // The same numbers for one process are still refused, naming the world it was planned for.
-  auto one = run("train " + common + " run.name=bad data.batch_size=64 train.accumulate=1 train.global_batch=128");
+  auto one = run("train " + common +
+                 " run.name=bad data.batch_size=64 train.accumulate=1 train.global_batch=128");
   CHECK(one.code == 2);
-  CHECK(one.out.find("global_batch 128 != data.batch_size 64 x accumulate 1 x world 1") != std::string::npos);
+  CHECK(one.out.find("global_batch 128 != data.batch_size 64 x accumulate 1 x world 1") !=
+        std::string::npos);
 }

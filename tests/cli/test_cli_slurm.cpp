@@ -18,24 +18,30 @@ struct SlurmCluster {
   std::string conf;
 };
 
-TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job checkpoints, requeues and ends with the uninterrupted weights",
-          "[cli][slurm]") {
+TEST_CASE(
+    "Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job checkpoints, requeues "
+    "and ends with the uninterrupted weights",
+    "[cli][slurm]") {
   SlurmCluster cluster;
   const auto d = tmpdir("slurm");
   // 1. srun -N 1 -n 2: the world comes from SLURM_PROCID/NTASKS/LOCALID and the expanded node list.
   const std::string cfg = kSrc + "/configs/fashion_mnist_mlp.yaml";
   auto srun = [&](const std::string& layout, const std::string& name) {
     ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / name).c_str(), 1);
-    const auto out = sh("cd " + d.string() + " && srun " + layout + " --kill-on-bad-exit=1 " + kBin + " train " + cfg +
-                        " data.limit_train=4096 data.batch_size=64 train.duration=1ep runtime.threads=1 run.dir=" + d.string() +
-                        " run.name=" + name + " 2>&1; echo exit=$?").out;
+    const auto out = sh("cd " + d.string() + " && srun " + layout + " --kill-on-bad-exit=1 " +
+                        kBin + " train " + cfg +
+                        " data.limit_train=4096 data.batch_size=64 train.duration=1ep "
+                        "runtime.threads=1 run.dir=" +
+                        d.string() + " run.name=" + name + " 2>&1; echo exit=$?")
+                         .out;
     ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
     return out;
   };
   const std::string srun_out = srun("-N 1 -n 2", "srun");
   INFO(srun_out);
   CHECK(srun_out.find("exit=0") != std::string::npos);
-  CHECK(srun_out.find("(local 0/2, node 0/1, slurm) joined Gloo over FileStore") != std::string::npos);
+  CHECK(srun_out.find("(local 0/2, node 0/1, slurm) joined Gloo over FileStore") !=
+        std::string::npos);
   CHECK(srun_out.find("test accuracy: ") != std::string::npos);
   CHECK(fs::exists(d / "srun" / "v0" / "checkpoints"));
   CHECK_FALSE(fs::exists(d / "srun" / "v1"));
@@ -45,7 +51,8 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
   ::unsetenv("MASTER_ADDR");
   INFO(two_nodes);
   CHECK(two_nodes.find("exit=0") != std::string::npos);
-  CHECK(two_nodes.find("(local 0/1, node 0/2, slurm) joined Gloo over TCPStore") != std::string::npos);
+  CHECK(two_nodes.find("(local 0/1, node 0/2, slurm) joined Gloo over TCPStore") !=
+        std::string::npos);
   const auto one = lines_of(d / "srun.0");
   REQUIRE(one.size() == 32);
   CHECK(lines_of(d / "srun.1") == one);
@@ -54,12 +61,14 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
 
   auto wait_job = [](const std::string& job) {
     std::string state;
-    for (int i = 0; i < 900; ++i) {  // requeue: cred_expire 10 s + scheduler, then the rest of the run
+    for (int i = 0; i < 900;
+         ++i) {  // requeue: cred_expire 10 s + scheduler, then the rest of the run
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       const auto info = sh("scontrol show job " + job).out;
       const auto js = info.find("JobState=");
       state = js == std::string::npos ? "" : info.substr(js + 9, info.find(' ', js) - js - 9);
-      if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT") break;
+      if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT")
+        break;
     }
     return state;
   };
@@ -77,21 +86,30 @@ TEST_CASE("Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job
   // A two-node batch job from `mltrain slurm --nodes 2`: its script names the first node's host as
   // MASTER_ADDR; the same weights again.
   ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "batch2").c_str(), 1);
-  auto w2 = run("slurm " + cfg + " --nodes 2 --ntasks-per-node 1 --time 00:05:00 --submit data.limit_train=4096 data.batch_size=64 "
-                "train.duration=1ep runtime.threads=1 run.dir=" + d.string() + " run.name=batch2");
+  auto w2 = run("slurm " + cfg +
+                " --nodes 2 --ntasks-per-node 1 --time 00:05:00 --submit data.limit_train=4096 "
+                "data.batch_size=64 "
+                "train.duration=1ep runtime.threads=1 run.dir=" +
+                d.string() + " run.name=batch2");
   ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
   INFO(w2.out);
   REQUIRE(w2.code == 0);
-  CHECK(slurp(d / "batch2" / "slurm.sbatch").find("export MASTER_ADDR=${MASTER_ADDR:-$(hostname)}") != std::string::npos);
+  CHECK(
+      slurp(d / "batch2" / "slurm.sbatch").find("export MASTER_ADDR=${MASTER_ADDR:-$(hostname)}") !=
+      std::string::npos);
   const std::string job2 = submitted(w2.out);
   const std::string state2 = wait_job(job2);
   INFO(job_log("batch2"));
   REQUIRE(state2 == "COMPLETED");
-  CHECK(job_log("batch2").find("(local 0/1, node 0/2, slurm) joined Gloo over TCPStore") != std::string::npos);
+  CHECK(job_log("batch2").find("(local 0/1, node 0/2, slurm) joined Gloo over TCPStore") !=
+        std::string::npos);
   CHECK(lines_of(d / "batch2.0") == one);
 
   // 2. The batch job: signalled mid-run, it must come back and finish exactly as an uninterrupted run.
-  const std::string common = " data.limit_train=8192 train.duration=30ep train.eval_every=5ep checkpoint.every=5ep data.workers=1 run.dir=" + d.string();
+  const std::string common =
+      " data.limit_train=8192 train.duration=30ep train.eval_every=5ep checkpoint.every=5ep "
+      "data.workers=1 run.dir=" +
+      d.string();
   REQUIRE(run("train " + cfg + common + " run.name=reference").code == 0);
   auto w = run("slurm " + cfg + " --time 00:10:00 --submit" + common + " run.name=batch");
   INFO(w.out);

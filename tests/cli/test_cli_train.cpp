@@ -10,7 +10,8 @@ TEST_CASE("--version, --help and usage errors", "[cli]") {
   CHECK_THAT(v.out, Catch::Contains("kernel_route=onednn"));
   auto h = run("--help");
   CHECK(h.code == 0);
-  for (const char* sub : {"train", "config", "data", "Exit codes"}) CHECK_THAT(h.out, Catch::Contains(sub));
+  for (const char* sub : {"train", "config", "data", "Exit codes"})
+    CHECK_THAT(h.out, Catch::Contains(sub));
   CHECK(run("").code == 2);
   CHECK(run("frobnicate").code == 2);
   CHECK(run("train").code == 2);  // the config is required
@@ -23,7 +24,9 @@ TEST_CASE("--version, --help and usage errors", "[cli]") {
 
 TEST_CASE("print-config output fed back gives the same bytes", "[cli]") {
   auto d = tmpdir("printcfg");
-  auto first = run("train " + kSrc + "/configs/fashion_mnist_cnn.yaml optim.lr=0.002 --run-name flagged --print-config");
+  auto first =
+      run("train " + kSrc +
+          "/configs/fashion_mnist_cnn.yaml optim.lr=0.002 --run-name flagged --print-config");
   REQUIRE(first.code == 0);
   CHECK_THAT(first.out, Catch::Contains("name: \"flagged\""));  // the flag beats the file
   CHECK_THAT(first.out, Catch::Contains("lr: 0.002"));
@@ -33,7 +36,8 @@ TEST_CASE("print-config output fed back gives the same bytes", "[cli]") {
   CHECK(second.out == first.out);
 }
 
-TEST_CASE("malformed config corpus: documented exit code and a message naming file and key", "[cli][corpus]") {
+TEST_CASE("malformed config corpus: documented exit code and a message naming file and key",
+          "[cli][corpus]") {
   std::ifstream table(kSrc + "/tests/corpus/expected.tsv");
   std::string line;
   int rows = 0;
@@ -67,24 +71,30 @@ TEST_CASE("malformed data corpus: exit 3 naming the file and the reason", "[cli]
     return p.string();
   };
   std::string raw_idx;  // a small uncompressed IDX with a label out of range
-  {
-    raw_idx = std::string("\0\0\x08\x01\0\0\0\x03", 8) + std::string("\x01\x02\x0c", 3);
-  }
-  struct Row { std::string images, labels, expect; bool labels_at_fault = false; };
+  { raw_idx = std::string("\0\0\x08\x01\0\0\0\x03", 8) + std::string("\x01\x02\x0c", 3); }
+  struct Row {
+    std::string images, labels, expect;
+    bool labels_at_fault = false;
+  };
   const std::vector<Row> rows = {
       {put("truncated.gz", real_gz.substr(0, real_gz.size() / 3)), labels, "gzip"},
       {put("magic.idx", "\x01\x02\x03\x04 not idx at all"), labels, "wrong magic"},
-      {kFmnist + "/train-images-idx3-ubyte.gz", labels, "shape mismatch: 10000 labels for 60000 images", true},
-      {kFmnist + "/t10k-images-idx3-ubyte.gz", put("badlabels.idx", raw_idx), "label out of range at index 2: 12", true},
-      {put("short.npy", std::string("\x93NUMPY\x01\x00\x76\x00", 10) + "{'descr': '|u1', 'fortran_order': False, 'shape': (10000, 28, 28), }" +
-                            std::string(118 - 69, ' ') + "\n" + std::string(100, '\0')), labels, "truncated: header says 10000x28x28 u8"},
+      {kFmnist + "/train-images-idx3-ubyte.gz", labels,
+       "shape mismatch: 10000 labels for 60000 images", true},
+      {kFmnist + "/t10k-images-idx3-ubyte.gz", put("badlabels.idx", raw_idx),
+       "label out of range at index 2: 12", true},
+      {put("short.npy", std::string("\x93NUMPY\x01\x00\x76\x00", 10) +
+                            "{'descr': '|u1', 'fortran_order': False, 'shape': (10000, 28, 28), }" +
+                            std::string(118 - 69, ' ') + "\n" + std::string(100, '\0')),
+       labels, "truncated: header says 10000x28x28 u8"},
       {d.string() + "/missing.idx", labels, "file not found"},
   };
   for (const auto& r : rows) {
     INFO(r.images << " -> " << r.expect);
-    auto res = run("train " + kSrc + "/configs/fashion_mnist_mlp.yaml run.dir=" + d.string() + "/runs data.dataset=files data.train_images=" +
-                   r.images + " data.train_labels=" + r.labels + " data.test_images=" + kFmnist + "/t10k-images-idx3-ubyte.gz" +
-                   " data.test_labels=" + labels);
+    auto res = run("train " + kSrc + "/configs/fashion_mnist_mlp.yaml run.dir=" + d.string() +
+                   "/runs data.dataset=files data.train_images=" + r.images +
+                   " data.train_labels=" + r.labels + " data.test_images=" + kFmnist +
+                   "/t10k-images-idx3-ubyte.gz" + " data.test_labels=" + labels);
     CHECK(res.code == 3);
     CHECK_THAT(res.out, Catch::Contains(r.expect));
     const std::string& culprit = r.labels_at_fault ? r.labels : r.images;
@@ -92,7 +102,8 @@ TEST_CASE("malformed data corpus: exit 3 naming the file and the reason", "[cli]
   }
 }
 
-TEST_CASE("SIGKILL mid-epoch, resume: final weights bitwise equal to an uninterrupted run", "[cli][resume]") {
+TEST_CASE("SIGKILL mid-epoch, resume: final weights bitwise equal to an uninterrupted run",
+          "[cli][resume]") {
   auto d = tmpdir("killresume");
   auto ref = small_run(d, "reference");
   REQUIRE(run(join(ref, 1)).code == 0);
@@ -101,7 +112,9 @@ TEST_CASE("SIGKILL mid-epoch, resume: final weights bitwise equal to an uninterr
   pid_t pid = spawn(args, d / "killed1.log");
   // Wait until a mid-epoch checkpoint (step 20 of 46 per epoch) exists and training has gone on past it.
   const fs::path latest = d / "killed/v0/checkpoints/latest";
-  REQUIRE(wait_for([&] { return fs::exists(latest) && slurp(latest).find("step_20") != std::string::npos; }, 120));
+  REQUIRE(wait_for(
+      [&] { return fs::exists(latest) && slurp(latest).find("step_20") != std::string::npos; },
+      120));
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   kill(pid, SIGKILL);
   CHECK(wait_exit(pid) == 128 + SIGKILL);
@@ -123,7 +136,8 @@ TEST_CASE("SIGKILL mid-epoch, resume: final weights bitwise equal to an uninterr
   CHECK(fs::exists(d / "killed/v1"));
 }
 
-TEST_CASE("SIGTERM: checkpoint at the next step, exit 143, then resume and finish", "[cli][resume]") {
+TEST_CASE("SIGTERM: checkpoint at the next step, exit 143, then resume and finish",
+          "[cli][resume]") {
   auto d = tmpdir("sigterm");
   auto args = small_run(d, "term");
   args.push_back("checkpoint.every=never");
@@ -141,7 +155,8 @@ TEST_CASE("SIGTERM: checkpoint at the next step, exit 143, then resume and finis
   CHECK_THAT(slurp(d / "term/v0/status.json"), Catch::Contains("finished"));
 }
 
-TEST_CASE("damaged checkpoints: fall back with a warning; an explicit damaged one exits 3", "[cli][resume]") {
+TEST_CASE("damaged checkpoints: fall back with a warning; an explicit damaged one exits 3",
+          "[cli][resume]") {
   auto d = tmpdir("damaged");
   auto args = small_run(d, "dmg");
   args.push_back("train.duration=30u");
@@ -157,13 +172,16 @@ TEST_CASE("damaged checkpoints: fall back with a warning; an explicit damaged on
   CHECK_THAT(r.out, Catch::Contains("step_20"));
   // Naming a damaged folder explicitly is an input error.
   fs::resize_file(d / "dmg/v0/checkpoints/step_40/state.safetensors", 10);
-  auto bad = run(join(args, 1) + " checkpoint.resume=" + (d / "dmg/v0/checkpoints/step_40").string());
+  auto bad =
+      run(join(args, 1) + " checkpoint.resume=" + (d / "dmg/v0/checkpoints/step_40").string());
   CHECK(bad.code == 3);
   CHECK_THAT(bad.out, Catch::Contains("damaged checkpoint: state.safetensors has the wrong size"));
   // A checkpoint of another model is rejected with a clear message, not an internal assert.
-  auto mismatch = run(join(args, 1) + " model.fc=64 checkpoint.resume=" + (d / "dmg/v0/checkpoints/step_20").string());
+  auto mismatch = run(join(args, 1) + " model.fc=64 checkpoint.resume=" +
+                      (d / "dmg/v0/checkpoints/step_20").string());
   CHECK(mismatch.code == 3);
-  CHECK_THAT(mismatch.out, Catch::Contains("fc1.weight' has shape [32, 784], the model expects [64, 784]"));
+  CHECK_THAT(mismatch.out,
+             Catch::Contains("fc1.weight' has shape [32, 784], the model expects [64, 784]"));
 }
 
 TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]") {
@@ -175,19 +193,24 @@ TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]")
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("test accuracy: "));
   const fs::path v0 = d / "rf/v0";
-  for (const char* f : {"config.yaml", "env.json", "metrics.jsonl", "metrics.csv", "status.json", "checkpoints/latest"})
+  for (const char* f : {"config.yaml", "env.json", "metrics.jsonl", "metrics.csv", "status.json",
+                        "checkpoints/latest"})
     CHECK(fs::exists(v0 / f));
   CHECK_THAT(slurp(v0 / "env.json"), Catch::Contains("\"kernel_route\": \"onednn\""));
   const auto csv = slurp(v0 / "metrics.csv");
-  CHECK(csv.rfind("event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,grad_norm,time_s\n", 0) == 0);
+  CHECK(csv.rfind("event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,grad_norm,time_s\n",
+                  0) == 0);
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 4 + 1);  // header, 4 train rows, 1 eval
   // The saved config re-runs as is.
   CHECK(run("train " + (v0 / "config.yaml").string() + " --print-config").code == 0);
   const std::string py =
-      "/usr/bin/python3 -c \"import json,struct,numpy as np,sys; b=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',b[:8])[0]; "
+      "/usr/bin/python3 -c \"import json,struct,numpy as np,sys; b=open(sys.argv[1],'rb').read(); "
+      "n=struct.unpack('<Q',b[:8])[0]; "
       "h=json.loads(b[8:8+n]); e=h['conv1.weight']; s,t=e['data_offsets']; "
-      "a=np.frombuffer(b[8+n+s:8+n+t],dtype=np.float32).reshape(e['shape']); print('shape',a.shape,'finite',np.isfinite(a).all())\" ";
-  FILE* p = popen((py + (v0 / "checkpoints/step_20/model.safetensors").string() + " 2>&1").c_str(), "r");
+      "a=np.frombuffer(b[8+n+s:8+n+t],dtype=np.float32).reshape(e['shape']); "
+      "print('shape',a.shape,'finite',np.isfinite(a).all())\" ";
+  FILE* p =
+      popen((py + (v0 / "checkpoints/step_20/model.safetensors").string() + " 2>&1").c_str(), "r");
   char buf[512] = {};
   fread(buf, 1, sizeof buf - 1, p);
   CHECK(pclose(p) == 0);

@@ -17,7 +17,7 @@ using namespace mltrain;
 using namespace mltrain::checklist;
 
 TEST_CASE("checklist thresholds", "[checklist]") {
-  CHECK(judge_gemm(5)["status"] == "FAIL");  // the reference BLAS
+  CHECK(judge_gemm(5)["status"] == "FAIL");   // the reference BLAS
   CHECK(judge_gemm(60)["status"] == "WARN");  // OpenBLAS-class
   CHECK(judge_gemm(200)["status"] == "PASS");
   CHECK(judge_threads(1, 2)["status"] == "PASS");
@@ -41,8 +41,11 @@ TEST_CASE("NCCL probe: report parsed, hang killed at the timeout, crash reported
     std::ofstream(helper) << "#!/bin/sh\n" << body << "\n";
     fs::permissions(helper, fs::perms::owner_all);
   };
-  write("echo '{\"ok\":true,\"version\":\"2.28.9\",\"world\":1,\"bytes\":268435456,\"seconds\":0.001,\"algbw_gbps\":268.4,"
-        "\"busbw_gbps\":0,\"error\":\"\"}'");
+  write(
+      "echo "
+      "'{\"ok\":true,\"version\":\"2.28.9\",\"world\":1,\"bytes\":268435456,\"seconds\":0.001,"
+      "\"algbw_gbps\":268.4,"
+      "\"busbw_gbps\":0,\"error\":\"\"}'");
   CHECK(dist::nccl_compiled());
   auto r = dist::nccl_allreduce_check(268435456, 3, 10);
   INFO(r.error);

@@ -31,7 +31,12 @@ static std::string config_error(const std::string& path, const std::vector<std::
 }
 
 TEST_CASE("periods: accept table", "[period]") {
-  struct Row { const char* text; Period::Unit unit; double value; int64_t steps_at_100; };
+  struct Row {
+    const char* text;
+    Period::Unit unit;
+    double value;
+    int64_t steps_at_100;
+  };
   const Row rows[] = {
       {"10ep", Period::Unit::kEpochs, 10, 1000}, {"2e", Period::Unit::kEpochs, 2, 200},
       {"0.5ep", Period::Unit::kEpochs, 0.5, 50}, {"500u", Period::Unit::kSteps, 500, 500},
@@ -52,9 +57,9 @@ TEST_CASE("periods: accept table", "[period]") {
 
 TEST_CASE("periods: reject table", "[period]") {
   const std::pair<const char*, const char*> rows[] = {
-      {"10", "has no unit"},      {"ep", "expected a number"}, {"1.5u", "whole number"},
-      {"-3ep", "expected a number"}, {"0u", "not a positive"}, {"5min", "unknown unit"},
-      {"", "expected a number"},  {"1e3u", "unknown unit"},
+      {"10", "has no unit"},         {"ep", "expected a number"}, {"1.5u", "whole number"},
+      {"-3ep", "expected a number"}, {"0u", "not a positive"},    {"5min", "unknown unit"},
+      {"", "expected a number"},     {"1e3u", "unknown unit"},
   };
   for (const auto& [text, why_part] : rows) {
     INFO(text);
@@ -66,7 +71,8 @@ TEST_CASE("periods: reject table", "[period]") {
 
 TEST_CASE("overrides: accept and reject table", "[overrides]") {
   Issues issues;
-  auto ov = parse_overrides({"optim.lr=0.01", "model.hidden=[64, 32]", "run.name=", "train.duration=3ep"}, issues);
+  auto ov = parse_overrides(
+      {"optim.lr=0.01", "model.hidden=[64, 32]", "run.name=", "train.duration=3ep"}, issues);
   CHECK(issues.empty());
   CHECK(ov.size() == 4);
   CHECK(ov.at("model.hidden").value.IsSequence());
@@ -90,7 +96,8 @@ TEST_CASE("overrides: accept and reject table", "[overrides]") {
 }
 
 TEST_CASE("defaults alone are valid and overrides apply with precedence", "[config]") {
-  auto cfg = load_experiment("", {"optim.lr=0.5", "model.hidden=[8]", "data.workers=3", "train.duration=7u"});
+  auto cfg = load_experiment(
+      "", {"optim.lr=0.5", "model.hidden=[8]", "data.workers=3", "train.duration=7u"});
   CHECK(cfg.optim.lr == 0.5);
   CHECK(cfg.model.hidden == std::vector<int64_t>{8});
   CHECK(cfg.data.workers.value == 3);
@@ -105,16 +112,22 @@ TEST_CASE("defaults alone are valid and overrides apply with precedence", "[conf
 }
 
 TEST_CASE("config reject table: every error names file:line:col and the key path", "[config]") {
-  struct Row { const char* yaml; std::vector<std::string> expect; };
+  struct Row {
+    const char* yaml;
+    std::vector<std::string> expect;
+  };
   const Row rows[] = {
       {"optim:\n  lrr: 0.1\n", {"bad.yaml:2:3: optim.lrr: unknown key (did you mean 'lr'?)"}},
-      {"optim:\n  lr: 0.1\n  lr: 0.2\n", {"bad.yaml:3:3: optim.lr: duplicate key (first set at line 2)"}},
+      {"optim:\n  lr: 0.1\n  lr: 0.2\n",
+       {"bad.yaml:3:3: optim.lr: duplicate key (first set at line 2)"}},
       {"optim:\n  lr: fast\n", {"bad.yaml:2:7: optim.lr: expected a number, got 'fast'"}},
       {"optim:\n  lr: -1\n", {"bad.yaml:2:7: optim.lr: must be > 0"}},
       {"optim:\n  name: lbfgs\n", {"optim.name: 'lbfgs' is not one of: sgd, adam, adamw"}},
-      {"data:\n  batch_size: 12.5\n", {"bad.yaml:2:15: data.batch_size: expected an integer, got '12.5'"}},
+      {"data:\n  batch_size: 12.5\n",
+       {"bad.yaml:2:15: data.batch_size: expected an integer, got '12.5'"}},
       {"data:\n  workers: many\n", {"data.workers: expected a non-negative integer or auto"}},
-      {"train:\n  duration: 10\n", {"train.duration: '10' has no unit: write 10ep (epochs) or 10u"}},
+      {"train:\n  duration: 10\n",
+       {"train.duration: '10' has no unit: write 10ep (epochs) or 10u"}},
       {"train:\n  duration: never\n", {"train.duration: must not be 'never'"}},
       {"model:\n  hidden: 5\n", {"model.hidden: expected a list"}},
       {"model:\n  hidden: [5, 0]\n", {"model.hidden: every entry must be > 0"}},
@@ -125,8 +138,8 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
        {"bad.yaml:4:7: optim.param_groups[0].lr_mul: unknown key (did you mean 'lr_mult'?)"}},
       // Several problems: all are reported at once.
       {"optim:\n  lr: 0\n  betaa1: 0.9\ndata:\n  batch_size: 0\n",
-       {"3 config errors", "optim.lr: must be > 0", "optim.betaa1: unknown key (did you mean 'beta1'?)",
-        "data.batch_size: must be > 0"}},
+       {"3 config errors", "optim.lr: must be > 0",
+        "optim.betaa1: unknown key (did you mean 'beta1'?)", "data.batch_size: must be > 0"}},
       {"model:\n  name: torchscript\n", {"model.path: required when model.name is torchscript"}},
   };
   for (const auto& r : rows) {
@@ -140,9 +153,12 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
 
 TEST_CASE("override errors name the override", "[config]") {
   auto err = config_error("", {"optim.lrr=0.1"});
-  CHECK_THAT(err, Catch::Contains("override 'optim.lrr=0.1': optim.lrr: unknown key (did you mean 'optim.lr'?)"));
+  CHECK_THAT(err,
+             Catch::Contains(
+                 "override 'optim.lrr=0.1': optim.lrr: unknown key (did you mean 'optim.lr'?)"));
   err = config_error("", {"optim.lr=abc"});
-  CHECK_THAT(err, Catch::Contains("override 'optim.lr=abc': optim.lr: expected a number, got 'abc'"));
+  CHECK_THAT(err,
+             Catch::Contains("override 'optim.lr=abc': optim.lr: expected a number, got 'abc'"));
 }
 
 TEST_CASE("YAML syntax errors name the line", "[config]") {
@@ -154,10 +170,11 @@ TEST_CASE("YAML syntax errors name the line", "[config]") {
 }
 
 TEST_CASE("print-config round-trips byte for byte", "[config]") {
-  auto path = write_tmp("rt.yaml",
-                        "optim:\n  lr: 0.003\n  param_groups:\n    - pattern: '*.bias'\n      lr_mult: 2\n"
-                        "model:\n  hidden: [7, 3]\n  name: mlp\ntrain:\n  duration: 2.5ep\ndata:\n  workers: auto\n"
-                        "run:\n  name: \"quote\\\"d\"\n");
+  auto path = write_tmp(
+      "rt.yaml",
+      "optim:\n  lr: 0.003\n  param_groups:\n    - pattern: '*.bias'\n      lr_mult: 2\n"
+      "model:\n  hidden: [7, 3]\n  name: mlp\ntrain:\n  duration: 2.5ep\ndata:\n  workers: auto\n"
+      "run:\n  name: \"quote\\\"d\"\n");
   auto cfg = load_experiment(path, {"data.mean=0.1"});
   const std::string once = to_yaml(cfg);
   auto path2 = write_tmp("rt2.yaml", once);
@@ -171,8 +188,8 @@ TEST_CASE("print-config round-trips byte for byte", "[config]") {
 
 TEST_CASE("schema lists every key with type, default and doc", "[config]") {
   const std::string s = schema_text();
-  for (const char* key : {"run.seed", "runtime.kernel_route", "data.workers", "model.init", "optim.param_groups[].lr_mult",
-                          "train.duration", "checkpoint.resume"})
+  for (const char* key : {"run.seed", "runtime.kernel_route", "data.workers", "model.init",
+                          "optim.param_groups[].lr_mult", "train.duration", "checkpoint.resume"})
     CHECK_THAT(s, Catch::Contains(key));
   CHECK_THAT(s, Catch::Contains("optim.lr"));
   CHECK_THAT(s, Catch::Contains("0.001"));  // the real default, from the one declaration

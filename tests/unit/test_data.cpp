@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 static const std::string kFmnist = "/usr/share/datasets/fashion-mnist";
 
 static fs::path tmpdir() {
-  static const fs::path d = mltrain::testing::fresh_temp_dir("data");  // once per run of this binary
+  static const fs::path d =
+      mltrain::testing::fresh_temp_dir("data");  // once per run of this binary
   return d;
 }
 static std::string put(const std::string& name, const std::string& bytes) {
@@ -35,9 +36,10 @@ static std::string idx_bytes(uint8_t type, std::vector<uint32_t> dims, size_t pa
   for (size_t i = 0; i < payload; ++i) s += static_cast<char>(i % 10);
   return s;
 }
-static std::string npy_bytes(const std::string& descr, const std::string& shape, size_t payload, int major = 1,
-                             const char* fortran = "False") {
-  std::string h = "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
+static std::string npy_bytes(const std::string& descr, const std::string& shape, size_t payload,
+                             int major = 1, const char* fortran = "False") {
+  std::string h =
+      "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
   const size_t pre = major == 1 ? 10 : 12;
   while ((pre + h.size() + 1) % 64) h += ' ';
   h += '\n';
@@ -74,7 +76,8 @@ TEST_CASE("real Fashion-MNIST IDX files read with the documented shapes", "[idx]
   auto img = read_array(kFmnist + "/train-images-idx3-ubyte.gz");
   CHECK(img.dtype == DType::kU8);
   CHECK(img.shape == std::vector<int64_t>{60000, 28, 28});
-  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz", kFmnist + "/t10k-labels-idx1-ubyte.gz", 10);
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz",
+                         kFmnist + "/t10k-labels-idx1-ubyte.gz", 10);
   CHECK(ds.count == 10000);
   CHECK(ds.sample_shape == std::vector<int64_t>{1, 28, 28});
   std::vector<int64_t> hist(10, 0);
@@ -145,14 +148,18 @@ TEST_CASE("datasets: label range and count mismatch are rejected", "[dataset]") 
   auto imgs = put("imgs.idx", idx_bytes(0x08, {3, 2, 2}, 12));
   std::string lab = idx_bytes(0x08, {3}, 0) + std::string("\x01\x02\x0b", 3);
   auto labs = put("labs.idx", lab);
-  CHECK_THAT(data_error([&] { load_dataset(imgs, labs, 10); }), Catch::Contains("label out of range at index 2: 11 not in [0, 10)"));
+  CHECK_THAT(data_error([&] { load_dataset(imgs, labs, 10); }),
+             Catch::Contains("label out of range at index 2: 11 not in [0, 10)"));
   auto short_labs = put("labs2.idx", idx_bytes(0x08, {2}, 0) + std::string("\x01\x02", 2));
-  CHECK_THAT(data_error([&] { load_dataset(imgs, short_labs, 10); }), Catch::Contains("shape mismatch: 2 labels for 3 images"));
-  CHECK_THAT(data_error([&] { load_dataset("/nonexistent.idx", labs, 10); }), Catch::Contains("file not found"));
+  CHECK_THAT(data_error([&] { load_dataset(imgs, short_labs, 10); }),
+             Catch::Contains("shape mismatch: 2 labels for 3 images"));
+  CHECK_THAT(data_error([&] { load_dataset("/nonexistent.idx", labs, 10); }),
+             Catch::Contains("file not found"));
 }
 
 TEST_CASE("shard: convert round trip and corruption", "[shard]") {
-  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz", kFmnist + "/t10k-labels-idx1-ubyte.gz", 10);
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz",
+                         kFmnist + "/t10k-labels-idx1-ubyte.gz", 10);
   auto path = (tmpdir() / "test.shard").string();
   write_shard(ds, path);
   REQUIRE(is_shard(path));
@@ -190,12 +197,16 @@ static std::vector<torch::Tensor> collect(Loader& l, int64_t epoch, int64_t firs
   std::vector<torch::Tensor> out;
   l.start_epoch(epoch, first);
   Batch b;
-  while (l.next(b)) out.push_back(torch::cat({b.x.flatten(1), b.y.unsqueeze(1).to(torch::kFloat)}, 1).clone());
+  while (l.next(b))
+    out.push_back(torch::cat({b.x.flatten(1), b.y.unsqueeze(1).to(torch::kFloat)}, 1).clone());
   return out;
 }
 
-TEST_CASE("loader: batches are normalised, identical for any worker count, resumable mid-epoch", "[loader]") {
-  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz", kFmnist + "/t10k-labels-idx1-ubyte.gz", 10).slice(0, 1000);
+TEST_CASE("loader: batches are normalised, identical for any worker count, resumable mid-epoch",
+          "[loader]") {
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz",
+                         kFmnist + "/t10k-labels-idx1-ubyte.gz", 10)
+                .slice(0, 1000);
   LoaderOptions o;
   o.batch_size = 64;
   o.seed = 5;
@@ -293,7 +304,8 @@ TEST_CASE("augment: identities and exact ops", "[augment]") {
   CHECK(run(a, 3) != run(a, 4));
 }
 
-TEST_CASE("augment: mixup is lam*x + (1-lam)*x[perm] and cutmix's lam is the kept area", "[augment]") {
+TEST_CASE("augment: mixup is lam*x + (1-lam)*x[perm] and cutmix's lam is the kept area",
+          "[augment]") {
   auto a = no_aug();
   a.mixup.p = 1;
   auto x = torch::randn({8, 1, 28, 28});
@@ -315,7 +327,9 @@ TEST_CASE("augment: mixup is lam*x + (1-lam)*x[perm] and cutmix's lam is the kep
 }
 
 TEST_CASE("augmented batches do not depend on the worker count", "[augment][loader]") {
-  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz", kFmnist + "/t10k-labels-idx1-ubyte.gz", 10).slice(0, 640);
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz",
+                         kFmnist + "/t10k-labels-idx1-ubyte.gz", 10)
+                .slice(0, 640);
   auto a = no_aug();
   a.crop.p = 1;
   a.flip.p = 0.5;

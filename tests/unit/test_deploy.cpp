@@ -26,7 +26,7 @@ static nlohmann::json quant_golden() {
 TEST_CASE("qparams by hand", "[quant]") {
   auto a = affine_qparams(-1.f, 3.f, 0, 255);
   CHECK(a.scale == Approx(4.0 / 255).epsilon(1e-7));
-  CHECK(a.zero_point == 64);  // 0 - round(-1 / (4/255)) = round(63.75)
+  CHECK(a.zero_point == 64);                   // 0 - round(-1 / (4/255)) = round(63.75)
   auto r = affine_qparams(0.5f, 2.f, 0, 255);  // range widened to include 0
   CHECK(r.scale == Approx(2.0 / 255).epsilon(1e-7));
   CHECK(r.zero_point == 0);
@@ -34,7 +34,8 @@ TEST_CASE("qparams by hand", "[quant]") {
   CHECK(s.scale == Approx(2.0 / 127.5).epsilon(1e-7));
   CHECK(s.zero_point == 0);
   CHECK(symmetric_qparams(-2.f, 1.f, 0, 255).zero_point == 128);
-  auto z = affine_qparams(0.f, 0.f, 0, 255);  // an all-zero tensor: epsilon scale, no division by zero
+  auto z =
+      affine_qparams(0.f, 0.f, 0, 255);  // an all-zero tensor: epsilon scale, no division by zero
   CHECK(z.scale > 0);
   CHECK(z.zero_point == 0);
   CHECK_THROWS_AS(make_observer("median"), mltrain::ConfigError);
@@ -43,28 +44,35 @@ TEST_CASE("qparams by hand", "[quant]") {
 TEST_CASE("observers match torch.ao.quantization", "[quant][golden]") {
   const auto g = quant_golden();
   std::vector<torch::Tensor> batches;
-  for (const auto& b : g["batches"]) batches.push_back(torch::tensor(b.get<std::vector<float>>()).view({64, 16}));
+  for (const auto& b : g["batches"])
+    batches.push_back(torch::tensor(b.get<std::vector<float>>()).view({64, 16}));
   MinMaxObserver mm;
   MovingAverageMinMaxObserver ma(0.01f);
   PercentileObserver pc(99.9);
   for (auto& b : batches) mm.observe(b), ma.observe(b), pc.observe(b);
-  auto check = [](const char* what, std::pair<float, float> range, QParams q, const nlohmann::json& want) {
+  auto check = [](const char* what, std::pair<float, float> range, QParams q,
+                  const nlohmann::json& want) {
     INFO(what);
     CHECK(range.first == Approx(want["min"].get<double>()).epsilon(1e-6));
     CHECK(range.second == Approx(want["max"].get<double>()).epsilon(1e-6));
     CHECK(q.scale == Approx(want["scale"].get<double>()).epsilon(1e-6));
     CHECK(q.zero_point == want["zero_point"].get<int64_t>());
   };
-  check("minmax", mm.range(), affine_qparams(mm.range().first, mm.range().second, 0, 255), g["minmax"]);
-  check("moving average", ma.range(), affine_qparams(ma.range().first, ma.range().second, 0, 255), g["moving_average_minmax"]);
+  check("minmax", mm.range(), affine_qparams(mm.range().first, mm.range().second, 0, 255),
+        g["minmax"]);
+  check("moving average", ma.range(), affine_qparams(ma.range().first, ma.range().second, 0, 255),
+        g["moving_average_minmax"]);
   MinMaxObserver relu;
   relu.observe(torch::relu(batches[0]));
-  check("relu", relu.range(), affine_qparams(relu.range().first, relu.range().second, 0, 255), g["minmax_relu"]);
+  check("relu", relu.range(), affine_qparams(relu.range().first, relu.range().second, 0, 255),
+        g["minmax_relu"]);
   MinMaxObserver sym;
   sym.observe(batches[1]);
-  check("symmetric", sym.range(), symmetric_qparams(sym.range().first, sym.range().second, -128, 127), g["symmetric_int8"]);
+  check("symmetric", sym.range(),
+        symmetric_qparams(sym.range().first, sym.range().second, -128, 127), g["symmetric_int8"]);
   const auto& w = g["per_channel_weight"];
-  const auto weight = torch::tensor(w["weight"].get<std::vector<float>>()).view(w["shape"].get<std::vector<int64_t>>());
+  const auto weight = torch::tensor(w["weight"].get<std::vector<float>>())
+                          .view(w["shape"].get<std::vector<int64_t>>());
   const auto per = per_channel_symmetric(weight, -128, 127, 0);
   REQUIRE(per.size() == w["scale"].size());
   for (size_t c = 0; c < per.size(); ++c) {
@@ -78,15 +86,16 @@ TEST_CASE("observers match torch.ao.quantization", "[quant][golden]") {
 TEST_CASE("entropy calibration clips rare outliers and keeps a uniform range", "[quant]") {
   torch::manual_seed(1);
   auto x = torch::randn({100000});
-  x.index_put_({torch::arange(0, 10)}, torch::full({10}, 50.f) * torch::tensor({1.f, -1.f}).repeat(5));
+  x.index_put_({torch::arange(0, 10)},
+               torch::full({10}, 50.f) * torch::tensor({1.f, -1.f}).repeat(5));
   EntropyObserver e;
   MinMaxObserver mm;
   e.observe(x);
   mm.observe(x);
   CHECK(mm.range().second == 50.f);
   const auto [lo, hi] = e.range();
-  CHECK(hi < 10.f);  // the 10 outliers are clipped: resolution goes to the bulk
-  CHECK(hi > 2.5f);  // but not the body of the Gaussian
+  CHECK(hi < 10.f);   // the 10 outliers are clipped: resolution goes to the bulk
+  CHECK(hi > 2.5f);   // but not the body of the Gaussian
   CHECK(lo > -10.f);  // the negative outliers too, on their own side
   CHECK(lo < -2.5f);
   // An asymmetric two-sided input (normalised images: a background spike at -0.81, pixels up to 2)
@@ -98,16 +107,22 @@ TEST_CASE("entropy calibration clips rare outliers and keeps a uniform range", "
   CHECK(img.range().second > 1.8f);
   EntropyObserver u;
   u.observe(torch::rand({100000}));
-  CHECK(u.range().first == 0.f);                       // no negatives
+  CHECK(u.range().first == 0.f);   // no negatives
   CHECK(u.range().second > 0.9f);  // nothing worth clipping
 }
 
-TEST_CASE("quantize_activation gives torch::quantize_per_tensor's integers, keeps channels-last", "[quant]") {
+TEST_CASE("quantize_activation gives torch::quantize_per_tensor's integers, keeps channels-last",
+          "[quant]") {
   torch::manual_seed(3);
   // Values on exact half-steps too (ties round to even in both), and out-of-range values that clamp.
-  auto x = torch::cat({torch::randn({4, 8, 5, 5}) * 3, (torch::arange(-20, 20).to(torch::kFloat) * 0.05f).reshape({1, 8, 5, 1}).expand({1, 8, 5, 5})}, 0)
-               .contiguous(at::MemoryFormat::ChannelsLast);
-  for (const QParams q : {QParams{0.1f, 0}, QParams{0.0173f, 3}, QParams{0.05f, 128}, QParams{0.02f, 255}}) {
+  auto x =
+      torch::cat({torch::randn({4, 8, 5, 5}) * 3, (torch::arange(-20, 20).to(torch::kFloat) * 0.05f)
+                                                      .reshape({1, 8, 5, 1})
+                                                      .expand({1, 8, 5, 5})},
+                 0)
+          .contiguous(at::MemoryFormat::ChannelsLast);
+  for (const QParams q :
+       {QParams{0.1f, 0}, QParams{0.0173f, 3}, QParams{0.05f, 128}, QParams{0.02f, 255}}) {
     const auto ours = quantize_activation(x, q);
     const auto ref = torch::quantize_per_tensor(x, q.scale, q.zero_point, torch::kQUInt8);
     INFO("scale " << q.scale << " zero point " << q.zero_point);
@@ -118,7 +133,6 @@ TEST_CASE("quantize_activation gives torch::quantize_per_tensor's integers, keep
     CHECK(ours.is_contiguous(at::MemoryFormat::ChannelsLast));
   }
 }
-
 
 // BN folding algebra against the unfused modules in eval mode, with non-trivial statistics.
 TEST_CASE("fold_batchnorm equals conv+BN and linear+BN in eval mode", "[fuse]") {
@@ -134,13 +148,15 @@ TEST_CASE("fold_batchnorm equals conv+BN and linear+BN in eval mode", "[fuse]") 
     bn->eval();
     auto x = torch::randn({4, 3, 9, 9});
     const auto want = bn(conv(x));
-    auto [w, b] = fold_batchnorm(conv->weight, with_bias ? conv->bias : torch::Tensor(), bn->weight, bn->bias,
-                                        bn->running_mean, bn->running_var, 1e-5);
+    auto [w, b] = fold_batchnorm(conv->weight, with_bias ? conv->bias : torch::Tensor(), bn->weight,
+                                 bn->bias, bn->running_mean, bn->running_var, 1e-5);
     const auto got = torch::conv2d(x, w, b, 1, 1);
     CHECK((got - want).abs().max().item<double>() < 1e-5);
     // and the per-channel rule by hand for one channel: s = gamma / sqrt(var + eps)
-    const double s0 = bn->weight[0].item<double>() / std::sqrt(bn->running_var[0].item<double>() + 1e-5);
-    CHECK(w[0][0][0][0].item<double>() == Approx(conv->weight[0][0][0][0].item<double>() * s0).epsilon(1e-6));
+    const double s0 =
+        bn->weight[0].item<double>() / std::sqrt(bn->running_var[0].item<double>() + 1e-5);
+    CHECK(w[0][0][0][0].item<double>() ==
+          Approx(conv->weight[0][0][0][0].item<double>() * s0).epsilon(1e-6));
   }
   torch::nn::Linear lin(6, 5);
   torch::nn::BatchNorm1d bn1(5);
@@ -149,6 +165,7 @@ TEST_CASE("fold_batchnorm equals conv+BN and linear+BN in eval mode", "[fuse]") 
   bn1->weight.uniform_(0.5, 1.5);
   bn1->eval();
   auto x = torch::randn({7, 6});
-  auto [w, b] = fold_batchnorm(lin->weight, lin->bias, bn1->weight, bn1->bias, bn1->running_mean, bn1->running_var, 1e-5);
+  auto [w, b] = fold_batchnorm(lin->weight, lin->bias, bn1->weight, bn1->bias, bn1->running_mean,
+                               bn1->running_var, 1e-5);
   CHECK((torch::linear(x, w, b) - bn1(lin(x))).abs().max().item<double>() < 1e-5);
 }

@@ -23,11 +23,17 @@ namespace fs = std::filesystem;
 #define MLTRAIN_SOURCE_DIR "."
 #endif
 
-static fs::path tmpdir(const std::string& name) { return mltrain::testing::fresh_temp_dir("engine_" + name); }
+static fs::path tmpdir(const std::string& name) {
+  return mltrain::testing::fresh_temp_dir("engine_" + name);
+}
 
-TEST_CASE("kernel route: oneDNN sgemm matches LibTorch's kernel for mm/addmm/linear and their gradients", "[route]") {
+TEST_CASE(
+    "kernel route: oneDNN sgemm matches LibTorch's kernel for mm/addmm/linear and their gradients",
+    "[route]") {
   torch::manual_seed(1);
-  struct Shape { int64_t m, k, n; };
+  struct Shape {
+    int64_t m, k, n;
+  };
   for (auto s : {Shape{128, 784, 512}, Shape{7, 3, 5}, Shape{1, 64, 1}, Shape{33, 1, 17}}) {
     INFO(s.m << "x" << s.k << "x" << s.n);
     auto a = torch::randn({s.m, s.k}), b = torch::randn({s.k, s.n}), bias = torch::randn({s.n});
@@ -87,16 +93,20 @@ TEST_CASE("optimizers match PyTorch 1.13 trajectories (25 steps, float64)", "[op
     auto p = torch::tensor(start, torch::kDouble).reshape({3, 4}).set_requires_grad(true);
     auto opt = optim::Optimizer::create(oc, {{"p", p}});
     for (auto& g : c["grads"]) {
-      p.mutable_grad() = torch::tensor(g.get<std::vector<double>>(), torch::kDouble).reshape({3, 4});
+      p.mutable_grad() =
+          torch::tensor(g.get<std::vector<double>>(), torch::kDouble).reshape({3, 4});
       opt->step(oc.lr);
     }
-    auto want = torch::tensor(c["final"].get<std::vector<double>>(), torch::kDouble).reshape({3, 4});
+    auto want =
+        torch::tensor(c["final"].get<std::vector<double>>(), torch::kDouble).reshape({3, 4});
     CHECK(torch::allclose(p.detach(), want, 1e-12, 1e-12));
   }
   auto& ce = golden["cross_entropy"];
-  auto logits = torch::tensor(ce["logits"].get<std::vector<double>>(), torch::kDouble).reshape({6, 5});
+  auto logits =
+      torch::tensor(ce["logits"].get<std::vector<double>>(), torch::kDouble).reshape({6, 5});
   auto target = torch::tensor(ce["target"].get<std::vector<int64_t>>(), torch::kInt64);
-  CHECK(torch::nn::functional::cross_entropy(logits, target).item<double>() == Approx(ce["loss"].get<double>()).epsilon(1e-12));
+  CHECK(torch::nn::functional::cross_entropy(logits, target).item<double>() ==
+        Approx(ce["loss"].get<double>()).epsilon(1e-12));
 }
 
 TEST_CASE("optimizer: param groups by glob, state round trip, mismatch rejected", "[optim]") {
@@ -123,7 +133,8 @@ TEST_CASE("optimizer: param groups by glob, state round trip, mismatch rejected"
   m.erase("fc.bias/momentum_buffer");
   CHECK_THROWS_AS(opt2->load_state(m), CheckpointError);
   oc.param_groups = {{"conv*", 1.0, -1}};
-  CHECK_THROWS_WITH(optim::Optimizer::create(oc, {{"fc.weight", w}}), Catch::Contains("matches no parameter"));
+  CHECK_THROWS_WITH(optim::Optimizer::create(oc, {{"fc.weight", w}}),
+                    Catch::Contains("matches no parameter"));
 }
 
 TEST_CASE("models: shapes, parameter names, init schemes", "[model]") {
@@ -188,7 +199,8 @@ TEST_CASE("SHA-256 matches FIPS 180-4 test vectors", "[sha256]") {
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   Sha256 h;  // streaming in odd chunk sizes equals one shot
   std::string million(1000000, 'a');
-  for (size_t i = 0; i < million.size(); i += 333) h.update(million.data() + i, std::min<size_t>(333, million.size() - i));
+  for (size_t i = 0; i < million.size(); i += 333)
+    h.update(million.data() + i, std::min<size_t>(333, million.size() - i));
   CHECK(h.hex() == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
@@ -214,12 +226,14 @@ TEST_CASE("safetensors: round trip, layout, corruption", "[safetensors]") {
   CHECK_THROWS_AS(formats::load_safetensors(path), CheckpointError);
 }
 
-TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and keep-best", "[checkpoint]") {
+TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and keep-best",
+          "[checkpoint]") {
   auto root = tmpdir("ck");
   train::CheckpointStore store(root, {/*keep_last=*/2, /*keep_best=*/1, /*maximize=*/true});
   auto writer = [](int v) {
     return [v](const fs::path& dir) {
-      formats::save_safetensors((dir / "model.safetensors").string(), {{"w", torch::full({4}, float(v))}});
+      formats::save_safetensors((dir / "model.safetensors").string(),
+                                {{"w", torch::full({4}, float(v))}});
     };
   };
   const double monitors[] = {0.5, 0.9, 0.6, 0.7};
@@ -235,7 +249,8 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
   CHECK(warnings.empty());
   // Damage the newest: one flipped byte fails its SHA-256 and the store falls back.
   {
-    std::fstream f(root / "step_40" / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(root / "step_40" / "model.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-1, std::ios::end);
     f.put('\x55');
   }
@@ -246,10 +261,12 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
   CHECK_THAT(warnings[0], Catch::Contains("fails its SHA-256 check"));
   // A half-written checkpoint (no manifest) is never picked.
   fs::create_directories(root / "step_50");
-  formats::save_safetensors((root / "step_50" / "model.safetensors").string(), {{"w", torch::zeros({1})}});
+  formats::save_safetensors((root / "step_50" / "model.safetensors").string(),
+                            {{"w", torch::zeros({1})}});
   latest = store.load_latest(&warnings);
   CHECK(latest->step == 30);
-  CHECK_THROWS_WITH(train::CheckpointStore::load_dir(root / "step_50"), Catch::Contains("no manifest.json"));
+  CHECK_THROWS_WITH(train::CheckpointStore::load_dir(root / "step_50"),
+                    Catch::Contains("no manifest.json"));
   // NaN monitors never count as best.
   auto root2 = tmpdir("ck2");
   train::CheckpointStore s2(root2, {1, 1, true});
@@ -263,7 +280,8 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
 
 #include "mltrain/optim/schedule.hpp"
 
-TEST_CASE("every schedule matches PyTorch's LR at each of 2001 steps within 1e-9 x base LR", "[schedule]") {
+TEST_CASE("every schedule matches PyTorch's LR at each of 2001 steps within 1e-9 x base LR",
+          "[schedule]") {
   std::ifstream in(std::string(MLTRAIN_SOURCE_DIR) + "/tests/golden/optim.json");
   auto golden = nlohmann::json::parse(in);
   int cases = 0;
@@ -280,12 +298,14 @@ TEST_CASE("every schedule matches PyTorch's LR at each of 2001 steps within 1e-9
     if (j.contains("eta_min")) sc.eta_min = j["eta_min"];
     if (j.contains("t0")) sc.t0 = P::steps(j["t0"]), sc.t_mult = j["t_mult"];
     if (j.contains("pct_start")) sc.pct_start = j["pct_start"], sc.anneal = j["anneal"];
-    if (j.contains("warmup")) sc.warmup = P::steps(j["warmup"]), sc.warmup_start = j["warmup_start"];
+    if (j.contains("warmup"))
+      sc.warmup = P::steps(j["warmup"]), sc.warmup_start = j["warmup_start"];
     if (j.contains("step_size_down")) sc.step_size_down = P::steps(j["step_size_down"]);
     if (j.contains("cyclic_mode")) sc.cyclic_mode = j["cyclic_mode"];
     if (j.contains("power")) sc.power = j["power"];
     if (j.contains("patience")) {
-      sc.patience = j["patience"], sc.threshold = j["threshold"], sc.cooldown = j["cooldown"], sc.min_lr = j["min_lr"];
+      sc.patience = j["patience"], sc.threshold = j["threshold"], sc.cooldown = j["cooldown"],
+      sc.min_lr = j["min_lr"];
       sc.mode = j["mode"];
     }
     const double base = c["lr"];
@@ -327,7 +347,8 @@ TEST_CASE("plateau schedule is a pure function of its recorded history", "[sched
   CHECK(a.lr(30) == 0.25);
 }
 
-TEST_CASE("gradnorm schedule backs off while gradients grow and recovers, state round-trips", "[schedule]") {
+TEST_CASE("gradnorm schedule backs off while gradients grow and recovers, state round-trips",
+          "[schedule]") {
   config::ScheduleConfig sc;
   sc.name = "gradnorm";
   sc.gn_reference = config::Period::steps(4);
@@ -349,7 +370,8 @@ TEST_CASE("gradnorm schedule backs off while gradients grow and recovers, state 
   CHECK(s.lr(8) == 1.0);  // capped at the base LR once norms settle below the reference
 }
 
-TEST_CASE("1-bit compression: packing round-trips, error feedback keeps what was not sent", "[optim][onebit]") {
+TEST_CASE("1-bit compression: packing round-trips, error feedback keeps what was not sent",
+          "[optim][onebit]") {
   torch::manual_seed(5);
   auto x = torch::randn({5000});
   auto err = torch::zeros({5000});
@@ -357,11 +379,14 @@ TEST_CASE("1-bit compression: packing round-trips, error feedback keeps what was
   mltrain::optim::onebit_compress(q, err);
   // Each chunk of 2048 is +-(mean |x| of the chunk), signs kept, and x = q + error exactly.
   CHECK(torch::allclose(q + err, x, 1e-6, 1e-6));
-  CHECK(q.slice(0, 0, 2048).abs().max().item<float>() == Approx(x.slice(0, 0, 2048).abs().mean().item<float>()).epsilon(1e-5));
-  CHECK(q.slice(0, 4096, 5000).abs().min().item<float>() == Approx(x.slice(0, 4096, 5000).abs().mean().item<float>()).epsilon(1e-5));
+  CHECK(q.slice(0, 0, 2048).abs().max().item<float>() ==
+        Approx(x.slice(0, 0, 2048).abs().mean().item<float>()).epsilon(1e-5));
+  CHECK(q.slice(0, 4096, 5000).abs().min().item<float>() ==
+        Approx(x.slice(0, 4096, 5000).abs().mean().item<float>()).epsilon(1e-5));
   CHECK(torch::equal(q.ge(0), x.ge(0)));
   const auto packed = mltrain::optim::onebit_pack(q);
-  CHECK(packed.numel() == (5000 + 7) / 8 + 4 * 3);  // 625 bytes of signs + 3 chunk scales: 32x below 20 000
+  CHECK(packed.numel() ==
+        (5000 + 7) / 8 + 4 * 3);  // 625 bytes of signs + 3 chunk scales: 32x below 20 000
   CHECK(torch::equal(mltrain::optim::onebit_unpack(packed, 5000), q));
   // Error feedback: the next round sends the residual too.
   auto q2 = torch::zeros({5000});

@@ -19,7 +19,9 @@ using namespace mltrain;
 using namespace mltrain::formats;
 using namespace mltrain::train;
 
-static fs::path fresh(const std::string& name) { return mltrain::testing::fresh_temp_dir("tb_" + name); }
+static fs::path fresh(const std::string& name) {
+  return mltrain::testing::fresh_temp_dir("tb_" + name);
+}
 
 TEST_CASE("CRC32C check value and TFRecord mask", "[tensorboard]") {
   CHECK(crc32c("123456789", 9) == 0xE3069283u);  // the Castagnoli check value (RFC 3720 B.4)
@@ -63,7 +65,8 @@ TEST_CASE("event writer round trip; a flipped byte is caught with its record", "
     std::ifstream in(path, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
-  const size_t second = 12 + (bytes.size() > 0 ? static_cast<unsigned char>(bytes[0]) : 0) + 4;  // record 1's start
+  const size_t second =
+      12 + (bytes.size() > 0 ? static_cast<unsigned char>(bytes[0]) : 0) + 4;  // record 1's start
   std::string bad = bytes;
   bad[second + 14] ^= 0x20;  // inside record 1's payload
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
@@ -74,19 +77,22 @@ TEST_CASE("event writer round trip; a flipped byte is caught with its record", "
     CHECK(std::string(e.what()).find("record 1") != std::string::npos);
     CHECK(std::string(e.what()).find("data CRC mismatch") != std::string::npos);
   }
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 3);  // cut short
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      << bytes.substr(0, bytes.size() - 3);  // cut short
   CHECK_THROWS_AS(read_event_file(path), DataError);
 }
 
 TEST_CASE("a real Fashion-MNIST run: event scalars equal metrics.jsonl", "[tensorboard][fmnist]") {
   const auto d = fresh("run");
-  auto cfg = config::load_experiment("", {"model.name=mlp", "model.hidden=[64]", "data.limit_train=4096",
-                                          "train.duration=2ep", "train.log_every=8u", "train.histograms_every=1ep",
-                                          "run.dir=" + d.string(), "run.name=tb", "checkpoint.every=never"});
+  auto cfg = config::load_experiment(
+      "", {"model.name=mlp", "model.hidden=[64]", "data.limit_train=4096", "train.duration=2ep",
+           "train.log_every=8u", "train.histograms_every=1ep", "run.dir=" + d.string(),
+           "run.name=tb", "checkpoint.every=never"});
   const auto r = run_training(cfg, {});
   std::string events;
   for (const auto& e : fs::directory_iterator(r.run_dir))
-    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = e.path().string();
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      events = e.path().string();
   REQUIRE(!events.empty());
   const auto ev = read_event_file(events);  // every record's CRCs verified
   std::map<std::pair<std::string, int64_t>, float> tb;

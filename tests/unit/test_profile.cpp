@@ -16,14 +16,23 @@
 using namespace mltrain;
 using namespace mltrain::profile;
 
-static nlohmann::json measure_with(double data, double allreduce, double other, std::vector<double> rss = {100, 100, 100, 100}) {
+static nlohmann::json measure_with(double data, double allreduce, double other,
+                                   std::vector<double> rss = {100, 100, 100, 100}) {
   const double compute = 1.0 - data - allreduce - other;
   return {{"samples_per_s", 1000.0},
           {"phase_share",
-           {{"data", data}, {"h2d_copy", 0.0}, {"forward", compute / 2}, {"backward", compute / 2},
-            {"optimizer", 0.0}, {"allreduce", allreduce}, {"other", other}}},
+           {{"data", data},
+            {"h2d_copy", 0.0},
+            {"forward", compute / 2},
+            {"backward", compute / 2},
+            {"optimizer", 0.0},
+            {"allreduce", allreduce},
+            {"other", other}}},
           {"loader", {{"workers", 1}, {"supply_samples_per_s", 900.0}, {"cpu_utilisation", 0.97}}},
-          {"memory", {{"rss_per_step_mib", rss}, {"rss_growth_mib", rss.back() - rss.front()}, {"page_faults_per_step", 0.0}}}};
+          {"memory",
+           {{"rss_per_step_mib", rss},
+            {"rss_growth_mib", rss.back() - rss.front()},
+            {"page_faults_per_step", 0.0}}}};
 }
 
 TEST_CASE("diagnosis: accept/reject table", "[profile]") {
@@ -31,10 +40,11 @@ TEST_CASE("diagnosis: accept/reject table", "[profile]") {
     double data, comm, other;
     const char* verdict;
   };
-  for (const Row& r : {Row{0.40, 0.0, 0.0, "data-bound"}, Row{0.15, 0.0, 0.0, "data-bound"}, Row{0.14, 0.0, 0.0, "compute-bound"},
-                       Row{0.05, 0.30, 0.0, "communication-bound"}, Row{0.05, 0.24, 0.0, "compute-bound"},
-                       Row{0.05, 0.0, 0.30, "host-overhead-bound"}, Row{0.20, 0.30, 0.30, "data-bound"},
-                       Row{0.0, 0.0, 0.0, "compute-bound"}}) {
+  for (const Row& r :
+       {Row{0.40, 0.0, 0.0, "data-bound"}, Row{0.15, 0.0, 0.0, "data-bound"},
+        Row{0.14, 0.0, 0.0, "compute-bound"}, Row{0.05, 0.30, 0.0, "communication-bound"},
+        Row{0.05, 0.24, 0.0, "compute-bound"}, Row{0.05, 0.0, 0.30, "host-overhead-bound"},
+        Row{0.20, 0.30, 0.30, "data-bound"}, Row{0.0, 0.0, 0.0, "compute-bound"}}) {
     INFO(r.data << " " << r.comm << " " << r.other);
     const auto d = diagnose(measure_with(r.data, r.comm, r.other));
     CHECK(d["verdict"] == r.verdict);
@@ -65,7 +75,8 @@ TEST_CASE("operator profiler: counts, nesting and a readable Chrome trace", "[pr
   CHECK(by["aten::mm"].calls == 5);  // 3 direct + 2 inside matmul
   REQUIRE(by.count("aten::matmul"));
   CHECK(by["aten::matmul"].calls == 2);
-  CHECK(by["aten::matmul"].self_us < by["aten::matmul"].total_us);  // its mm is a child, not self time
+  CHECK(by["aten::matmul"].self_us <
+        by["aten::matmul"].total_us);  // its mm is a child, not self time
   for (const auto& [n, s] : by) CHECK(s.self_us <= s.total_us + 1e-6);
 
   const auto path = std::filesystem::temp_directory_path() / "mltrain_test_trace.json.gz";

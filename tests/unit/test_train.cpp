@@ -20,17 +20,21 @@ static nlohmann::json golden() {
 
 TEST_CASE("cross-entropy with label smoothing matches PyTorch within 1e-6", "[smoothing]") {
   auto g = golden()["label_smoothing"];
-  auto logits = torch::tensor(g["logits"].get<std::vector<double>>(), torch::kDouble).reshape({6, 5});
+  auto logits =
+      torch::tensor(g["logits"].get<std::vector<double>>(), torch::kDouble).reshape({6, 5});
   auto target = torch::tensor(g["target"].get<std::vector<int64_t>>(), torch::kInt64);
   for (auto& c : g["cases"]) {
     const double eps = c["eps"];
     INFO(eps);
     namespace F = torch::nn::functional;
-    const double got = F::cross_entropy(logits, target, F::CrossEntropyFuncOptions().label_smoothing(eps)).item<double>();
+    const double got =
+        F::cross_entropy(logits, target, F::CrossEntropyFuncOptions().label_smoothing(eps))
+            .item<double>();
     CHECK(std::abs(got - c["loss"].get<double>()) <= 1e-6);
     // float32, as the trainer computes it
-    const double got32 =
-        F::cross_entropy(logits.to(torch::kFloat), target, F::CrossEntropyFuncOptions().label_smoothing(eps)).item<double>();
+    const double got32 = F::cross_entropy(logits.to(torch::kFloat), target,
+                                          F::CrossEntropyFuncOptions().label_smoothing(eps))
+                             .item<double>();
     CHECK(std::abs(got32 - c["loss"].get<double>()) <= 1e-6);
   }
 }
@@ -42,7 +46,8 @@ TEST_CASE("clip by norm matches torch.nn.utils.clip_grad_norm_", "[clip]") {
     model::NamedTensors params;
     for (size_t i = 0; i < g["grads"].size(); ++i) {
       auto p = torch::zeros(g["shapes"][i].get<std::vector<int64_t>>(), torch::kDouble);
-      p.mutable_grad() = torch::tensor(g["grads"][i].get<std::vector<double>>(), torch::kDouble).reshape(p.sizes());
+      p.mutable_grad() = torch::tensor(g["grads"][i].get<std::vector<double>>(), torch::kDouble)
+                             .reshape(p.sizes());
       params.emplace_back("p" + std::to_string(i), p);
     }
     const double norm = grad_norm(params);
@@ -122,8 +127,10 @@ TEST_CASE("loss scaler follows GradScaler's scale sequence, with a floor", "[amp
   c.growth_interval = 3;
   c.min_scale = 1;
   LossScaler s(c);
-  const std::vector<bool> overflow = {false, true, true, false, false, false, false, true, false, false, false};
-  const std::vector<double> want = {65536, 32768, 16384, 16384, 16384, 32768, 32768, 16384, 16384, 16384, 32768};
+  const std::vector<bool> overflow = {false, true, true,  false, false, false,
+                                      false, true, false, false, false};
+  const std::vector<double> want = {65536, 32768, 16384, 16384, 16384, 32768,
+                                    32768, 16384, 16384, 16384, 32768};
   for (size_t t = 0; t < overflow.size(); ++t) {
     INFO(t);
     s.update(overflow[t]);
@@ -137,7 +144,11 @@ TEST_CASE("loss scaler follows GradScaler's scale sequence, with a floor", "[amp
   // unscale divides gradients and reports non-finite ones
   auto p = torch::zeros({2});
   p.mutable_grad() = torch::tensor({8.f, 16.f});
-  LossScaler eight([] { config::AmpConfig a; a.init_scale = 8; return a; }());
+  LossScaler eight([] {
+    config::AmpConfig a;
+    a.init_scale = 8;
+    return a;
+  }());
   CHECK_FALSE(eight.unscale({{"p", p}}));
   CHECK(torch::equal(p.grad(), torch::tensor({1.f, 2.f})));
   p.mutable_grad() = torch::tensor({INFINITY, 1.f});
@@ -223,14 +234,23 @@ TEST_CASE("accumulation: k micro-batches of b equal one batch of k*b", "[accumul
   CHECK_THROWS_AS(resolve_accumulate(g, 1), ConfigError);
 }
 
-TEST_CASE("gradient health: an injected NaN behaves as documented for each policy", "[grad_health]") {
+TEST_CASE("gradient health: an injected NaN behaves as documented for each policy",
+          "[grad_health]") {
   // Sample 40 sits in batch 2 (batch size 16, no shuffle): the third step sees a NaN gradient.
-  struct Row { const char* policy; bool finite; int64_t steps; int64_t skipped; double lr_scale; bool throws; };
+  struct Row {
+    const char* policy;
+    bool finite;
+    int64_t steps;
+    int64_t skipped;
+    double lr_scale;
+    bool throws;
+  };
   const Row rows[] = {
       {"warn", false, 6, 0, 1.0, false},      // the update goes through: weights become NaN
       {"skip_step", true, 5, 1, 1.0, false},  // one update skipped, training goes on
-      {"rollback", true, 4, 1, 0.5, false},   // restored to the step-1 snapshot (optimizer rewound), LR halved
-      {"stop", true, 2, 0, 1.0, true},        // stops with the offender named; weights still finite
+      {"rollback", true, 4, 1, 0.5,
+       false},  // restored to the step-1 snapshot (optimizer rewound), LR halved
+      {"stop", true, 2, 0, 1.0, true},  // stops with the offender named; weights still finite
   };
   for (const auto& r : rows) {
     INFO(r.policy);
@@ -244,7 +264,8 @@ TEST_CASE("gradient health: an injected NaN behaves as documented for each polic
     c.grad_health.rollback_steps = 1;
     Rig rig(c, synthetic(/*nan_at=*/40));
     if (r.throws) {
-      CHECK_THROWS_WITH(rig.trainer->fit(), Catch::Contains("non-finite gradient at step 2 in body.1.weight"));
+      CHECK_THROWS_WITH(rig.trainer->fit(),
+                        Catch::Contains("non-finite gradient at step 2 in body.1.weight"));
     } else {
       rig.trainer->fit();
     }
@@ -267,7 +288,8 @@ TEST_CASE("gradient health: explosions are judged against the running mean", "[g
   CHECK(h.check(INFINITY) == GradHealth::Verdict::kNonFinite);
 }
 
-TEST_CASE("early stopping: patience, min_delta, thresholds, first/any/all, NaN never best", "[early]") {
+TEST_CASE("early stopping: patience, min_delta, thresholds, first/any/all, NaN never best",
+          "[early]") {
   auto metric = [](const char* name, const char* mode, int64_t patience) {
     config::StopMetricConfig m;
     m.monitor = name;
@@ -286,12 +308,14 @@ TEST_CASE("early stopping: patience, min_delta, thresholds, first/any/all, NaN n
   CHECK_THAT(why, Catch::Contains("best 1.000000 at step 1"));
   c.combine = "all";
   EarlyStopping all(c);
-  for (int i = 0; i < 3; ++i) CHECK(all.update({{"eval_loss", 1.0 + i}, {"eval_accuracy", 0.5 + i * 0.1}}, i).empty());
+  for (int i = 0; i < 3; ++i)
+    CHECK(all.update({{"eval_loss", 1.0 + i}, {"eval_accuracy", 0.5 + i * 0.1}}, i).empty());
   c.combine = "first";
   c.metrics = {metric("eval_accuracy", "max", 0), metric("eval_loss", "min", 0)};
   EarlyStopping first(c);
   CHECK(first.update({{"eval_accuracy", 0.5}, {"eval_loss", 1.0}}, 1).empty());
-  CHECK(first.update({{"eval_accuracy", 0.6}, {"eval_loss", 2.0}}, 2).empty());  // loss stalls: ignored
+  CHECK(first.update({{"eval_accuracy", 0.6}, {"eval_loss", 2.0}}, 2)
+            .empty());  // loss stalls: ignored
   CHECK_FALSE(first.update({{"eval_accuracy", 0.6}, {"eval_loss", 0.5}}, 3).empty());
   // min_delta, thresholds, NaN
   auto m = metric("eval_loss", "min", 0);

@@ -30,7 +30,9 @@ using namespace mltrain::tune;
 
 static const std::string kBin = MLTRAIN_BIN;
 
-static fs::path tmpdir(const std::string& name) { return mltrain::testing::fresh_temp_dir("tune_" + name); }
+static fs::path tmpdir(const std::string& name) {
+  return mltrain::testing::fresh_temp_dir("tune_" + name);
+}
 
 static int sh(const std::string& cmd) {
   const int s = std::system(cmd.c_str());
@@ -39,7 +41,9 @@ static int sh(const std::string& cmd) {
 
 static void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
 
-TEST_CASE("journal: incremental reads skip a torn line, see other writers, start over after a truncation", "[tune]") {
+TEST_CASE(
+    "journal: incremental reads skip a torn line, see other writers, start over after a truncation",
+    "[tune]") {
   const fs::path dir = fs::temp_directory_path() / "mltrain_test_journal";
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -49,7 +53,7 @@ TEST_CASE("journal: incremental reads skip a torn line, see other writers, start
   a.append({J{{"n", 1}}, J{{"n", 2}}});
   REQUIRE(a.read().size() == 2);
   { std::ofstream(p, std::ios::app) << R"({"n": 3, "torn)"; }  // a writer killed mid-line
-  CHECK(a.read().size() == 2);  // no newline yet: not a record
+  CHECK(a.read().size() == 2);                                 // no newline yet: not a record
   CHECK(b.read().size() == 2);
   b.append({J{{"n", 4}}});  // terminates the torn line first
   const auto& seen = a.read();
@@ -66,7 +70,10 @@ TEST_CASE("journal: incremental reads skip a torn line, see other writers, start
   Journal c(p);
   CHECK(c.read() == b.read());
   // Replaced by hand with a shorter file: readers start over instead of reading past its end.
-  { std::ofstream(p, std::ios::trunc) << R"({"n": 9})" << "\n"; }
+  {
+    std::ofstream(p, std::ios::trunc) << R"({"n": 9})"
+                                      << "\n";
+  }
   REQUIRE(a.read().size() == 1);
   CHECK(a.read()[0]["n"] == 9);
   fs::remove_all(dir);
@@ -103,7 +110,8 @@ TEST_CASE("search space: unit mapping, snapping, log ints, categoricals", "[tune
   CHECK(small > 1700);  // log-uniform: ~50 % at or below 10 (uniform would give 10 %)
 }
 
-static double run_sampler(const std::string& name, const TestFunction& f, int trials, uint64_t seed) {
+static double run_sampler(const std::string& name, const TestFunction& f, int trials,
+                          uint64_t seed) {
   SamplerOptions o;
   o.name = name;
   auto s = make_sampler(o, f.space);
@@ -175,7 +183,8 @@ TEST_CASE("GP: marginal-likelihood gradient matches finite differences; EI by ha
     REQUIRE(c.factor());
     return c.log_marginal_likelihood(nullptr);
   };
-  for (int k = 0; k < 4; ++k) CHECK(g[size_t(k)] == Approx((at(k, 1e-5) - at(k, -1e-5)) / 2e-5).epsilon(1e-4).margin(1e-6));
+  for (int k = 0; k < 4; ++k)
+    CHECK(g[size_t(k)] == Approx((at(k, 1e-5) - at(k, -1e-5)) / 2e-5).epsilon(1e-4).margin(1e-6));
   // A fitted GP interpolates its (noise-free) data.
   detail::GpModel f;
   f.fit(m.X, m.y, 1);
@@ -190,7 +199,8 @@ TEST_CASE("GP: marginal-likelihood gradient matches finite differences; EI by ha
 
 TEST_CASE("pruners: accept/reject tables", "[tune]") {
   // Values are minimised. Three finished trials with curves; a fourth at its 2nd report.
-  std::vector<TrialCurve> done = {{0, true, {1.0, 0.8, 0.6}}, {1, true, {2.0, 1.5, 1.2}}, {2, true, {3.0, 2.0, 1.8}}};
+  std::vector<TrialCurve> done = {
+      {0, true, {1.0, 0.8, 0.6}}, {1, true, {2.0, 1.5, 1.2}}, {2, true, {3.0, 2.0, 1.8}}};
   PrunerOptions o;
   o.name = "median";
   o.n_startup_trials = 3;
@@ -198,10 +208,12 @@ TEST_CASE("pruners: accept/reject tables", "[tune]") {
   CHECK_FALSE(med->should_prune({3, false, {1.0, 1.4}}, done));  // best 1.0 <= median 1.5
   CHECK(med->should_prune({3, false, {2.5, 1.6}}, done));        // best 1.6 > 1.5
   o.n_startup_trials = 4;
-  CHECK_FALSE(make_pruner(o)->should_prune({3, false, {2.5, 1.6}}, done));  // not enough finished trials yet
+  CHECK_FALSE(make_pruner(o)->should_prune({3, false, {2.5, 1.6}},
+                                           done));  // not enough finished trials yet
   o = PrunerOptions();
   o.name = "percentile", o.percentile = 25, o.n_startup_trials = 0;
-  CHECK(make_pruner(o)->should_prune({3, false, {1.6}}, done));        // 25th percentile of 1, 2, 3 is 1.5
+  CHECK(
+      make_pruner(o)->should_prune({3, false, {1.6}}, done));  // 25th percentile of 1, 2, 3 is 1.5
   CHECK_FALSE(make_pruner(o)->should_prune({3, false, {1.5}}, done));  // equal is kept
   // ASHA, eta 3, rungs at reports 1, 3, 9: judged only on reaching a rung.
   o = PrunerOptions();
@@ -209,8 +221,8 @@ TEST_CASE("pruners: accept/reject tables", "[tune]") {
   auto asha = make_pruner(o);
   std::vector<TrialCurve> seen;
   for (int i = 0; i < 6; ++i) seen.push_back({i, true, {double(i), double(i), double(i)}});
-  CHECK_FALSE(asha->should_prune({9, false, {0.5}}, seen));       // top 7/3 = 2 at rung 1: 0.5 ranks 2nd
-  CHECK(asha->should_prune({9, false, {1.5}}, seen));             // 3rd of 7: pruned
+  CHECK_FALSE(asha->should_prune({9, false, {0.5}}, seen));  // top 7/3 = 2 at rung 1: 0.5 ranks 2nd
+  CHECK(asha->should_prune({9, false, {1.5}}, seen));        // 3rd of 7: pruned
   CHECK_FALSE(asha->should_prune({9, false, {0.5, 9.0}}, seen));  // report 2 is not a rung
   CHECK(asha->should_prune({9, false, {0.5, 9.0, 9.0}}, seen));   // rung 3: worst
   CHECK_FALSE(asha->should_prune({9, false, {0.5}}, {}));         // alone at a rung: promoted
@@ -228,12 +240,19 @@ TEST_CASE("pruners: accept/reject tables", "[tune]") {
 // marks each run in runs.log, can crash or diverge on request.
 static std::string trial_script(const fs::path& d, double sleep_s) {
   const auto p = d / "trial.sh";
-  write(p, "#!/bin/sh\n"
-           "x=$MLTRAIN_PARAM_X\n"
-           "echo \"$MLTRAIN_TRIAL_NUMBER $x\" >> " + (d / "runs.log").string() + "\n"
-           "case \"$MLTRAIN_PARAM_MODE\" in crash) echo 'boom: out of cheese' >&2; exit 3;; nan) echo '{\"step\": 1, \"loss\": null}'; exit 0;; esac\n"
-           "for s in 1 2 3; do sleep " + std::to_string(sleep_s) + "; "
-           "awk -v x=\"$x\" -v s=$s 'BEGIN { printf \"{\\\"step\\\": %d, \\\"loss\\\": %.17g}\\n\", s, (x - 0.3) ^ 2 + 1 / s }'; done\n");
+  write(p,
+        "#!/bin/sh\n"
+        "x=$MLTRAIN_PARAM_X\n"
+        "echo \"$MLTRAIN_TRIAL_NUMBER $x\" >> " +
+            (d / "runs.log").string() +
+            "\n"
+            "case \"$MLTRAIN_PARAM_MODE\" in crash) echo 'boom: out of cheese' >&2; exit 3;; nan) "
+            "echo '{\"step\": 1, \"loss\": null}'; exit 0;; esac\n"
+            "for s in 1 2 3; do sleep " +
+            std::to_string(sleep_s) +
+            "; "
+            "awk -v x=\"$x\" -v s=$s 'BEGIN { printf \"{\\\"step\\\": %d, \\\"loss\\\": "
+            "%.17g}\\n\", s, (x - 0.3) ^ 2 + 1 / s }'; done\n");
   fs::permissions(p, fs::perms::owner_all);
   return p.string();
 }
@@ -241,12 +260,17 @@ static std::string trial_script(const fs::path& d, double sleep_s) {
 TEST_CASE("tune driver: command trials, failures recorded, outputs written", "[tune][driver]") {
   const auto d = tmpdir("driver");
   const auto script = trial_script(d, 0.0);
-  write(d / "s.yaml", "study: {name: s, dir: " + d.string() + ", n_trials: 8, seed: 1, max_concurrent: 2}\n"
-                      "sampler: {name: tpe, n_startup: 3}\n"
-                      "objective: {metric: loss, direction: minimize}\n"
-                      "trial: {command: [" + script + "]}\n"
-                      "space:\n  x: {type: float, low: 0, high: 1}\n  mode: {type: categorical, choices: [ok, ok2, ok3, crash, nan]}\n");
-  REQUIRE(sh(kBin + " tune " + (d / "s.yaml").string() + " -q --json > " + (d / "out.json").string()) == 0);
+  write(d / "s.yaml", "study: {name: s, dir: " + d.string() +
+                          ", n_trials: 8, seed: 1, max_concurrent: 2}\n"
+                          "sampler: {name: tpe, n_startup: 3}\n"
+                          "objective: {metric: loss, direction: minimize}\n"
+                          "trial: {command: [" +
+                          script +
+                          "]}\n"
+                          "space:\n  x: {type: float, low: 0, high: 1}\n  mode: {type: "
+                          "categorical, choices: [ok, ok2, ok3, crash, nan]}\n");
+  REQUIRE(sh(kBin + " tune " + (d / "s.yaml").string() + " -q --json > " +
+             (d / "out.json").string()) == 0);
   std::ifstream in(d / "out.json");
   const auto s = nlohmann::json::parse(in);
   CHECK(s["trials"] == 8);
@@ -269,11 +293,14 @@ TEST_CASE("tune driver: command trials, failures recorded, outputs written", "[t
       CHECK(t.value == Approx((x - 0.3) * (x - 0.3) + 1.0 / 3).margin(1e-9));
     }
   }
-  for (const char* f : {"trials.csv", "trials.jsonl", "best.yaml", "importance.json", "history.svg", "importance.svg", "parallel.svg"})
+  for (const char* f : {"trials.csv", "trials.jsonl", "best.yaml", "importance.json", "history.svg",
+                        "importance.svg", "parallel.svg"})
     CHECK(fs::exists(d / "s" / f));
   // Bad study files: exit 2 naming the file, line and key.
-  write(d / "bad.yaml", "study: {name: b, dir: " + d.string() + "}\nsampler: {name: tpe, n_candidtes: 3}\nspace:\n  x: {type: float, low: 1, high: 0}\n"
-                        "trial: {command: [/bin/true]}\n");
+  write(d / "bad.yaml",
+        "study: {name: b, dir: " + d.string() +
+            "}\nsampler: {name: tpe, n_candidtes: 3}\nspace:\n  x: {type: float, low: 1, high: 0}\n"
+            "trial: {command: [/bin/true]}\n");
   REQUIRE(sh(kBin + " tune " + (d / "bad.yaml").string() + " 2> " + (d / "err.txt").string()) == 2);
   std::ifstream e(d / "err.txt");
   const std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
@@ -282,14 +309,18 @@ TEST_CASE("tune driver: command trials, failures recorded, outputs written", "[t
   CHECK(sh(kBin + " tune " + (d / "s.yaml").string() + " sampler.name=annealing 2>/dev/null") == 2);
 }
 
-TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or run twice", "[tune][driver]") {
+TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or run twice",
+          "[tune][driver]") {
   const auto d = tmpdir("resume");
   const auto script = trial_script(d, 0.3);
-  write(d / "s.yaml", "study: {name: s, dir: " + d.string() + ", n_trials: 6, seed: 2, max_concurrent: 2, stale_after_s: 60}\n"
-                      "sampler: {name: random}\n"
-                      "objective: {metric: loss, direction: minimize}\n"
-                      "trial: {command: [" + script + "]}\n"
-                      "space:\n  x: {type: float, low: 0, high: 1}\n");
+  write(d / "s.yaml", "study: {name: s, dir: " + d.string() +
+                          ", n_trials: 6, seed: 2, max_concurrent: 2, stale_after_s: 60}\n"
+                          "sampler: {name: random}\n"
+                          "objective: {metric: loss, direction: minimize}\n"
+                          "trial: {command: [" +
+                          script +
+                          "]}\n"
+                          "space:\n  x: {type: float, low: 0, high: 1}\n");
   const std::string cmd = kBin + " tune " + (d / "s.yaml").string() + " -q";
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -309,10 +340,12 @@ TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or
   ::kill(pid, SIGKILL);
   int st = 0;
   ::waitpid(pid, &st, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the trials die with their driver (PDEATHSIG)
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(300));  // the trials die with their driver (PDEATHSIG)
   auto before = read_trials(d / "s", study_config_from_folder((d / "s").string()).space);
   int complete_before = 0, running_before = 0;
-  for (const auto& t : before) complete_before += t.state == "COMPLETE", running_before += t.state == "RUNNING";
+  for (const auto& t : before)
+    complete_before += t.state == "COMPLETE", running_before += t.state == "RUNNING";
   REQUIRE(complete_before >= 2);
   REQUIRE(complete_before < 6);
   REQUIRE(sh(cmd + " > /dev/null 2>&1") == 0);  // the same command resumes
@@ -329,9 +362,10 @@ TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or
   CHECK(complete == 6);            // n_trials reached: nothing lost
   CHECK(stale == running_before);  // each interrupted trial failed as stale ...
   for (const auto& t : after)
-    if (t.state == "FAIL") {     // ... and was retried with the same parameters
+    if (t.state == "FAIL") {  // ... and was retried with the same parameters
       bool retried = false;
-      for (const auto& u : after) retried |= u.retry_of == t.number && u.params == t.params && u.state == "COMPLETE";
+      for (const auto& u : after)
+        retried |= u.retry_of == t.number && u.params == t.params && u.state == "COMPLETE";
       CHECK(retried);
     }
   for (const auto& [x, n] : x_complete) CHECK(n == 1);  // no finished trial run again
@@ -348,7 +382,8 @@ TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or
 
 // ---------------------------------------------------------------- study files on the schema
 
-TEST_CASE("study files: accept/reject table, every problem with file:line:col", "[tune][study_file]") {
+TEST_CASE("study files: accept/reject table, every problem with file:line:col",
+          "[tune][study_file]") {
   const auto d = tmpdir("study_table");
   const std::string ok_trial = "trial: {command: [/bin/true]}\n";
   const std::string ok_space = "space:\n  x: {type: float, low: 0, high: 1}\n";
@@ -361,30 +396,73 @@ TEST_CASE("study files: accept/reject table, every problem with file:line:col", 
       {ok_trial + ok_space, {}, {}},
       {"objective: {function: branin}\n", {}, {}},
       {"study: {timeout: 30m}\n" + ok_trial + ok_space, {}, {}},
-      {"smapler: {name: tpe}\n" + ok_trial + ok_space, {}, {"s.yaml:1:1: smapler: unknown key (did you mean 'sampler'?)"}},
-      {"study: {n_trails: 3}\n" + ok_trial + ok_space, {}, {"s.yaml:1:9: study.n_trails: unknown key (did you mean 'n_trials'?)"}},
-      {ok_trial + ok_space, {"sampler.name=annealing"}, {"override 'sampler.name=annealing': sampler.name: 'annealing' is not one of: grid, random, tpe, gp"}},
-      {"study: {timeout: 600}\n" + ok_trial + ok_space, {}, {"s.yaml:1:18: study.timeout: '600' has no unit: write 600s"}},
-      {"study: {timeout: 2ep}\n" + ok_trial + ok_space, {}, {"study.timeout: unknown unit 'ep' in '2ep' (a duration takes s, m or h)"}},
-      {"study: {n_trials: 0}\n" + ok_trial + ok_space, {}, {"s.yaml:1:19: study.n_trials: must be > 0"}},
-      {ok_trial + "space:\n  x: {type: float, low: 1, high: 0}\n", {}, {"s.yaml:3:3: space.x: low must be below high (1 >= 0)"}},
-      {ok_trial + "space:\n  x: {type: float, low: 0, high: 1, log: true}\n", {}, {"s.yaml:3:25: space.x.low: a log-scaled parameter needs low > 0"}},
-      {ok_trial + "space:\n  c: {type: categorical, choices: []}\n", {}, {"space.c.choices: a categorical parameter needs a non-empty list of choices"}},
-      {ok_trial + "space:\n  x: {low: 0, high: 1}\n", {}, {"s.yaml:3:3: space.x: missing type; use float, int or categorical"}},
-      {ok_trial + "space:\n  x: {type: double, low: 0, high: 1}\n", {}, {"s.yaml:3:13: space.x.type: 'double' is not one of: float, int, categorical"}},
-      {ok_trial + "space:\n  n: {type: int, low: 0.5, high: 4}\n", {}, {"space.n: an int parameter needs integer low and high"}},
-      {ok_trial + "space:\n  x: {type: float, low: 0, high: 1, grid: [0.5, 2]}\n", {}, {"space.x.grid: value 2 is outside [low, high]"}},
-      {"trial: {command: [/bin/true]}\nobjective: {function: branin}\n", {}, {"trial: choose one of trial.train, trial.command and objective.function"}},
+      {"smapler: {name: tpe}\n" + ok_trial + ok_space,
+       {},
+       {"s.yaml:1:1: smapler: unknown key (did you mean 'sampler'?)"}},
+      {"study: {n_trails: 3}\n" + ok_trial + ok_space,
+       {},
+       {"s.yaml:1:9: study.n_trails: unknown key (did you mean 'n_trials'?)"}},
+      {ok_trial + ok_space,
+       {"sampler.name=annealing"},
+       {"override 'sampler.name=annealing': sampler.name: 'annealing' is not one of: grid, random, "
+        "tpe, gp"}},
+      {"study: {timeout: 600}\n" + ok_trial + ok_space,
+       {},
+       {"s.yaml:1:18: study.timeout: '600' has no unit: write 600s"}},
+      {"study: {timeout: 2ep}\n" + ok_trial + ok_space,
+       {},
+       {"study.timeout: unknown unit 'ep' in '2ep' (a duration takes s, m or h)"}},
+      {"study: {n_trials: 0}\n" + ok_trial + ok_space,
+       {},
+       {"s.yaml:1:19: study.n_trials: must be > 0"}},
+      {ok_trial + "space:\n  x: {type: float, low: 1, high: 0}\n",
+       {},
+       {"s.yaml:3:3: space.x: low must be below high (1 >= 0)"}},
+      {ok_trial + "space:\n  x: {type: float, low: 0, high: 1, log: true}\n",
+       {},
+       {"s.yaml:3:25: space.x.low: a log-scaled parameter needs low > 0"}},
+      {ok_trial + "space:\n  c: {type: categorical, choices: []}\n",
+       {},
+       {"space.c.choices: a categorical parameter needs a non-empty list of choices"}},
+      {ok_trial + "space:\n  x: {low: 0, high: 1}\n",
+       {},
+       {"s.yaml:3:3: space.x: missing type; use float, int or categorical"}},
+      {ok_trial + "space:\n  x: {type: double, low: 0, high: 1}\n",
+       {},
+       {"s.yaml:3:13: space.x.type: 'double' is not one of: float, int, categorical"}},
+      {ok_trial + "space:\n  n: {type: int, low: 0.5, high: 4}\n",
+       {},
+       {"space.n: an int parameter needs integer low and high"}},
+      {ok_trial + "space:\n  x: {type: float, low: 0, high: 1, grid: [0.5, 2]}\n",
+       {},
+       {"space.x.grid: value 2 is outside [low, high]"}},
+      {"trial: {command: [/bin/true]}\nobjective: {function: branin}\n",
+       {},
+       {"trial: choose one of trial.train, trial.command and objective.function"}},
       {ok_space, {}, {"objective: nothing to tune"}},
-      {"trial: {train: nope.yaml}\n" + ok_space, {}, {"s.yaml:1:16: trial.train: 'nope.yaml' does not exist"}},
-      {"objective: {function: bananas}\n", {}, {"s.yaml:1:23: objective.function: unknown test function 'bananas' (have: "}},
-      {"sampler: {name: grid}\n" + ok_trial + ok_space, {}, {"sampler.name: the grid sampler needs `grid: [...]` or a `step`"}},
-      {ok_trial + ok_space, {"sampler.n_candidtes=3"}, {"sampler.n_candidtes: unknown key (did you mean 'sampler.n_candidates'?)"}},
-      {"study: {seed: 1, seed: 2}\n" + ok_trial + ok_space, {}, {"s.yaml:1:18: study.seed: duplicate key (first set at line 1)"}},
+      {"trial: {train: nope.yaml}\n" + ok_space,
+       {},
+       {"s.yaml:1:16: trial.train: 'nope.yaml' does not exist"}},
+      {"objective: {function: bananas}\n",
+       {},
+       {"s.yaml:1:23: objective.function: unknown test function 'bananas' (have: "}},
+      {"sampler: {name: grid}\n" + ok_trial + ok_space,
+       {},
+       {"sampler.name: the grid sampler needs `grid: [...]` or a `step`"}},
+      {ok_trial + ok_space,
+       {"sampler.n_candidtes=3"},
+       {"sampler.n_candidtes: unknown key (did you mean 'sampler.n_candidates'?)"}},
+      {"study: {seed: 1, seed: 2}\n" + ok_trial + ok_space,
+       {},
+       {"s.yaml:1:18: study.seed: duplicate key (first set at line 1)"}},
       {"sampler: {gamma: 1.5}\n" + ok_trial + ok_space, {}, {"sampler.gamma: must be in (0, 1)"}},
-      {ok_trial + "space: [x, y]\n", {}, {"s.yaml:2:8: space: expected a mapping of names to settings"}},
-      {"study: {name: a/b, max_retry: -1}\n" + ok_trial + ok_space, {},
-       {"study.name: must be a non-empty name without '/'", "study.max_retry: must be >= 0", "2 config errors"}},
+      {ok_trial + "space: [x, y]\n",
+       {},
+       {"s.yaml:2:8: space: expected a mapping of names to settings"}},
+      {"study: {name: a/b, max_retry: -1}\n" + ok_trial + ok_space,
+       {},
+       {"study.name: must be a non-empty name without '/'", "study.max_retry: must be >= 0",
+        "2 config errors"}},
   };
   REQUIRE(rows.size() >= 15);
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -408,12 +486,17 @@ TEST_CASE("study files: accept/reject table, every problem with file:line:col", 
   }
 }
 
-TEST_CASE("study files: durations through Period's parser; the resolved study.yaml reads back to the same bytes", "[tune][study_file]") {
+TEST_CASE(
+    "study files: durations through Period's parser; the resolved study.yaml reads back to the "
+    "same bytes",
+    "[tune][study_file]") {
   const auto d = tmpdir("study_yaml");
-  write(d / "s.yaml", "study: {name: s, dir: " + d.string() + ", timeout: 1.5h}\nsampler: {name: gp, xi: 0.01}\n"
-                      "trial: {command: [/bin/echo, 'a b']}\n"
-                      "space:\n  optim.lr: {type: float, low: 1.0e-4, high: 0.1, log: true}\n"
-                      "  data.batch_size: {type: categorical, choices: [64, 128, '256', true]}\n");
+  write(d / "s.yaml",
+        "study: {name: s, dir: " + d.string() +
+            ", timeout: 1.5h}\nsampler: {name: gp, xi: 0.01}\n"
+            "trial: {command: [/bin/echo, 'a b']}\n"
+            "space:\n  optim.lr: {type: float, low: 1.0e-4, high: 0.1, log: true}\n"
+            "  data.batch_size: {type: categorical, choices: [64, 128, '256', true]}\n");
   const auto c = load_study_config((d / "s.yaml").string(), {"study.timeout=45m"});
   CHECK(c.timeout_s == 2700);
   REQUIRE(c.space.size() == 2);

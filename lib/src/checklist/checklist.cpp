@@ -26,12 +26,14 @@
 namespace fs = std::filesystem;
 
 namespace mltrain::checklist {
-using profile::OpProfiler;
 using config::format_fixed;
+using profile::OpProfiler;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string read_first_line(const std::string& path) {
   std::ifstream in(path);
@@ -48,15 +50,22 @@ struct Item {
 class Report {
  public:
   void add(Item it) { items_.push_back(std::move(it)); }
-  void skip(const std::string& id, const std::string& area, const std::string& reason, const std::string& why) {
+  void skip(const std::string& id, const std::string& area, const std::string& reason,
+            const std::string& why) {
     add({id, area, "SKIP", "", "", why, reason, nullptr});
   }
   nlohmann::json json() const {
     nlohmann::json arr = nlohmann::json::array();
     nlohmann::json counts = {{"PASS", 0}, {"WARN", 0}, {"FAIL", 0}, {"SKIP", 0}};
     for (const auto& i : items_) {
-      arr.push_back({{"id", i.id}, {"area", i.area}, {"status", i.status}, {"measured", i.measured},
-                     {"expected", i.expected}, {"why", i.why}, {"fix", i.fix}, {"value", i.value}});
+      arr.push_back({{"id", i.id},
+                     {"area", i.area},
+                     {"status", i.status},
+                     {"measured", i.measured},
+                     {"expected", i.expected},
+                     {"why", i.why},
+                     {"fix", i.fix},
+                     {"value", i.value}});
       counts[i.status] = counts[i.status].get<int>() + 1;
     }
     return {{"items", arr}, {"counts", counts}};
@@ -70,8 +79,9 @@ class Report {
 std::vector<std::string> data_files(const config::DataConfig& d) {
   if (d.dataset == "fashion_mnist") {
     const fs::path r = d.root;
-    return {(r / "train-images-idx3-ubyte.gz").string(), (r / "train-labels-idx1-ubyte.gz").string(),
-            (r / "t10k-images-idx3-ubyte.gz").string(), (r / "t10k-labels-idx1-ubyte.gz").string()};
+    return {(r / "train-images-idx3-ubyte.gz").string(),
+            (r / "train-labels-idx1-ubyte.gz").string(), (r / "t10k-images-idx3-ubyte.gz").string(),
+            (r / "t10k-labels-idx1-ubyte.gz").string()};
   }
   std::vector<std::string> out;
   for (const auto& f : {d.train_images, d.train_labels, d.test_images, d.test_labels})
@@ -113,7 +123,8 @@ int64_t checkpoint_bytes(const config::ExperimentConfig& cfg, model::Model& m) {
 int count_conv_bn_pairs(model::Model& m) {
   std::set<std::string> bn;
   for (auto& [n, b] : m.named_buffers())
-    if (n.size() > 13 && n.compare(n.size() - 13, 13, ".running_mean") == 0) bn.insert(n.substr(0, n.size() - 13));
+    if (n.size() > 13 && n.compare(n.size() - 13, 13, ".running_mean") == 0)
+      bn.insert(n.substr(0, n.size() - 13));
   int pairs = 0;
   for (auto& [n, p] : m.named_parameters()) {
     if (p.dim() != 4 || n.size() < 7 || n.compare(n.size() - 7, 7, ".weight") != 0) continue;
@@ -141,13 +152,15 @@ nlohmann::json judge_gemm(double g) {
   return {{"status", "PASS"}, {"expected", exp}};
 }
 nlohmann::json judge_threads(int threads, int cores) {
-  const std::string exp = "intra-op threads between cores/2 and cores (" + std::to_string(cores) + ")";
+  const std::string exp =
+      "intra-op threads between cores/2 and cores (" + std::to_string(cores) + ")";
   if (threads > cores) return {{"status", "FAIL"}, {"expected", exp}};
   if (threads * 2 < cores) return {{"status", "WARN"}, {"expected", exp}};
   return {{"status", "PASS"}, {"expected", exp}};
 }
 nlohmann::json judge_disk(double free_b, double need_b) {
-  const std::string exp = ">= 2x the bytes the kept checkpoints need (" + format_fixed(need_b / 1e6) + " MB)";
+  const std::string exp =
+      ">= 2x the bytes the kept checkpoints need (" + format_fixed(need_b / 1e6) + " MB)";
   if (free_b < need_b) return {{"status", "FAIL"}, {"expected", exp}};
   if (free_b < 2 * need_b) return {{"status", "WARN"}, {"expected", exp}};
   return {{"status", "PASS"}, {"expected", exp}};
@@ -167,12 +180,15 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
   if (o.cfg) {
     pipe = train::build_pipeline(cfg, dist::World{}, train::model_only());
   } else {
-    runtime::apply({train::resolve_threads(cfg, dist::World{}), cfg.runtime.kernel_route, cfg.runtime.allocator});
+    runtime::apply({train::resolve_threads(cfg, dist::World{}), cfg.runtime.kernel_route,
+                    cfg.runtime.allocator});
   }
   const torch::Device device = pipe ? pipe->device : compat::resolve_device("auto");
   const bool cuda = device.is_cuda();
-  const std::string no_cfg = "no config given: run `mltrain checklist CONFIG.yaml` to check a pipeline";
-  const std::string no_cuda = compat::cuda_built() ? "no CUDA device visible" : "CPU build of mltrain (no CUDA)";
+  const std::string no_cfg =
+      "no config given: run `mltrain checklist CONFIG.yaml` to check a pipeline";
+  const std::string no_cuda =
+      compat::cuda_built() ? "no CUDA device visible" : "CPU build of mltrain (no CUDA)";
   Report rep;
 
   // ---------------------------------------------------------------- data
@@ -202,32 +218,47 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     for (int i = 0; i < iters; ++i) step();
     const double per = static_cast<double>(runtime::minor_faults() - f0) / iters;
     const std::string pol = cfg.runtime.allocator;
-    allocator_item = Item{"system.allocator", "system", per > 1000 ? "WARN" : "PASS",
-             format_fixed(per, 0) + " page faults per training step (" + m->describe() + ", batch " +
-                 std::to_string(cfg.data.batch_size) + ") with runtime.allocator=" + pol,
-             "< 1000 per step", "glibc hands large blocks back to the kernel; re-faulting them cost 4.6x on the CNN here",
-             per > 1000 ? "runtime.allocator=retain" : "", {{"faults_per_step", per}}};
+    allocator_item = Item{
+        "system.allocator",
+        "system",
+        per > 1000 ? "WARN" : "PASS",
+        format_fixed(per, 0) + " page faults per training step (" + m->describe() + ", batch " +
+            std::to_string(cfg.data.batch_size) + ") with runtime.allocator=" + pol,
+        "< 1000 per step",
+        "glibc hands large blocks back to the kernel; re-faulting them cost 4.6x on the CNN here",
+        per > 1000 ? "runtime.allocator=retain" : "",
+        {{"faults_per_step", per}}};
   }
   double cold_mbs = 0;
   if (!o.cfg) {
-    rep.skip("data.read_bandwidth", "data", no_cfg, "loading cannot outrun the disk the data set lives on");
+    rep.skip("data.read_bandwidth", "data", no_cfg,
+             "loading cannot outrun the disk the data set lives on");
   } else {
     double bytes = 0;
     const auto files = data_files(cfg.data);
     cold_mbs = read_mb_per_s(files, true, &bytes);
     const double warm = read_mb_per_s(files, false, &bytes);
-    Item it{"data.read_bandwidth", "data", warm >= 500 ? "PASS" : "WARN",
-            "cold " + format_fixed(cold_mbs) + " MB/s, cached " + format_fixed(warm) + " MB/s over " + format_fixed(bytes / 1e6) + " MB",
-            ">= 500 MB/s cached", "a training epoch re-reads the data set; a slow disk shows up as data wait",
-            warm >= 500 ? "" : "keep the data set on local SSD or in page cache (data convert to .shard, then mmap)",
-            {{"cold_mb_s", cold_mbs}, {"cached_mb_s", warm}, {"bytes", bytes}}};
+    Item it{
+        "data.read_bandwidth",
+        "data",
+        warm >= 500 ? "PASS" : "WARN",
+        "cold " + format_fixed(cold_mbs) + " MB/s, cached " + format_fixed(warm) + " MB/s over " +
+            format_fixed(bytes / 1e6) + " MB",
+        ">= 500 MB/s cached",
+        "a training epoch re-reads the data set; a slow disk shows up as data wait",
+        warm >= 500
+            ? ""
+            : "keep the data set on local SSD or in page cache (data convert to .shard, then mmap)",
+        {{"cold_mb_s", cold_mbs}, {"cached_mb_s", warm}, {"bytes", bytes}}};
     it.measured += " (cold = after posix_fadvise DONTNEED; the kernel may keep some pages)";
     rep.add(it);
   }
 
   if (!o.cfg) {
-    rep.skip("data.loader_rate", "data", no_cfg, "the loader must supply samples faster than the model consumes them");
-    rep.skip("data.augmentation_cost", "data", no_cfg, "per-sample augmentation runs on the loader threads");
+    rep.skip("data.loader_rate", "data", no_cfg,
+             "the loader must supply samples faster than the model consumes them");
+    rep.skip("data.augmentation_cost", "data", no_cfg,
+             "per-sample augmentation runs on the loader threads");
   } else {
     data::LoaderOptions lo = train::train_loader_options(cfg, device);
     const auto loader = train::augmented_loader(cfg, splits->train, lo);
@@ -242,30 +273,42 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     const double secs = since(t0);
     const double rate = samples / std::max(1e-9, secs);
     const double mb_s = rate * static_cast<double>(splits->train.sample_bytes()) / 1e6;
-    const bool disk_limited = cold_mbs > 0 && mb_s > 0.8 * cold_mbs && splits->train.source.find(".gz") == std::string::npos;
-    rep.add({"data.loader_rate", "data", disk_limited ? "WARN" : "PASS",
-             format_fixed(rate, 0) + " samples/s = " + format_fixed(mb_s) + " MB/s of samples with " + std::to_string(lo.workers) +
-                 " worker(s); cold disk " + format_fixed(cold_mbs) + " MB/s",
-             "below the disk's rate (not disk-bound)", "a loader at the disk limit cannot be helped by more workers",
+    const bool disk_limited = cold_mbs > 0 && mb_s > 0.8 * cold_mbs &&
+                              splits->train.source.find(".gz") == std::string::npos;
+    rep.add({"data.loader_rate",
+             "data",
+             disk_limited ? "WARN" : "PASS",
+             format_fixed(rate, 0) + " samples/s = " + format_fixed(mb_s) +
+                 " MB/s of samples with " + std::to_string(lo.workers) + " worker(s); cold disk " +
+                 format_fixed(cold_mbs) + " MB/s",
+             "below the disk's rate (not disk-bound)",
+             "a loader at the disk limit cannot be helped by more workers",
              disk_limited ? "cache the data set in RAM or on faster storage" : "",
              {{"samples_per_s", rate}, {"mb_per_s", mb_s}, {"workers", lo.workers}}});
     if (!augmenting) {
       rep.skip("data.augmentation_cost", "data", "this config has no augmentation enabled",
                "per-sample augmentation runs on the loader threads");
     } else {
-      const double per_sample_us = l.augmented_samples() > 0 ? l.augment_seconds() / l.augmented_samples() * 1e6 : 0;
-      const double fill_us = l.filled_samples() > 0 ? l.fill_cpu_seconds() / l.filled_samples() * 1e6 : 0;
+      const double per_sample_us =
+          l.augmented_samples() > 0 ? l.augment_seconds() / l.augmented_samples() * 1e6 : 0;
+      const double fill_us =
+          l.filled_samples() > 0 ? l.fill_cpu_seconds() / l.filled_samples() * 1e6 : 0;
       const double share = fill_us > 0 ? per_sample_us / fill_us : 0;
-      rep.add({"data.augmentation_cost", "data", share > 0.5 ? "WARN" : "PASS",
-               format_fixed(per_sample_us, 2) + " us/sample, " + format_fixed(100 * share) + "% of the loader's CPU per sample",
-               "<= 50% of the loader's per-sample time", "costly augmentation starves the model of batches",
+      rep.add({"data.augmentation_cost",
+               "data",
+               share > 0.5 ? "WARN" : "PASS",
+               format_fixed(per_sample_us, 2) + " us/sample, " + format_fixed(100 * share) +
+                   "% of the loader's CPU per sample",
+               "<= 50% of the loader's per-sample time",
+               "costly augmentation starves the model of batches",
                share > 0.5 ? "add data.workers, lower p, or narrow the costly ops' window" : "",
                {{"us_per_sample", per_sample_us}, {"share_of_loader", share}}});
     }
   }
 
   if (!cuda) {
-    rep.skip("data.pinned_copy", "data", no_cuda, "pinned host memory doubles host-to-device copy bandwidth");
+    rep.skip("data.pinned_copy", "data", no_cuda,
+             "pinned host memory doubles host-to-device copy bandwidth");
   } else {
     const int64_t n = (full ? 256 : 64) << 18;  // floats: 64 MiB quick, 256 MiB full
     auto rate = [&](bool pinned) {
@@ -280,10 +323,15 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     };
     const double pageable = rate(false), pinned = rate(true);
     const bool use_pin = !o.cfg || cfg.data.pin_memory;
-    rep.add({"data.pinned_copy", "data", use_pin && pinned >= pageable ? "PASS" : "WARN",
-             "pageable " + format_fixed(pageable) + " GB/s, pinned " + format_fixed(pinned) + " GB/s; data.pin_memory=" + (use_pin ? "true" : "false"),
-             "pinned >= pageable, and pin_memory on", "pinned buffers copy by DMA, asynchronously with compute",
-             use_pin ? "" : "set data.pin_memory=true", {{"pageable_gb_s", pageable}, {"pinned_gb_s", pinned}}});
+    rep.add({"data.pinned_copy",
+             "data",
+             use_pin && pinned >= pageable ? "PASS" : "WARN",
+             "pageable " + format_fixed(pageable) + " GB/s, pinned " + format_fixed(pinned) +
+                 " GB/s; data.pin_memory=" + (use_pin ? "true" : "false"),
+             "pinned >= pageable, and pin_memory on",
+             "pinned buffers copy by DMA, asynchronously with compute",
+             use_pin ? "" : "set data.pin_memory=true",
+             {{"pageable_gb_s", pageable}, {"pinned_gb_s", pinned}}});
   }
 
   // ---------------------------------------------------------------- compute
@@ -299,12 +347,18 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     }
     const double gflops = 2.0 * n * n * n / best / 1e9;
     auto j = judge_gemm(gflops);
-    Item it{"compute.gemm_route", "compute", j["status"].get<std::string>(), "fp32 " + std::to_string(n) + "^3 GEMM: " + format_fixed(gflops) +
-                                                               " GFLOP/s via route '" + runtime::kernel_route() + "'",
-            j["expected"].get<std::string>(), "Linear/matmul dominate MLPs and heads; the reference BLAS is 40x slower than oneDNN",
-            j["status"] == "PASS" ? "" : "runtime.kernel_route=onednn (the default)", {{"gflops", gflops}}};
+    Item it{"compute.gemm_route",
+            "compute",
+            j["status"].get<std::string>(),
+            "fp32 " + std::to_string(n) + "^3 GEMM: " + format_fixed(gflops) +
+                " GFLOP/s via route '" + runtime::kernel_route() + "'",
+            j["expected"].get<std::string>(),
+            "Linear/matmul dominate MLPs and heads; the reference BLAS is 40x slower than oneDNN",
+            j["status"] == "PASS" ? "" : "runtime.kernel_route=onednn (the default)",
+            {{"gflops", gflops}}};
     if (cuda) {
-      auto ga = torch::randn({8192, 8192}, torch::dtype(torch::kBFloat16).device(device)), gb = ga.clone();
+      auto ga = torch::randn({8192, 8192}, torch::dtype(torch::kBFloat16).device(device)),
+           gb = ga.clone();
       torch::mm(ga, gb);
       compat::cuda_synchronize();
       const auto t0 = Clock::now();
@@ -318,19 +372,27 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
   }
 
   if (!cuda) {
-    rep.skip("compute.cudnn_benchmark", "compute", no_cuda, "cuDNN autotuning pays off when input shapes repeat");
+    rep.skip("compute.cudnn_benchmark", "compute", no_cuda,
+             "cuDNN autotuning pays off when input shapes repeat");
   } else {
     const bool fixed = !o.cfg || cfg.data.drop_last;
     const bool on = o.cfg ? cfg.runtime.cudnn_benchmark : compat::cudnn_benchmark();
-    rep.add({"compute.cudnn_benchmark", "compute", on || !fixed ? "PASS" : "WARN",
-             std::string("cudnn_benchmark=") + (on ? "on" : "off") + ", input shapes " + (fixed ? "fixed (drop_last)" : "vary (last batch)"),
-             "on when shapes are fixed", "autotuning picks the fastest convolution per shape, once",
-             on ? "" : "runtime.cudnn_benchmark=true", {{"on", on}, {"fixed_shapes", fixed}}});
+    rep.add({"compute.cudnn_benchmark",
+             "compute",
+             on || !fixed ? "PASS" : "WARN",
+             std::string("cudnn_benchmark=") + (on ? "on" : "off") + ", input shapes " +
+                 (fixed ? "fixed (drop_last)" : "vary (last batch)"),
+             "on when shapes are fixed",
+             "autotuning picks the fastest convolution per shape, once",
+             on ? "" : "runtime.cudnn_benchmark=true",
+             {{"on", on}, {"fixed_shapes", fixed}}});
   }
 
   if (!o.cfg) {
-    rep.skip("compute.autocast_coverage", "compute", no_cfg, "autocast runs matmul-like ops in 16-bit");
-    rep.skip("compute.fusion", "compute", no_cfg, "conv->BN pairs fold into one conv for inference");
+    rep.skip("compute.autocast_coverage", "compute", no_cfg,
+             "autocast runs matmul-like ops in 16-bit");
+    rep.skip("compute.fusion", "compute", no_cfg,
+             "conv->BN pairs fold into one conv for inference");
   } else {
     const auto dtype = cuda && cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
     auto shape = splits->train.sample_shape;
@@ -347,8 +409,9 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     prof.stop();
     std::vector<std::string> low, fp32;
     for (const auto& [op, m] : prof.dtypes()) {
-      const bool heavy = op.find("conv") != std::string::npos || op.find("linear") != std::string::npos ||
-                         op.find("mm") != std::string::npos || op.find("matmul") != std::string::npos;
+      const bool heavy =
+          op.find("conv") != std::string::npos || op.find("linear") != std::string::npos ||
+          op.find("mm") != std::string::npos || op.find("matmul") != std::string::npos;
       if (!heavy || op.find("::_") != std::string::npos) continue;  // the public op names
       bool is_low = false;
       for (const auto& [k, v] : m) is_low |= k.rfind("bf16", 0) == 0 || k.rfind("fp16", 0) == 0;
@@ -359,17 +422,26 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     for (auto& s : fp32) f32s += (f32s.empty() ? "" : ", ") + s;
     const std::string dn = dtype == at::kHalf ? "fp16" : "bf16";
     std::string status = !fp32.empty() ? "WARN" : (cfg.amp.enabled ? "PASS" : "WARN");
-    rep.add({"compute.autocast_coverage", "compute", status,
+    rep.add({"compute.autocast_coverage",
+             "compute",
+             status,
              "under " + dn + " autocast: " + (lows.empty() ? "none" : lows) + " in " + dn +
-                 (f32s.empty() ? "" : "; stayed fp32: " + f32s) + "; amp.enabled=" + (cfg.amp.enabled ? "true" : "false"),
-             "conv/linear/matmul in 16-bit, amp on", "16-bit matmuls run 1.6x faster here (AVX-512 BF16) and far faster on GPUs",
-             cfg.amp.enabled ? (fp32.empty() ? "" : "ops left in fp32 fall back: check their input dtypes")
-                             : "amp.enabled=true amp.dtype=" + std::string(cuda ? "bf16 (or fp16 with the loss scaler)" : "bf16"),
+                 (f32s.empty() ? "" : "; stayed fp32: " + f32s) +
+                 "; amp.enabled=" + (cfg.amp.enabled ? "true" : "false"),
+             "conv/linear/matmul in 16-bit, amp on",
+             "16-bit matmuls run 1.6x faster here (AVX-512 BF16) and far faster on GPUs",
+             cfg.amp.enabled
+                 ? (fp32.empty() ? "" : "ops left in fp32 fall back: check their input dtypes")
+                 : "amp.enabled=true amp.dtype=" +
+                       std::string(cuda ? "bf16 (or fp16 with the loss scaler)" : "bf16"),
              {{"low_precision", low}, {"fp32", fp32}}});
     const int pairs = count_conv_bn_pairs(*model);
-    rep.add({"compute.fusion", "compute", "PASS",
+    rep.add({"compute.fusion",
+             "compute",
+             "PASS",
              std::to_string(pairs) + " conv->BatchNorm pair(s) in " + model->describe(),
-             "informational", "at inference each pair folds into one conv (no BN pass, less memory traffic)",
+             "informational",
+             "at inference each pair folds into one conv (no BN pass, less memory traffic)",
              pairs > 0 ? "fold them for deployment: mltrain fuse RUN_DIR" : "",
              {{"conv_bn_pairs", pairs}}});
   }
@@ -378,47 +450,63 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
   {
     const std::string s = read_first_line("/proc/sys/vm/swappiness");
     if (s.empty()) {
-      rep.skip("system.swappiness", "system", "/proc/sys/vm/swappiness is not readable", "swapping training memory stalls steps");
+      rep.skip("system.swappiness", "system", "/proc/sys/vm/swappiness is not readable",
+               "swapping training memory stalls steps");
     } else {
       const int v = std::stoi(s);
       auto j = judge_swappiness(v);
-      rep.add({"system.swappiness", "system", j["status"].get<std::string>(), "vm.swappiness=" + s, j["expected"].get<std::string>(),
-               "a high value lets the kernel swap out the data set and activations under memory pressure",
-               j["status"] == "PASS" ? "" : "sysctl -w vm.swappiness=10 (root)", {{"swappiness", v}}});
+      rep.add({"system.swappiness",
+               "system",
+               j["status"].get<std::string>(),
+               "vm.swappiness=" + s,
+               j["expected"].get<std::string>(),
+               "a high value lets the kernel swap out the data set and activations under memory "
+               "pressure",
+               j["status"] == "PASS" ? "" : "sysctl -w vm.swappiness=10 (root)",
+               {{"swappiness", v}}});
     }
   }
   {
     const std::string s = read_first_line("/sys/kernel/mm/transparent_hugepage/enabled");
     if (s.empty()) {
-      rep.skip("system.transparent_hugepages", "system", "no /sys/kernel/mm/transparent_hugepage", "huge pages cut TLB misses");
+      rep.skip("system.transparent_hugepages", "system", "no /sys/kernel/mm/transparent_hugepage",
+               "huge pages cut TLB misses");
     } else {
       const bool never = s.find("[never]") != std::string::npos;
-      rep.add({"system.transparent_hugepages", "system", never ? "WARN" : "PASS", s, "[always] or [madvise]",
+      rep.add({"system.transparent_hugepages", "system", never ? "WARN" : "PASS", s,
+               "[always] or [madvise]",
                "large tensors on huge pages take fewer TLB misses and page faults",
-               never ? "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled (root)" : "", s});
+               never ? "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled (root)" : "",
+               s});
     }
   }
   {
     const std::string g = read_first_line("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor");
     if (g.empty()) {
-      rep.skip("system.cpu_governor", "system", "no cpufreq interface (virtual machine or container): the host decides",
+      rep.skip("system.cpu_governor", "system",
+               "no cpufreq interface (virtual machine or container): the host decides",
                "a power-saving governor lowers clocks between bursts");
     } else {
-      rep.add({"system.cpu_governor", "system", g == "performance" ? "PASS" : "WARN", g, "performance",
-               "a power-saving governor lowers clocks between bursts", g == "performance" ? "" : "cpupower frequency-set -g performance",
-               g});
+      rep.add({"system.cpu_governor", "system", g == "performance" ? "PASS" : "WARN", g,
+               "performance", "a power-saving governor lowers clocks between bursts",
+               g == "performance" ? "" : "cpupower frequency-set -g performance", g});
     }
   }
   {
     const int cores = runtime::usable_cores();
     const int threads = at::get_num_threads();
-    const int64_t workers = o.cfg ? cfg.data.workers.resolve(data::auto_workers(cores)) : data::auto_workers(cores);
+    const int64_t workers =
+        o.cfg ? cfg.data.workers.resolve(data::auto_workers(cores)) : data::auto_workers(cores);
     auto j = judge_threads(threads, cores);
-    rep.add({"system.threads", "system", j["status"].get<std::string>(),
-             std::to_string(threads) + " intra-op thread(s) on " + std::to_string(cores) + " usable core(s); " +
-                 std::to_string(workers) + " loader worker(s)",
-             j["expected"].get<std::string>(), "LibTorch defaulted to 1 thread here; more threads than cores thrash",
-             j["status"] == "PASS" ? "" : "runtime.threads=auto", {{"threads", threads}, {"cores", cores}, {"workers", workers}}});
+    rep.add({"system.threads",
+             "system",
+             j["status"].get<std::string>(),
+             std::to_string(threads) + " intra-op thread(s) on " + std::to_string(cores) +
+                 " usable core(s); " + std::to_string(workers) + " loader worker(s)",
+             j["expected"].get<std::string>(),
+             "LibTorch defaulted to 1 thread here; more threads than cores thrash",
+             j["status"] == "PASS" ? "" : "runtime.threads=auto",
+             {{"threads", threads}, {"cores", cores}, {"workers", workers}}});
   }
   rep.add(allocator_item);
   {
@@ -427,44 +515,71 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     if (fs::exists("/sys/devices/system/node", ec))
       for (const auto& e : fs::directory_iterator("/sys/devices/system/node", ec)) {
         const auto n = e.path().filename().string();
-        if (n.rfind("node", 0) == 0 && n.size() > 4 && std::isdigit(static_cast<unsigned char>(n[4]))) ++nodes;
+        if (n.rfind("node", 0) == 0 && n.size() > 4 &&
+            std::isdigit(static_cast<unsigned char>(n[4])))
+          ++nodes;
       }
     if (nodes == 0) {
-      rep.skip("system.numa", "system", "no /sys/devices/system/node", "memory on a remote NUMA node is slower");
+      rep.skip("system.numa", "system", "no /sys/devices/system/node",
+               "memory on a remote NUMA node is slower");
     } else {
-      rep.add({"system.numa", "system", nodes == 1 ? "PASS" : "WARN", std::to_string(nodes) + " NUMA node(s)",
-               "1 node, or one rank per node bound to it", "memory on a remote NUMA node is slower to reach",
-               nodes == 1 ? "" : "one rank per NUMA node: numactl --cpunodebind=N --membind=N", {{"nodes", nodes}}});
+      rep.add({"system.numa",
+               "system",
+               nodes == 1 ? "PASS" : "WARN",
+               std::to_string(nodes) + " NUMA node(s)",
+               "1 node, or one rank per node bound to it",
+               "memory on a remote NUMA node is slower to reach",
+               nodes == 1 ? "" : "one rank per NUMA node: numactl --cpunodebind=N --membind=N",
+               {{"nodes", nodes}}});
     }
   }
   {
     rlimit rl{};
     getrlimit(RLIMIT_NOFILE, &rl);
     const double soft = rl.rlim_cur == RLIM_INFINITY ? 1e9 : static_cast<double>(rl.rlim_cur);
-    rep.add({"system.open_files", "system", soft >= 4096 ? "PASS" : "WARN", "ulimit -n = " + format_fixed(soft, 0), ">= 4096",
+    rep.add({"system.open_files",
+             "system",
+             soft >= 4096 ? "PASS" : "WARN",
+             "ulimit -n = " + format_fixed(soft, 0),
+             ">= 4096",
              "loader workers, memory-mapped shards and process-group sockets each hold descriptors",
-             soft >= 4096 ? "" : "ulimit -n 65536 (or LimitNOFILE in the service / Slurm prolog)", {{"soft_limit", soft}}});
+             soft >= 4096 ? "" : "ulimit -n 65536 (or LimitNOFILE in the service / Slurm prolog)",
+             {{"soft_limit", soft}}});
   }
   {
     fs::path p = fs::absolute(cfg.run.dir);
     while (!p.empty() && !fs::exists(p)) p = p.parent_path();
-    struct statvfs sv{};
+    struct statvfs sv {};
     if (::statvfs(p.c_str(), &sv) != 0) {
       rep.skip("system.disk_space", "system", "cannot stat " + p.string(), "checkpoints need room");
     } else {
       const double free_b = static_cast<double>(sv.f_bavail) * sv.f_frsize;
       if (!o.cfg) {
-        rep.add({"system.disk_space", "system", free_b > 1e9 ? "PASS" : "WARN", format_fixed(free_b / 1e9) + " GB free under " + p.string(),
-                 "> 1 GB (give a config for its checkpoint size)", "a full disk fails the checkpoint write", "", {{"free_bytes", free_b}}});
+        rep.add({"system.disk_space",
+                 "system",
+                 free_b > 1e9 ? "PASS" : "WARN",
+                 format_fixed(free_b / 1e9) + " GB free under " + p.string(),
+                 "> 1 GB (give a config for its checkpoint size)",
+                 "a full disk fails the checkpoint write",
+                 "",
+                 {{"free_bytes", free_b}}});
       } else {
         const double ck = static_cast<double>(checkpoint_bytes(cfg, *model));
-        const double copies = static_cast<double>(cfg.checkpoint.keep_last + cfg.checkpoint.keep_best + 1);
+        const double copies =
+            static_cast<double>(cfg.checkpoint.keep_last + cfg.checkpoint.keep_best + 1);
         auto j = judge_disk(free_b, ck * copies);
-        rep.add({"system.disk_space", "system", j["status"].get<std::string>(),
-                 format_fixed(free_b / 1e9, 2) + " GB free under " + p.string() + "; a checkpoint is " + format_fixed(ck / 1e6, 2) + " MB x " +
-                     format_fixed(copies, 0) + " kept (keep_last + keep_best + the one being written)",
-                 j["expected"].get<std::string>(), "a checkpoint that cannot be written loses the run's progress",
-                 j["status"] == "PASS" ? "" : "free space, lower checkpoint.keep_last/keep_best, or move run.dir",
+        rep.add({"system.disk_space",
+                 "system",
+                 j["status"].get<std::string>(),
+                 format_fixed(free_b / 1e9, 2) + " GB free under " + p.string() +
+                     "; a checkpoint is " + format_fixed(ck / 1e6, 2) + " MB x " +
+                     format_fixed(copies, 0) +
+                     " kept (keep_last + keep_best + the one being written)",
+                 j["expected"].get<std::string>(),
+                 "a checkpoint that cannot be written loses the run's progress",
+                 j["status"] == "PASS"
+                     ? ""
+                     : "free space, lower checkpoint.keep_last/keep_best, or move run.dir",
                  {{"free_bytes", free_b}, {"checkpoint_bytes", ck}, {"copies", copies}}});
       }
     }
@@ -472,28 +587,51 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
 
   // ---------------------------------------------------------------- GPU
   if (!cuda) {
-    rep.skip("gpu.versions", "gpu", no_cuda, "driver, CUDA, cuDNN and NCCL must match what LibTorch was built for");
-    rep.skip("gpu.nccl_allreduce", "gpu", no_cuda, "all-reduce bandwidth bounds data-parallel scaling");
+    rep.skip("gpu.versions", "gpu", no_cuda,
+             "driver, CUDA, cuDNN and NCCL must match what LibTorch was built for");
+    rep.skip("gpu.nccl_allreduce", "gpu", no_cuda,
+             "all-reduce bandwidth bounds data-parallel scaling");
   } else {
     const auto v = compat::cuda_versions();
     std::string driver = read_first_line("/proc/driver/nvidia/version");
-    if (auto k = driver.find("Kernel Module"); k != std::string::npos) driver = driver.substr(k + 14, 20);
-    const auto nccl = dist::nccl_allreduce_check(full ? 1 << 30 : 256 << 20, full ? 20 : 10, full ? 180 : 60);
-    rep.add({"gpu.versions", "gpu", "PASS",
-             compat::cuda_device_name() + "; driver " + (driver.empty() ? "?" : driver) + ", CUDA " + v.cuda + " (LibTorch " +
-                 compat::torch_version() + "), cuDNN " + v.cudnn + ", NCCL " + (nccl.version.empty() ? "?" : nccl.version),
-             "informational", "mismatched versions are the first thing to rule out", "",
-             {{"device", compat::cuda_device_name()}, {"cuda", v.cuda}, {"cudnn", v.cudnn}, {"nccl", nccl.version}}});
+    if (auto k = driver.find("Kernel Module"); k != std::string::npos)
+      driver = driver.substr(k + 14, 20);
+    const auto nccl =
+        dist::nccl_allreduce_check(full ? 1 << 30 : 256 << 20, full ? 20 : 10, full ? 180 : 60);
+    rep.add({"gpu.versions",
+             "gpu",
+             "PASS",
+             compat::cuda_device_name() + "; driver " + (driver.empty() ? "?" : driver) +
+                 ", CUDA " + v.cuda + " (LibTorch " + compat::torch_version() + "), cuDNN " +
+                 v.cudnn + ", NCCL " + (nccl.version.empty() ? "?" : nccl.version),
+             "informational",
+             "mismatched versions are the first thing to rule out",
+             "",
+             {{"device", compat::cuda_device_name()},
+              {"cuda", v.cuda},
+              {"cudnn", v.cudnn},
+              {"nccl", nccl.version}}});
     if (!nccl.ok) {
-      rep.add({"gpu.nccl_allreduce", "gpu", dist::nccl_compiled() ? "FAIL" : "SKIP", nccl.error, "an all-reduce completes",
-               "data-parallel training all-reduces every step", dist::nccl_compiled() ? "check the NCCL install" : nccl.error, nullptr});
+      rep.add({"gpu.nccl_allreduce", "gpu", dist::nccl_compiled() ? "FAIL" : "SKIP", nccl.error,
+               "an all-reduce completes", "data-parallel training all-reduces every step",
+               dist::nccl_compiled() ? "check the NCCL install" : nccl.error, nullptr});
     } else {
-      rep.add({"gpu.nccl_allreduce", "gpu", "PASS",
-               "ProcessGroupNCCL, world " + std::to_string(nccl.world) + ": " + format_fixed(nccl.bytes / (1 << 20), 0) + " MiB in " +
-                   format_fixed(nccl.seconds * 1e3, 3) + " ms, algbw " + format_fixed(nccl.algbw_gbps) + " GB/s, busbw " + format_fixed(nccl.busbw_gbps) +
-                   " GB/s" + (nccl.world == 1 ? " (busbw is 0 by definition with one rank: no link is crossed)" : ""),
-               "completes; busbw near the link's rate with several GPUs", "all-reduce bandwidth bounds data-parallel scaling", "",
-               {{"algbw_gb_s", nccl.algbw_gbps}, {"busbw_gb_s", nccl.busbw_gbps}, {"world", nccl.world}}});
+      rep.add(
+          {"gpu.nccl_allreduce",
+           "gpu",
+           "PASS",
+           "ProcessGroupNCCL, world " + std::to_string(nccl.world) + ": " +
+               format_fixed(nccl.bytes / (1 << 20), 0) + " MiB in " +
+               format_fixed(nccl.seconds * 1e3, 3) + " ms, algbw " + format_fixed(nccl.algbw_gbps) +
+               " GB/s, busbw " + format_fixed(nccl.busbw_gbps) + " GB/s" +
+               (nccl.world == 1 ? " (busbw is 0 by definition with one rank: no link is crossed)"
+                                : ""),
+           "completes; busbw near the link's rate with several GPUs",
+           "all-reduce bandwidth bounds data-parallel scaling",
+           "",
+           {{"algbw_gb_s", nccl.algbw_gbps},
+            {"busbw_gb_s", nccl.busbw_gbps},
+            {"world", nccl.world}}});
     }
   }
 
@@ -507,27 +645,32 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
 
 std::string checklist_text(const nlohmann::json& r) {
   std::ostringstream o;
-  o << "mltrain checklist (" << r.value("level", "") << (r.value("config", "").empty() ? "" : ", " + r.value("config", ""))
-    << ", " << r.value("device", "") << ")\n";
+  o << "mltrain checklist (" << r.value("level", "")
+    << (r.value("config", "").empty() ? "" : ", " + r.value("config", "")) << ", "
+    << r.value("device", "") << ")\n";
   std::string area;
   for (const auto& it : r["items"]) {
     if (it["area"] != area) {
       area = it["area"];
       o << "\n" << area << "\n";
     }
-    o << "  " << it["status"].get<std::string>() << std::string(5 - it["status"].get<std::string>().size(), ' ')
-      << it["id"].get<std::string>() << ": ";
+    o << "  " << it["status"].get<std::string>()
+      << std::string(5 - it["status"].get<std::string>().size(), ' ') << it["id"].get<std::string>()
+      << ": ";
     if (it["status"] == "SKIP") {
       o << "skipped: " << it["fix"].get<std::string>() << "\n";
       continue;
     }
     o << it["measured"].get<std::string>() << "\n";
-    o << "        expected " << it["expected"].get<std::string>() << "; why: " << it["why"].get<std::string>() << "\n";
-    if (!it["fix"].get<std::string>().empty()) o << "        fix: " << it["fix"].get<std::string>() << "\n";
+    o << "        expected " << it["expected"].get<std::string>()
+      << "; why: " << it["why"].get<std::string>() << "\n";
+    if (!it["fix"].get<std::string>().empty())
+      o << "        fix: " << it["fix"].get<std::string>() << "\n";
   }
   const auto& c = r["counts"];
-  o << "\n" << c["PASS"] << " pass, " << c["WARN"] << " warn, " << c["FAIL"] << " fail, " << c["SKIP"] << " skip in "
-    << format_fixed(r.value("seconds", 0.0)) << " s\n";
+  o << "\n"
+    << c["PASS"] << " pass, " << c["WARN"] << " warn, " << c["FAIL"] << " fail, " << c["SKIP"]
+    << " skip in " << format_fixed(r.value("seconds", 0.0)) << " s\n";
   return o.str();
 }
 

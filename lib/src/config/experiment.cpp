@@ -20,11 +20,13 @@ static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::s
        "required when model.name is torchscript");
   need(c.model.widths.size() == c.model.depths.size(), "model.depths",
        "needs one entry per model.widths entry");
-  need(c.model.channels.size() == 2, "model.channels", "the cnn has exactly two conv layers: give 2 values");
+  need(c.model.channels.size() == 2, "model.channels",
+       "the cnn has exactly two conv layers: give 2 values");
   need(!c.model.hidden.empty(), "model.hidden", "give at least one hidden width");
 }
 
-ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
+ExperimentConfig load_experiment(const std::string& path,
+                                 const std::vector<std::string>& overrides) {
   Issues issues;
   YAML::Node root;
   if (!path.empty()) {
@@ -39,7 +41,8 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
       throw ConfigError(path, "cannot read the config file", "check its permissions");
     }
     if (!root.IsMap() && !root.IsNull()) {
-      issues.add(mark_text(path, root.Mark()), "", "the top level must be a mapping (run:, data:, model: ...)");
+      issues.add(mark_text(path, root.Mark()), "",
+                 "the top level must be a mapping (run:, data:, model: ...)");
       root = YAML::Node();
     }
   }
@@ -55,7 +58,8 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
     issues.add("override '" + o.text + "'", key,
                "unknown key" + (hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
   }
-  if (cfg.run.name.empty() && !path.empty()) cfg.run.name = std::filesystem::path(path).stem().string();
+  if (cfg.run.name.empty() && !path.empty())
+    cfg.run.name = std::filesystem::path(path).stem().string();
   if (cfg.run.name.empty()) cfg.run.name = "default";
   if (issues.empty()) cross_checks(cfg, issues, path.empty() ? "<defaults>" : path);
   issues.throw_if_any();

@@ -11,19 +11,22 @@ namespace mltrain::config {
 namespace {
 // "<positive number><unit>" or never/off, spaces ignored: the one tokenizer behind Period and
 // Duration. Returns false (with *why) when there is no positive number; `never` sets *never.
-bool split_amount(const std::string& raw, const char* example, double* v, std::string* unit, bool* never,
-                  std::string* why) {
+bool split_amount(const std::string& raw, const char* example, double* v, std::string* unit,
+                  bool* never, std::string* why) {
   std::string text;
   for (char c : raw)
     if (c != ' ') text += c;
   *never = text == "never" || text == "off";
   if (*never) return true;
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
   const std::string number = text.substr(0, i);
   *unit = text.substr(i);
   if (number.empty()) {
-    if (why) *why = std::string("expected a number followed by a unit (e.g. ") + example + "), got '" + raw + "'";
+    if (why)
+      *why = std::string("expected a number followed by a unit (e.g. ") + example + "), got '" +
+             raw + "'";
     return false;
   }
   char* end = nullptr;
@@ -53,7 +56,8 @@ std::optional<Period> Period::try_parse(const std::string& raw, std::string* why
   if (unit == "ep" || unit == "e" || unit == "epochs" || unit == "epoch") return Period::epochs(v);
   if (why) {
     if (unit.empty())
-      *why = "'" + raw + "' has no unit: write " + number + "ep (epochs) or " + number + "u (optimizer steps)";
+      *why = "'" + raw + "' has no unit: write " + number + "ep (epochs) or " + number +
+             "u (optimizer steps)";
     else if (unit == "s" || unit == "m" || unit == "min" || unit == "h")
       *why = "unknown unit '" + unit + "' in '" + raw +
              "' for a training period (use ep for epochs, u for steps; wall-clock time is not one)";
@@ -73,8 +77,9 @@ std::optional<Duration> Duration::try_parse(const std::string& raw, std::string*
   if (unit == "m" || unit == "min") return Duration::of_seconds(v * 60);
   if (unit == "h") return Duration::of_seconds(v * 3600);
   if (why)
-    *why = unit.empty() ? "'" + raw + "' has no unit: write " + raw + "s, or use m (minutes) or h (hours)"
-                        : "unknown unit '" + unit + "' in '" + raw + "' (a duration takes s, m or h)";
+    *why = unit.empty()
+               ? "'" + raw + "' has no unit: write " + raw + "s, or use m (minutes) or h (hours)"
+               : "unknown unit '" + unit + "' in '" + raw + "' (a duration takes s, m or h)";
   return std::nullopt;
 }
 
@@ -98,9 +103,12 @@ int64_t Period::to_steps(int64_t steps_per_epoch) const {
 
 std::string Period::str() const {
   switch (unit) {
-    case Unit::kNever: return "never";
-    case Unit::kSteps: return std::to_string(static_cast<int64_t>(value)) + "u";
-    case Unit::kEpochs: return format_double(value) + "ep";
+    case Unit::kNever:
+      return "never";
+    case Unit::kSteps:
+      return std::to_string(static_cast<int64_t>(value)) + "u";
+    case Unit::kEpochs:
+      return format_double(value) + "ep";
   }
   return "never";
 }

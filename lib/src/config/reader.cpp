@@ -69,7 +69,8 @@ Overrides parse_overrides(const std::vector<std::string>& items, Issues& issues)
     bool ok_path = true;
     for (char c : path)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.')) ok_path = false;
-    if (!ok_path || path.front() == '.' || path.back() == '.' || path.find("..") != std::string::npos) {
+    if (!ok_path || path.front() == '.' || path.back() == '.' ||
+        path.find("..") != std::string::npos) {
       issues.add(origin, path, "malformed key path (letters, digits, _ and single dots)");
       continue;
     }
@@ -84,7 +85,11 @@ Overrides parse_overrides(const std::vector<std::string>& items, Issues& issues)
 }
 
 static std::string scalar_or_err(const YAML::Node& n, std::string& s, const char* want) {
-  if (!n.IsScalar()) return std::string("expected ") + want + ", got a " + (n.IsMap() ? "mapping" : n.IsSequence() ? "list" : "null value");
+  if (!n.IsScalar())
+    return std::string("expected ") + want + ", got a " +
+           (n.IsMap()        ? "mapping"
+            : n.IsSequence() ? "list"
+                             : "null value");
   s = n.Scalar();
   return "";
 }
@@ -103,7 +108,8 @@ std::string decode(const YAML::Node& n, int64_t& out) {
   int64_t v = 0;
   auto res = std::from_chars(s.data(), s.data() + s.size(), v);
   if (res.ec == std::errc::result_out_of_range) return "integer '" + s + "' is out of range";
-  if (res.ec != std::errc() || res.ptr != s.data() + s.size()) return "expected an integer, got '" + s + "'";
+  if (res.ec != std::errc() || res.ptr != s.data() + s.size())
+    return "expected an integer, got '" + s + "'";
   out = v;
   return "";
 }
@@ -113,10 +119,12 @@ std::string decode(const YAML::Node& n, double& out) {
   if (auto e = scalar_or_err(n, s, "a number"); !e.empty()) return e;
   if (s == ".inf" || s == "inf") return out = INFINITY, "";
   if (s == "-.inf" || s == "-inf") return out = -INFINITY, "";
-  if (s == ".nan" || s == ".NaN" || s == "nan") return out = NAN, "";  // "off" for optional thresholds
+  if (s == ".nan" || s == ".NaN" || s == "nan")
+    return out = NAN, "";  // "off" for optional thresholds
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || std::isnan(v)) return "expected a number, got '" + s + "'";
+  if (s.empty() || end != s.c_str() + s.size() || std::isnan(v))
+    return "expected a number, got '" + s + "'";
   out = v;
   return "";
 }
@@ -143,7 +151,8 @@ std::string decode(const YAML::Node& n, Count& out) {
   if (auto e = scalar_or_err(n, s, "an integer or auto"); !e.empty()) return e;
   if (s == "auto") return out = Count::automatic(), "";
   int64_t v = 0;
-  if (decode(n, v) != "" || v < 0) return "expected a non-negative integer or auto, got '" + s + "'";
+  if (decode(n, v) != "" || v < 0)
+    return "expected a non-negative integer or auto, got '" + s + "'";
   out = Count::of(v);
   return "";
 }
@@ -159,7 +168,8 @@ std::string decode(const YAML::Node& n, Duration& out) {
 
 std::string decode(const YAML::Node& n, Scalar& out) {
   std::string s;
-  if (auto e = scalar_or_err(n, s, "a single value (number, true/false or string)"); !e.empty()) return e;
+  if (auto e = scalar_or_err(n, s, "a single value (number, true/false or string)"); !e.empty())
+    return e;
   out = {s, n.Tag() == "!"};  // yaml-cpp tags quoted scalars "!"
   return "";
 }
@@ -180,7 +190,9 @@ static std::string decode_list(const YAML::Node& n, std::vector<T>& out) {
 std::string decode(const YAML::Node& n, std::vector<int64_t>& out) { return decode_list(n, out); }
 std::string decode(const YAML::Node& n, std::vector<double>& out) { return decode_list(n, out); }
 std::string decode(const YAML::Node& n, std::vector<Period>& out) { return decode_list(n, out); }
-std::string decode(const YAML::Node& n, std::vector<std::string>& out) { return decode_list(n, out); }
+std::string decode(const YAML::Node& n, std::vector<std::string>& out) {
+  return decode_list(n, out);
+}
 std::string decode(const YAML::Node& n, std::vector<Scalar>& out) { return decode_list(n, out); }
 
 void Reader::finish() {
@@ -200,7 +212,8 @@ void Reader::finish() {
     if (std::find(keys_.begin(), keys_.end(), key) == keys_.end()) {
       std::string hint = did_you_mean(key, keys_);
       std::string msg = "unknown key";
-      if (!hint.empty()) msg += " (did you mean '" + hint + "'?)";
+      if (!hint.empty())
+        msg += " (did you mean '" + hint + "'?)";
       else {
         msg += "; valid keys here:";
         for (auto& k : keys_) msg += " " + k;
@@ -218,10 +231,13 @@ std::string SchemaWriter::text() const {
     w2 = std::max(w2, std::min<size_t>(r.default_value.size(), 24));
   }
   std::ostringstream o;
-  auto pad = [](const std::string& s, size_t w) { return s + std::string(w > s.size() ? w - s.size() : 0, ' '); };
+  auto pad = [](const std::string& s, size_t w) {
+    return s + std::string(w > s.size() ? w - s.size() : 0, ' ');
+  };
   o << pad("key", w0) << "  " << pad("type", w1) << "  " << pad("default", w2) << "  description\n";
   for (auto& r : rows_) {
-    o << pad(r.path, w0) << "  " << pad(r.type, w1) << "  " << pad(r.default_value, w2) << "  " << r.doc;
+    o << pad(r.path, w0) << "  " << pad(r.type, w1) << "  " << pad(r.default_value, w2) << "  "
+      << r.doc;
     if (!r.check.empty()) o << " (" << r.check << ")";
     o << "\n";
   }

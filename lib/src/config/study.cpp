@@ -11,7 +11,8 @@ namespace mltrain::config {
 namespace {
 
 // One parameter's range: what no single field's check can see.
-void check_param(const std::string& name, const ParamSettings& p, Issues& issues, const std::string& file) {
+void check_param(const std::string& name, const ParamSettings& p, Issues& issues,
+                 const std::string& file) {
   const std::string path = "space." + name;
   auto at = [&](const std::string& key, const std::string& msg) {
     issues.add_at(key.empty() ? path : path + "." + key, msg, file);
@@ -23,7 +24,8 @@ void check_param(const std::string& name, const ParamSettings& p, Issues& issues
     return;
   }
   if (p.type == "categorical") {
-    if (p.choices.empty()) at("choices", "a categorical parameter needs a non-empty list of choices");
+    if (p.choices.empty())
+      at("choices", "a categorical parameter needs a non-empty list of choices");
     return;
   }
   if (!given("low") || !given("high")) {
@@ -31,34 +33,44 @@ void check_param(const std::string& name, const ParamSettings& p, Issues& issues
     return;
   }
   if (!(p.low < p.high))
-    issues.add_at(path, "low must be below high (" + format_double(p.low) + " >= " + format_double(p.high) + ")", file);
+    issues.add_at(
+        path,
+        "low must be below high (" + format_double(p.low) + " >= " + format_double(p.high) + ")",
+        file);
   if (p.log && p.low <= 0) at("low", "a log-scaled parameter needs low > 0");
-  if (p.log && p.step > 0 && p.type == "float") issues.add_at(path, "log and step cannot be combined", file);
+  if (p.log && p.step > 0 && p.type == "float")
+    issues.add_at(path, "log and step cannot be combined", file);
   if (p.type == "int" && (p.low != std::floor(p.low) || p.high != std::floor(p.high)))
     issues.add_at(path, "an int parameter needs integer low and high", file);
   for (double g : p.grid)
-    if (g < p.low || g > p.high) at("grid", "value " + format_double(g) + " is outside [low, high]");
+    if (g < p.low || g > p.high)
+      at("grid", "value " + format_double(g) + " is outside [low, high]");
 }
 
 void cross_checks(const StudyFile& s, Issues& issues, const std::string& file, bool in_folder) {
-  const int kinds = !s.objective.function.empty() + !s.trial.train.empty() + !s.trial.command.empty();
+  const int kinds =
+      !s.objective.function.empty() + !s.trial.train.empty() + !s.trial.command.empty();
   if (kinds == 0)
     issues.add(file, "objective",
-               "nothing to tune: set trial.train (a config for mltrain train), trial.command, or objective.function");
-  if (kinds > 1) issues.add(file, "trial", "choose one of trial.train, trial.command and objective.function");
+               "nothing to tune: set trial.train (a config for mltrain train), trial.command, or "
+               "objective.function");
+  if (kinds > 1)
+    issues.add(file, "trial", "choose one of trial.train, trial.command and objective.function");
   if (!in_folder && !s.trial.train.empty() && !std::filesystem::exists(s.trial.train))
     issues.add_at("trial.train", "'" + s.trial.train + "' does not exist", file);
-  if (s.space.empty() && s.objective.function.empty()) issues.add(file, "space", "no parameters to tune");
+  if (s.space.empty() && s.objective.function.empty())
+    issues.add(file, "space", "no parameters to tune");
   for (const auto& [name, p] : s.space) check_param(name, p, issues, file);
 }
 
 }  // namespace
 
-StudyFile load_study_file(const std::string& path, const std::vector<std::string>& overrides, const StudyChecks& extra,
-                          bool in_folder) {
+StudyFile load_study_file(const std::string& path, const std::vector<std::string>& overrides,
+                          const StudyChecks& extra, bool in_folder) {
   YAML::Node root;
   if (!std::filesystem::exists(path))
-    throw ConfigError(path, "study file not found", "check the path; examples are in configs/tune/");
+    throw ConfigError(path, "study file not found",
+                      "check the path; examples are in configs/tune/");
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::ParserException& e) {
@@ -69,7 +81,8 @@ StudyFile load_study_file(const std::string& path, const std::vector<std::string
   }
   Issues issues;
   if (!root.IsMap() && !root.IsNull()) {
-    issues.add(mark_text(path, root.Mark()), "", "the top level must be a mapping (study:, sampler:, space: ...)");
+    issues.add(mark_text(path, root.Mark()), "",
+               "the top level must be a mapping (study:, sampler:, space: ...)");
     root = YAML::Node();
   }
   Overrides ov = parse_overrides(overrides, issues);
@@ -91,8 +104,9 @@ StudyFile load_study_file(const std::string& path, const std::vector<std::string
   try {
     issues.throw_if_any();
   } catch (const ConfigError& e) {
-    throw ConfigError(e.where(), e.message(),
-                      "see `mltrain config schema --study` for every key; examples are in configs/tune/");
+    throw ConfigError(
+        e.where(), e.message(),
+        "see `mltrain config schema --study` for every key; examples are in configs/tune/");
   }
   return s;
 }

@@ -20,7 +20,9 @@ static std::string errno_text() { return std::strerror(errno); }
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   tmp_ = path_ + ".tmp." + std::to_string(::getpid());
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw RuntimeError(tmp_, "cannot create: " + errno_text(), "check the folder exists and is writable");
+  if (fd_ < 0)
+    throw RuntimeError(tmp_, "cannot create: " + errno_text(),
+                       "check the folder exists and is writable");
 }
 
 AtomicFile::~AtomicFile() {
@@ -78,7 +80,8 @@ std::string read_file(const std::string& path) {
 
 MappedFile::MappedFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(path, "cannot open: " + errno_text(), "check the path and permissions");
+  if (fd < 0)
+    throw DataError(path, "cannot open: " + errno_text(), "check the path and permissions");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);

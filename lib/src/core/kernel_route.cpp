@@ -138,7 +138,8 @@ at::Tensor& route_addmm_out(const at::Tensor& self, const at::Tensor& m1, const 
     if (!out_ok(out, M, N)) return native_addmm_out(self, m1, m2, beta, alpha, out);
   }
   const float b = beta.toFloat();
-  if (b != 0.0f) out.copy_(self.expand({M, N}));  // beta == 0: self is ignored, NaNs too (torch semantics)
+  if (b != 0.0f)
+    out.copy_(self.expand({M, N}));  // beta == 0: self is ignored, NaNs too (torch semantics)
   sgemm_into(out, m1, m2, alpha.toFloat(), b);
   return out;
 }
@@ -183,8 +184,8 @@ void set_kernel_route(const std::string& route) {
   } else {
     QuietHandler quiet;
     c10::Warning::WarningHandlerGuard guard(&quiet);
-    g_library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CPU,
-                                                 __FILE__, __LINE__);
+    g_library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                                 c10::DispatchKey::CPU, __FILE__, __LINE__);
     g_library->impl("mm", TORCH_FN(route_mm));
     g_library->impl("mm.out", TORCH_FN(route_mm_out));
     g_library->impl("addmm", TORCH_FN(route_addmm));

@@ -11,11 +11,14 @@ namespace mltrain::runtime {
 
 void set_kernel_route(const std::string& route) {
   if (route != "onednn" && route != "native")
-    throw ConfigError("runtime.kernel_route", "unknown kernel route '" + route + "'", "use onednn or native");
+    throw ConfigError("runtime.kernel_route", "unknown kernel route '" + route + "'",
+                      "use onednn or native");
   static std::once_flag once;
   if (route == "onednn")
     std::call_once(once, [] {
-      spdlog::info("[runtime] kernel_route=onednn: this build has no libdnnl to route to; LibTorch's own GEMM is used");
+      spdlog::info(
+          "[runtime] kernel_route=onednn: this build has no libdnnl to route to; LibTorch's own "
+          "GEMM is used");
     });
 }
 

@@ -27,18 +27,22 @@ std::vector<std::string> environment_with(const std::vector<std::string>& set) {
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
     bool replaced = false;
-    for (const auto& s : set) replaced |= kv.compare(0, s.find('=') + 1, s, 0, s.find('=') + 1) == 0;
+    for (const auto& s : set)
+      replaced |= kv.compare(0, s.find('=') + 1, s, 0, s.find('=') + 1) == 0;
     if (!replaced) env.push_back(kv);
   }
   env.insert(env.end(), set.begin(), set.end());
   return env;
 }
 
-pid_t spawn_child(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_in, int* stdout_fd,
-                  const std::string& stderr_path, bool own_group) {
+pid_t spawn_child(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_in,
+                  int* stdout_fd, const std::string& stderr_path, bool own_group) {
   int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) throw RuntimeError("spawn", std::string("pipe: ") + std::strerror(errno));
-  const int errfd = stderr_path.empty() ? -1 : ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (::pipe2(p, O_CLOEXEC) != 0)
+    throw RuntimeError("spawn", std::string("pipe: ") + std::strerror(errno));
+  const int errfd = stderr_path.empty() ? -1
+                                        : ::open(stderr_path.c_str(),
+                                                 O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   std::vector<std::string> argv = argv_in, env = env_in;
   std::vector<char*> av, ev;
   for (auto& s : argv) av.push_back(s.data());

@@ -65,7 +65,8 @@ static std::string cpu_flags_of_interest() {
   while (std::getline(in, line)) {
     if (line.rfind("flags", 0) == 0) {
       for (const char* f : {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile"})
-        if (line.find(std::string(" ") + f) != std::string::npos) out += std::string(out.empty() ? "" : " ") + f;
+        if (line.find(std::string(" ") + f) != std::string::npos)
+          out += std::string(out.empty() ? "" : " ") + f;
       break;
     }
   }

@@ -21,12 +21,14 @@ inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 }  // namespace
 
 Sha256::Sha256()
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+         0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
 
 void Sha256::block(const uint8_t* p) {
   uint32_t w[64];
   for (int i = 0; i < 16; ++i)
-    w[i] = (uint32_t(p[4 * i]) << 24) | (uint32_t(p[4 * i + 1]) << 16) | (uint32_t(p[4 * i + 2]) << 8) | p[4 * i + 3];
+    w[i] = (uint32_t(p[4 * i]) << 24) | (uint32_t(p[4 * i + 1]) << 16) |
+           (uint32_t(p[4 * i + 2]) << 8) | p[4 * i + 3];
   for (int i = 16; i < 64; ++i) {
     uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
     uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -40,9 +42,23 @@ void Sha256::block(const uint8_t* p) {
     uint32_t S0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
     uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
     uint32_t t2 = S0 + maj;
-    h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    h = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
   }
-  h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d; h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+  h_[0] += a;
+  h_[1] += b;
+  h_[2] += c;
+  h_[3] += d;
+  h_[4] += e;
+  h_[5] += f;
+  h_[6] += g;
+  h_[7] += h;
 }
 
 void Sha256::update(const void* data, size_t n) {
@@ -51,11 +67,23 @@ void Sha256::update(const void* data, size_t n) {
   if (buf_len_) {
     size_t take = std::min(n, 64 - buf_len_);
     std::memcpy(buf_ + buf_len_, p, take);
-    buf_len_ += take; p += take; n -= take;
-    if (buf_len_ == 64) { block(buf_); buf_len_ = 0; }
+    buf_len_ += take;
+    p += take;
+    n -= take;
+    if (buf_len_ == 64) {
+      block(buf_);
+      buf_len_ = 0;
+    }
   }
-  while (n >= 64) { block(p); p += 64; n -= 64; }
-  if (n) { std::memcpy(buf_, p, n); buf_len_ = n; }
+  while (n >= 64) {
+    block(p);
+    p += 64;
+    n -= 64;
+  }
+  if (n) {
+    std::memcpy(buf_, p, n);
+    buf_len_ = n;
+  }
 }
 
 std::string Sha256::hex() {

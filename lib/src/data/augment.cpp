@@ -11,7 +11,8 @@ namespace {
 
 bool active(const config::AugOpConfig& op, double progress) {
   if (op.p <= 0) return false;
-  const double lo = op.window.size() > 0 ? op.window[0] : 0.0, hi = op.window.size() > 1 ? op.window[1] : 1.0;
+  const double lo = op.window.size() > 0 ? op.window[0] : 0.0,
+               hi = op.window.size() > 1 ? op.window[1] : 1.0;
   return progress >= lo && progress <= hi;
 }
 
@@ -19,7 +20,9 @@ bool active(const config::AugOpConfig& op, double progress) {
 float bilinear(const float* src, int64_t h, int64_t w, double y, double x, float fill) {
   const double y0 = std::floor(y), x0 = std::floor(x);
   const double dy = y - y0, dx = x - x0;
-  auto at = [&](int64_t yy, int64_t xx) { return (yy < 0 || xx < 0 || yy >= h || xx >= w) ? fill : src[yy * w + xx]; };
+  auto at = [&](int64_t yy, int64_t xx) {
+    return (yy < 0 || xx < 0 || yy >= h || xx >= w) ? fill : src[yy * w + xx];
+  };
   const int64_t iy = static_cast<int64_t>(y0), ix = static_cast<int64_t>(x0);
   return static_cast<float>((1 - dy) * ((1 - dx) * at(iy, ix) + dx * at(iy, ix + 1)) +
                             dy * ((1 - dx) * at(iy + 1, ix) + dx * at(iy + 1, ix + 1)));
@@ -30,7 +33,8 @@ float bilinear(const float* src, int64_t h, int64_t w, double y, double x, float
 Augmenter::Augmenter(const config::AugmentConfig& cfg, uint64_t seed) : cfg_(cfg), seed_(seed) {}
 
 bool Augmenter::any_sample_op() const {
-  return cfg_.crop.p > 0 || cfg_.flip.p > 0 || cfg_.rotate.p > 0 || cfg_.color.p > 0 || cfg_.erase.p > 0;
+  return cfg_.crop.p > 0 || cfg_.flip.p > 0 || cfg_.rotate.p > 0 || cfg_.color.p > 0 ||
+         cfg_.erase.p > 0;
 }
 bool Augmenter::any_batch_op() const { return cfg_.mixup.p > 0 || cfg_.cutmix.p > 0; }
 
@@ -40,7 +44,8 @@ void Augmenter::adapt(double train_accuracy, double eval_accuracy) {
   set_strength(strength() + (gap > cfg_.adaptive_gap ? cfg_.adaptive_step : -cfg_.adaptive_step));
 }
 
-bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progress, uint64_t key) const {
+bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progress,
+                       uint64_t key) const {
   SplitMix rng{stream_seed(seed_, key)};
   const double s = strength();
   bool changed = false;
@@ -61,22 +66,26 @@ bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progre
     const double area = rng.uniform(std::min(lo, hi), hi) * h * w;
     const double lr = std::log(cfg_.crop_ratio[0]), hr = std::log(cfg_.crop_ratio[1]);
     const double ratio = std::exp(rng.uniform(lr, hr));
-    const double cw = std::min<double>(w, std::sqrt(area * ratio)), chh = std::min<double>(h, std::sqrt(area / ratio));
+    const double cw = std::min<double>(w, std::sqrt(area * ratio)),
+                 chh = std::min<double>(h, std::sqrt(area / ratio));
     const double top = rng.uniform(0, h - chh), left = rng.uniform(0, w - cw);
     resample([&](double y, double x) {
-      return std::pair<double, double>{top + (y + 0.5) * chh / h - 0.5, left + (x + 0.5) * cw / w - 0.5};
+      return std::pair<double, double>{top + (y + 0.5) * chh / h - 0.5,
+                                       left + (x + 0.5) * cw / w - 0.5};
     });
   }
   if (active(cfg_.rotate, progress) && rng.uniform() < cfg_.rotate.p) {
     const double a = rng.uniform(-1, 1) * cfg_.rotate_degrees * s * M_PI / 180;
     const double cy = (h - 1) / 2.0, cx = (w - 1) / 2.0, ca = std::cos(a), sa = std::sin(a);
     resample([&](double y, double x) {
-      return std::pair<double, double>{cy + (y - cy) * ca - (x - cx) * sa, cx + (y - cy) * sa + (x - cx) * ca};
+      return std::pair<double, double>{cy + (y - cy) * ca - (x - cx) * sa,
+                                       cx + (y - cy) * sa + (x - cx) * ca};
     });
   }
   if (active(cfg_.flip, progress) && rng.uniform() < cfg_.flip.p) {
     for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t y = 0; y < h; ++y) std::reverse(px + (ch * h + y) * w, px + (ch * h + y + 1) * w);
+      for (int64_t y = 0; y < h; ++y)
+        std::reverse(px + (ch * h + y) * w, px + (ch * h + y + 1) * w);
     changed = true;
   }
   if (active(cfg_.color, progress) && rng.uniform() < cfg_.color.p) {
@@ -84,7 +93,8 @@ bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progre
     double mean = 0;
     for (int64_t i = 0; i < c * h * w; ++i) mean += px[i];
     mean /= n;
-    const double k = 1 + rng.uniform(-1, 1) * cfg_.contrast * s, b = rng.uniform(-1, 1) * cfg_.brightness * s;
+    const double k = 1 + rng.uniform(-1, 1) * cfg_.contrast * s,
+                 b = rng.uniform(-1, 1) * cfg_.brightness * s;
     for (int64_t i = 0; i < c * h * w; ++i)
       px[i] = static_cast<float>(std::clamp((px[i] - mean) * k + mean + b, 0.0, 1.0));
     changed = true;
@@ -94,16 +104,19 @@ bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progre
     const double ratio = std::exp(rng.uniform(std::log(0.3), std::log(3.3)));
     const int64_t eh = std::clamp<int64_t>(std::llround(std::sqrt(area / ratio)), 1, h);
     const int64_t ew = std::clamp<int64_t>(std::llround(std::sqrt(area * ratio)), 1, w);
-    const int64_t top = static_cast<int64_t>(rng.uniform() * (h - eh + 1)), left = static_cast<int64_t>(rng.uniform() * (w - ew + 1));
+    const int64_t top = static_cast<int64_t>(rng.uniform() * (h - eh + 1)),
+                  left = static_cast<int64_t>(rng.uniform() * (w - ew + 1));
     for (int64_t ch = 0; ch < c; ++ch)
       for (int64_t y = top; y < std::min(h, top + eh); ++y)
-        std::fill(px + (ch * h + y) * w + left, px + (ch * h + y) * w + std::min(w, left + ew), 0.f);
+        std::fill(px + (ch * h + y) * w + left, px + (ch * h + y) * w + std::min(w, left + ew),
+                  0.f);
     changed = true;
   }
   return changed;
 }
 
-MixResult Augmenter::batch(torch::Tensor& x, const torch::Tensor& y, double progress, uint64_t key) const {
+MixResult Augmenter::batch(torch::Tensor& x, const torch::Tensor& y, double progress,
+                           uint64_t key) const {
   MixResult r;
   SplitMix rng{stream_seed(seed_ ^ 0xC0FFEE, key)};
   const bool mixup = active(cfg_.mixup, progress) && rng.uniform() < cfg_.mixup.p;
@@ -112,7 +125,8 @@ MixResult Augmenter::batch(torch::Tensor& x, const torch::Tensor& y, double prog
   const int64_t n = x.size(0);
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[i] = i;
-  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % static_cast<uint64_t>(i + 1)]);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(perm[i], perm[rng.next() % static_cast<uint64_t>(i + 1)]);
   auto idx = torch::from_blob(perm.data(), {n}, torch::kInt64).clone();
   const auto partner = x.index_select(0, idx);
   r.y2 = y.index_select(0, idx);
@@ -124,9 +138,12 @@ MixResult Augmenter::batch(torch::Tensor& x, const torch::Tensor& y, double prog
     const int64_t h = x.size(-2), w = x.size(-1);
     const double cut = std::sqrt(1 - lam);
     const int64_t bh = static_cast<int64_t>(h * cut), bw = static_cast<int64_t>(w * cut);
-    const int64_t cy = static_cast<int64_t>(rng.uniform() * h), cx = static_cast<int64_t>(rng.uniform() * w);
-    const int64_t y0 = std::clamp<int64_t>(cy - bh / 2, 0, h), y1 = std::clamp<int64_t>(cy + bh / 2, 0, h);
-    const int64_t x0 = std::clamp<int64_t>(cx - bw / 2, 0, w), x1 = std::clamp<int64_t>(cx + bw / 2, 0, w);
+    const int64_t cy = static_cast<int64_t>(rng.uniform() * h),
+                  cx = static_cast<int64_t>(rng.uniform() * w);
+    const int64_t y0 = std::clamp<int64_t>(cy - bh / 2, 0, h),
+                  y1 = std::clamp<int64_t>(cy + bh / 2, 0, h);
+    const int64_t x0 = std::clamp<int64_t>(cx - bw / 2, 0, w),
+                  x1 = std::clamp<int64_t>(cx + bw / 2, 0, w);
     using torch::indexing::Slice;
     x.index({Slice(), Slice(), Slice(y0, y1), Slice(x0, x1)})
         .copy_(partner.index({Slice(), Slice(), Slice(y0, y1), Slice(x0, x1)}));

@@ -13,23 +13,37 @@ namespace mltrain::data {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kU8: return "u8";
-    case DType::kI8: return "i8";
-    case DType::kI16: return "i16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
+    case DType::kU8:
+      return "u8";
+    case DType::kI8:
+      return "i8";
+    case DType::kI16:
+      return "i16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
   }
   return "?";
 }
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kU8: case DType::kI8: return 1;
-    case DType::kI16: return 2;
-    case DType::kI32: case DType::kF32: return 4;
-    case DType::kI64: case DType::kF64: return 8;
+    case DType::kU8:
+    case DType::kI8:
+      return 1;
+    case DType::kI16:
+      return 2;
+    case DType::kI32:
+    case DType::kF32:
+      return 4;
+    case DType::kI64:
+    case DType::kF64:
+      return 8;
   }
   return 1;
 }
@@ -65,7 +79,8 @@ bool has_gzip_magic(const std::string& path) {
 
 Bytes read_bytes(const std::string& path) {
   if (!std::filesystem::exists(path))
-    throw DataError(path, "file not found", "check data.* paths (or install dataset-fashion-mnist)");
+    throw DataError(path, "file not found",
+                    "check data.* paths (or install dataset-fashion-mnist)");
   Bytes b;
   if (has_gzip_magic(path)) {
     gzFile gz = gzopen(path.c_str(), "rb");
@@ -79,7 +94,8 @@ Bytes read_bytes(const std::string& path) {
         int code = 0;
         std::string msg = gzerror(gz, &code);
         gzclose(gz);
-        throw DataError(path, "corrupt gzip stream (" + msg + ")", "re-download or re-create the file");
+        throw DataError(path, "corrupt gzip stream (" + msg + ")",
+                        "re-download or re-create the file");
       }
       if (n == 0) break;
       buf->insert(buf->end(), chunk.begin(), chunk.begin() + n);
@@ -89,7 +105,8 @@ Bytes read_bytes(const std::string& path) {
     std::string err = (code != Z_OK && code != Z_STREAM_END) ? msg : "";
     gzclose(gz);
     if (!err.empty())
-      throw DataError(path, "truncated or corrupt gzip stream (" + err + ")", "re-download or re-create the file");
+      throw DataError(path, "truncated or corrupt gzip stream (" + err + ")",
+                      "re-download or re-create the file");
     b.data = buf->data();
     b.size = buf->size();
     b.storage = buf;
@@ -102,22 +119,38 @@ Bytes read_bytes(const std::string& path) {
   return b;
 }
 
-uint32_t be32(const uint8_t* p) { return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3]; }
+uint32_t be32(const uint8_t* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+}
 
 Array parse_idx(const std::string& path, const Bytes& b) {
-  if (b.size < 4) throw DataError(path, "truncated: " + std::to_string(b.size) + " bytes, too short for an IDX header");
+  if (b.size < 4)
+    throw DataError(path,
+                    "truncated: " + std::to_string(b.size) + " bytes, too short for an IDX header");
   if (b.data[0] != 0 || b.data[1] != 0)
     throw DataError(path, "wrong magic: not an IDX file (first two bytes must be 0)",
                     "pass an IDX (.idx/-ubyte, optionally .gz), .npy or .shard file");
   Array a;
   a.source = path;
   switch (b.data[2]) {
-    case 0x08: a.dtype = DType::kU8; break;
-    case 0x09: a.dtype = DType::kI8; break;
-    case 0x0B: a.dtype = DType::kI16; break;
-    case 0x0C: a.dtype = DType::kI32; break;
-    case 0x0D: a.dtype = DType::kF32; break;
-    case 0x0E: a.dtype = DType::kF64; break;
+    case 0x08:
+      a.dtype = DType::kU8;
+      break;
+    case 0x09:
+      a.dtype = DType::kI8;
+      break;
+    case 0x0B:
+      a.dtype = DType::kI16;
+      break;
+    case 0x0C:
+      a.dtype = DType::kI32;
+      break;
+    case 0x0D:
+      a.dtype = DType::kF32;
+      break;
+    case 0x0E:
+      a.dtype = DType::kF64;
+      break;
     default: {
       char code[8];
       std::snprintf(code, sizeof code, "0x%02X", b.data[2]);
@@ -125,28 +158,34 @@ Array parse_idx(const std::string& path, const Bytes& b) {
     }
   }
   const int ndim = b.data[3];
-  if (ndim < 1 || ndim > 4) throw DataError(path, "IDX header declares " + std::to_string(ndim) + " dimensions (1-4 supported)");
+  if (ndim < 1 || ndim > 4)
+    throw DataError(path,
+                    "IDX header declares " + std::to_string(ndim) + " dimensions (1-4 supported)");
   const size_t header = 4 + 4 * static_cast<size_t>(ndim);
   if (b.size < header) throw DataError(path, "truncated: the IDX header itself is incomplete");
   for (int i = 0; i < ndim; ++i) a.shape.push_back(be32(b.data + 4 + 4 * i));
   const size_t expect = header + static_cast<size_t>(a.numel()) * dtype_size(a.dtype);
   if (b.size < expect)
-    throw DataError(path, "truncated: header says " + a.shape_text() + " " + dtype_name(a.dtype) + " (" +
-                              std::to_string(expect) + " bytes), file has " + std::to_string(b.size),
+    throw DataError(path,
+                    "truncated: header says " + a.shape_text() + " " + dtype_name(a.dtype) + " (" +
+                        std::to_string(expect) + " bytes), file has " + std::to_string(b.size),
                     "re-download or re-create the file");
   if (b.size > expect)
-    throw DataError(path, std::to_string(b.size - expect) + " unexpected trailing bytes after " + a.shape_text() +
-                              " " + dtype_name(a.dtype) + " data", "the header and the payload disagree: re-create the file");
+    throw DataError(path,
+                    std::to_string(b.size - expect) + " unexpected trailing bytes after " +
+                        a.shape_text() + " " + dtype_name(a.dtype) + " data",
+                    "the header and the payload disagree: re-create the file");
   if (a.dtype != DType::kU8 && a.dtype != DType::kI8)
-    // IDX stores multi-byte elements big-endian; convert once into native order.
-    {
-      auto buf = std::make_shared<std::vector<uint8_t>>(b.data + header, b.data + expect);
-      const size_t w = dtype_size(a.dtype);
-      for (size_t i = 0; i + w <= buf->size(); i += w) std::reverse(buf->begin() + i, buf->begin() + i + w);
-      a.data = buf->data();
-      a.storage = buf;
-      return a;
-    }
+  // IDX stores multi-byte elements big-endian; convert once into native order.
+  {
+    auto buf = std::make_shared<std::vector<uint8_t>>(b.data + header, b.data + expect);
+    const size_t w = dtype_size(a.dtype);
+    for (size_t i = 0; i + w <= buf->size(); i += w)
+      std::reverse(buf->begin() + i, buf->begin() + i + w);
+    a.data = buf->data();
+    a.storage = buf;
+    return a;
+  }
   a.data = b.data + header;
   a.storage = b.storage;
   return a;
@@ -183,12 +222,15 @@ Array parse_npy(const std::string& path, const Bytes& b) {
     start = 10;
   } else if (major == 2 || major == 3) {
     if (b.size < 12) throw DataError(path, "truncated: .npy header incomplete");
-    hlen = b.data[8] | (size_t(b.data[9]) << 8) | (size_t(b.data[10]) << 16) | (size_t(b.data[11]) << 24);
+    hlen = b.data[8] | (size_t(b.data[9]) << 8) | (size_t(b.data[10]) << 16) |
+           (size_t(b.data[11]) << 24);
     start = 12;
   } else {
-    throw DataError(path, ".npy format version " + std::to_string(major) + " is not supported (1, 2, 3 are)");
+    throw DataError(
+        path, ".npy format version " + std::to_string(major) + " is not supported (1, 2, 3 are)");
   }
-  if (b.size < start + hlen) throw DataError(path, "truncated: .npy header says " + std::to_string(hlen) + " bytes");
+  if (b.size < start + hlen)
+    throw DataError(path, "truncated: .npy header says " + std::to_string(hlen) + " bytes");
   const std::string h(reinterpret_cast<const char*>(b.data + start), hlen);
   const std::string descr = dict_value(h, "descr"), fortran = dict_value(h, "fortran_order"),
                     shape = dict_value(h, "shape");
@@ -196,17 +238,24 @@ Array parse_npy(const std::string& path, const Bytes& b) {
     throw DataError(path, "malformed .npy header: " + h.substr(0, 120));
   Array a;
   a.source = path;
-  if (descr == "|u1" || descr == "<u1") a.dtype = DType::kU8;
-  else if (descr == "|i1" || descr == "<i1") a.dtype = DType::kI8;
-  else if (descr == "<i4") a.dtype = DType::kI32;
-  else if (descr == "<i8") a.dtype = DType::kI64;
-  else if (descr == "<f4") a.dtype = DType::kF32;
-  else if (descr == "<f8") a.dtype = DType::kF64;
+  if (descr == "|u1" || descr == "<u1")
+    a.dtype = DType::kU8;
+  else if (descr == "|i1" || descr == "<i1")
+    a.dtype = DType::kI8;
+  else if (descr == "<i4")
+    a.dtype = DType::kI32;
+  else if (descr == "<i8")
+    a.dtype = DType::kI64;
+  else if (descr == "<f4")
+    a.dtype = DType::kF32;
+  else if (descr == "<f8")
+    a.dtype = DType::kF64;
   else
     throw DataError(path, ".npy dtype '" + descr + "' is not supported",
                     "use uint8, int32/int64 or float32 in little-endian order (arr.astype(...))");
   if (fortran.find("True") != std::string::npos)
-    throw DataError(path, ".npy array is in Fortran order", "save numpy.ascontiguousarray(arr) instead");
+    throw DataError(path, ".npy array is in Fortran order",
+                    "save numpy.ascontiguousarray(arr) instead");
   // shape: "(60000, 28, 28)" or "(60000,)" or "()"
   std::string inner = shape.substr(1, shape.size() - 2);
   size_t i = 0;
@@ -219,11 +268,13 @@ Array parse_npy(const std::string& path, const Bytes& b) {
     a.shape.push_back(std::stoll(inner.substr(i, j - i)));
     i = j;
   }
-  if (a.shape.empty()) throw DataError(path, ".npy holds a scalar; expected an array with a sample dimension");
+  if (a.shape.empty())
+    throw DataError(path, ".npy holds a scalar; expected an array with a sample dimension");
   const size_t expect = start + hlen + static_cast<size_t>(a.numel()) * dtype_size(a.dtype);
   if (b.size < expect)
-    throw DataError(path, "truncated: header says " + a.shape_text() + " " + dtype_name(a.dtype) + " (" +
-                              std::to_string(expect) + " bytes), file has " + std::to_string(b.size));
+    throw DataError(path, "truncated: header says " + a.shape_text() + " " + dtype_name(a.dtype) +
+                              " (" + std::to_string(expect) + " bytes), file has " +
+                              std::to_string(b.size));
   a.data = b.data + start + hlen;
   a.storage = b.storage;
   return a;
@@ -238,7 +289,8 @@ Array read_array(const std::string& path) {
   Bytes b = read_bytes(path);
   if (b.size >= 6 && std::memcmp(b.data, "\x93NUMPY", 6) == 0) return parse_npy(path, b);
   if (b.size >= 8 && std::memcmp(b.data, "MLTSHRD", 7) == 0)
-    throw DataError(path, "is a shard; it holds images and labels together", "pass it as images with no labels file");
+    throw DataError(path, "is a shard; it holds images and labels together",
+                    "pass it as images with no labels file");
   return parse_idx(path, b);
 }
 
@@ -266,17 +318,35 @@ static std::shared_ptr<std::vector<int64_t>> labels_from(const Array& a, int64_t
     int64_t v = 0;
     const uint8_t* p = a.data + static_cast<size_t>(i) * dtype_size(a.dtype);
     switch (a.dtype) {
-      case DType::kU8: v = *p; break;
-      case DType::kI8: v = static_cast<int8_t>(*p); break;
-      case DType::kI16: { int16_t x; std::memcpy(&x, p, 2); v = x; break; }
-      case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); v = x; break; }
-      case DType::kI64: std::memcpy(&v, p, 8); break;
+      case DType::kU8:
+        v = *p;
+        break;
+      case DType::kI8:
+        v = static_cast<int8_t>(*p);
+        break;
+      case DType::kI16: {
+        int16_t x;
+        std::memcpy(&x, p, 2);
+        v = x;
+        break;
+      }
+      case DType::kI32: {
+        int32_t x;
+        std::memcpy(&x, p, 4);
+        v = x;
+        break;
+      }
+      case DType::kI64:
+        std::memcpy(&v, p, 8);
+        break;
       default:
-        throw DataError(a.source, std::string("labels must be integers, got ") + dtype_name(a.dtype));
+        throw DataError(a.source,
+                        std::string("labels must be integers, got ") + dtype_name(a.dtype));
     }
     if (v < 0 || v >= num_classes)
-      throw DataError(a.source, "label out of range at index " + std::to_string(i) + ": " + std::to_string(v) +
-                                    " not in [0, " + std::to_string(num_classes) + ")",
+      throw DataError(a.source,
+                      "label out of range at index " + std::to_string(i) + ": " +
+                          std::to_string(v) + " not in [0, " + std::to_string(num_classes) + ")",
                       "fix the labels or set data.num_classes");
     (*out)[static_cast<size_t>(i)] = v;
   }
@@ -288,31 +358,37 @@ Dataset load_dataset(const std::string& images, const std::string& labels, int64
     Dataset d = read_shard(images);
     for (int64_t i = 0; i < d.count; ++i)
       if (d.label(i) < 0 || d.label(i) >= num_classes)
-        throw DataError(images, "label out of range at index " + std::to_string(i) + ": " +
-                                    std::to_string(d.label(i)) + " not in [0, " + std::to_string(num_classes) + ")",
+        throw DataError(images,
+                        "label out of range at index " + std::to_string(i) + ": " +
+                            std::to_string(d.label(i)) + " not in [0, " +
+                            std::to_string(num_classes) + ")",
                         "set data.num_classes to match the data");
     d.num_classes = num_classes;
     return d;
   }
   Array img = read_array(images);
-  if (labels.empty()) throw DataError(images, "no labels file given", "set the matching *_labels path");
+  if (labels.empty())
+    throw DataError(images, "no labels file given", "set the matching *_labels path");
   Array lab = read_array(labels);
   if (img.dtype != DType::kU8 && img.dtype != DType::kF32)
     throw DataError(images, std::string("images must be u8 or f32, got ") + dtype_name(img.dtype),
                     "convert with arr.astype(numpy.float32)");
   if (img.shape.size() < 2)
-    throw DataError(images, "images need a sample dimension and at least one more, got shape " + img.shape_text());
+    throw DataError(images, "images need a sample dimension and at least one more, got shape " +
+                                img.shape_text());
   auto lbl = labels_from(lab, num_classes);
   if (static_cast<int64_t>(lbl->size()) != img.shape[0])
-    throw DataError(labels, "shape mismatch: " + std::to_string(lbl->size()) + " labels for " +
-                                std::to_string(img.shape[0]) + " images in " + images,
+    throw DataError(labels,
+                    "shape mismatch: " + std::to_string(lbl->size()) + " labels for " +
+                        std::to_string(img.shape[0]) + " images in " + images,
                     "pair each images file with its own labels file");
   Dataset d;
   d.source = images;
   d.dtype = img.dtype;
   d.count = img.shape[0];
   d.sample_shape.assign(img.shape.begin() + 1, img.shape.end());
-  if (d.sample_shape.size() == 2) d.sample_shape.insert(d.sample_shape.begin(), 1);  // [H,W] -> [1,H,W]
+  if (d.sample_shape.size() == 2)
+    d.sample_shape.insert(d.sample_shape.begin(), 1);  // [H,W] -> [1,H,W]
   d.data = img.data;
   d.storage = img.storage;
   d.labels = lbl;
@@ -346,11 +422,13 @@ bool is_shard(const std::string& path) {
 Dataset read_shard(const std::string& path) {
   auto m = std::make_shared<MappedFile>(path);
   if (m->size() < sizeof(ShardHeader) || std::memcmp(m->data(), kShardMagic, 7) != 0)
-    throw DataError(path, "wrong magic: not an mltrain shard", "create shards with `mltrain data convert`");
+    throw DataError(path, "wrong magic: not an mltrain shard",
+                    "create shards with `mltrain data convert`");
   ShardHeader h;
   std::memcpy(&h, m->data(), sizeof h);
   if (h.magic[7] != '1' || h.version != 1)
-    throw DataError(path, "shard version " + std::to_string(h.version) + " is not supported by this mltrain");
+    throw DataError(
+        path, "shard version " + std::to_string(h.version) + " is not supported by this mltrain");
   if (h.ndim < 1 || h.ndim > 4 || (h.dtype != 1 && h.dtype != 2) || h.count < 0)
     throw DataError(path, "corrupt shard header");
   Dataset d;
@@ -358,11 +436,13 @@ Dataset read_shard(const std::string& path) {
   d.dtype = h.dtype == 1 ? DType::kU8 : DType::kF32;
   d.count = h.count;
   d.sample_shape.assign(h.shape, h.shape + h.ndim);
-  if (h.data_bytes != static_cast<uint64_t>(d.count) * d.sample_bytes() || h.labels_bytes != uint64_t(d.count) * 8)
+  if (h.data_bytes != static_cast<uint64_t>(d.count) * d.sample_bytes() ||
+      h.labels_bytes != uint64_t(d.count) * 8)
     throw DataError(path, "corrupt shard header: sizes disagree with count and shape");
   if (m->size() < h.labels_offset + h.labels_bytes || m->size() < h.data_offset + h.data_bytes)
-    throw DataError(path, "truncated: shard needs " + std::to_string(h.labels_offset + h.labels_bytes) +
-                              " bytes, file has " + std::to_string(m->size()),
+    throw DataError(path,
+                    "truncated: shard needs " + std::to_string(h.labels_offset + h.labels_bytes) +
+                        " bytes, file has " + std::to_string(m->size()),
                     "re-run `mltrain data convert`");
   auto lbl = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(d.count));
   std::memcpy(lbl->data(), m->data() + h.labels_offset, h.labels_bytes);
@@ -374,7 +454,8 @@ Dataset read_shard(const std::string& path) {
 }
 
 void write_shard(const Dataset& ds, const std::string& path) {
-  if (ds.sample_shape.size() > 4) throw DataError(ds.source, "samples with more than 4 dimensions cannot be sharded");
+  if (ds.sample_shape.size() > 4)
+    throw DataError(ds.source, "samples with more than 4 dimensions cannot be sharded");
   ShardHeader h{};
   std::memcpy(h.magic, kShardMagic, 8);
   h.version = 1;

@@ -15,9 +15,8 @@
 
 namespace mltrain::data {
 
-
-std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
-                                 bool shuffle) {
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank,
+                                 int64_t world, bool shuffle) {
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = i;
   if (shuffle) {
@@ -30,7 +29,8 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_
   const int64_t per_rank = n / world;
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(per_rank));
-  for (int64_t k = 0; k < per_rank; ++k) mine.push_back(perm[static_cast<size_t>(k * world + rank)]);
+  for (int64_t k = 0; k < per_rank; ++k)
+    mine.push_back(perm[static_cast<size_t>(k * world + rank)]);
   return mine;
 }
 
@@ -40,13 +40,13 @@ int64_t auto_workers(int64_t cores) {
   return std::clamp<int64_t>(cores / 4, 1, 4);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void normalize_u8(const uint8_t* src, float* dst, int64_t n, float scale, float shift) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void normalize_u8(
+    const uint8_t* src, float* dst, int64_t n, float scale, float shift) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * scale + shift;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-static void normalize_f32(const float* src, float* dst, int64_t n, float scale, float shift) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void normalize_f32(
+    const float* src, float* dst, int64_t n, float scale, float shift) {
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale + shift;
 }
 
@@ -54,8 +54,8 @@ struct Loader::State {
   struct Slot {
     torch::Tensor x, y, y2;
     double lam = 1.0;
-    int64_t turn = 0;         // the next batch number allowed to write this slot
-    int64_t ready = -1;       // the batch number now in the slot
+    int64_t turn = 0;    // the next batch number allowed to write this slot
+    int64_t ready = -1;  // the batch number now in the slot
     bool free = true;
   };
   std::mutex mu;
@@ -69,7 +69,8 @@ struct Loader::State {
   std::vector<std::thread> threads;
 };
 
-Loader::Loader(Dataset ds, LoaderOptions opt) : ds_(std::move(ds)), opt_(opt), st_(std::make_shared<State>()) {
+Loader::Loader(Dataset ds, LoaderOptions opt)
+    : ds_(std::move(ds)), opt_(opt), st_(std::make_shared<State>()) {
   opt_.prefetch = std::max<int64_t>({opt_.prefetch, opt_.workers, 1});
   std::vector<int64_t> shape = {opt_.batch_size};
   shape.insert(shape.end(), ds_.sample_shape.begin(), ds_.sample_shape.end());
@@ -114,7 +115,8 @@ void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& 
   const float inv_std = 1.f / opt.std;
   const size_t bytes = ds.sample_bytes();
   const bool augment = aug_ && aug_->any_sample_op() && ds.sample_shape.size() == 3;
-  const double progress = static_cast<double>(epoch_ * batches_per_epoch() + b) / static_cast<double>(total_batches_);
+  const double progress =
+      static_cast<double>(epoch_ * batches_per_epoch() + b) / static_cast<double>(total_batches_);
   thread_local std::vector<float> pixels;
   double aug_s = 0;
   for (int64_t i = begin; i < end; ++i) {
@@ -122,23 +124,29 @@ void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& 
     // Samples are random reads from the whole data set: start fetching the next one's cache
     // lines while this one is converted (measured: scripts/bench/train_speed.sh, loader rows).
     if (i + 1 < end) {
-      const char* next = reinterpret_cast<const char*>(ds.sample(order[static_cast<size_t>(i + 1)]));
+      const char* next =
+          reinterpret_cast<const char*>(ds.sample(order[static_cast<size_t>(i + 1)]));
       for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off);
     }
     float* dst = xp + (i - begin) * elems;
     if (augment) {  // pixels in [0, 1] -> augment -> normalise
       pixels.resize(static_cast<size_t>(elems));
-      if (ds.dtype == DType::kU8) normalize_u8(ds.sample(idx), pixels.data(), elems, 1.f / 255.f, 0.f);
-      else std::memcpy(pixels.data(), ds.sample(idx), static_cast<size_t>(elems) * 4);
+      if (ds.dtype == DType::kU8)
+        normalize_u8(ds.sample(idx), pixels.data(), elems, 1.f / 255.f, 0.f);
+      else
+        std::memcpy(pixels.data(), ds.sample(idx), static_cast<size_t>(elems) * 4);
       const auto ta = std::chrono::steady_clock::now();
-      const uint64_t key = static_cast<uint64_t>(epoch_) * static_cast<uint64_t>(ds.count) + static_cast<uint64_t>(i);
-      aug_->sample(pixels.data(), ds.sample_shape[0], ds.sample_shape[1], ds.sample_shape[2], progress, key);
+      const uint64_t key = static_cast<uint64_t>(epoch_) * static_cast<uint64_t>(ds.count) +
+                           static_cast<uint64_t>(i);
+      aug_->sample(pixels.data(), ds.sample_shape[0], ds.sample_shape[1], ds.sample_shape[2],
+                   progress, key);
       aug_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
       for (int64_t j = 0; j < elems; ++j) dst[j] = (pixels[j] - opt.mean) * inv_std;
     } else if (ds.dtype == DType::kU8) {
       normalize_u8(ds.sample(idx), dst, elems, inv_std / 255.f, -opt.mean * inv_std);
     } else {
-      normalize_f32(reinterpret_cast<const float*>(ds.sample(idx)), dst, elems, inv_std, -opt.mean * inv_std);
+      normalize_f32(reinterpret_cast<const float*>(ds.sample(idx)), dst, elems, inv_std,
+                    -opt.mean * inv_std);
     }
     yp[i - begin] = ds.label(idx);
   }
@@ -174,7 +182,8 @@ void Loader::timed_fill(int64_t b, Slot& slot) {
   const int64_t c0 = thread_cpu_ns();
   fill(b, slot.x, slot.y, slot.y2, slot.lam);
   st_->fill_cpu_ns += thread_cpu_ns() - c0;
-  st_->filled_samples += std::min<int64_t>(opt_.batch_size, static_cast<int64_t>(st_->order.size()) - b * opt_.batch_size);
+  st_->filled_samples += std::min<int64_t>(
+      opt_.batch_size, static_cast<int64_t>(st_->order.size()) - b * opt_.batch_size);
 }
 double Loader::fill_cpu_seconds() const { return st_->fill_cpu_ns.load() * 1e-9; }
 int64_t Loader::filled_samples() const { return st_->filled_samples.load(); }
@@ -194,7 +203,8 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   const int64_t P = static_cast<int64_t>(st.slots.size());
   for (int64_t s = 0; s < P; ++s) {
     auto& slot = st.slots[static_cast<size_t>(s)];
-    int64_t t = st.next_batch + ((s - st.next_batch % P) + P) % P;  // first b >= next_batch with b % P == s
+    int64_t t =
+        st.next_batch + ((s - st.next_batch % P) + P) % P;  // first b >= next_batch with b % P == s
     slot.turn = t;
     slot.ready = -1;
     slot.free = true;
@@ -252,7 +262,8 @@ bool Loader::next(Batch& out) {
       st.wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
   }
-  const int64_t size = std::min<int64_t>(opt_.batch_size, static_cast<int64_t>(st.order.size()) - b * opt_.batch_size);
+  const int64_t size = std::min<int64_t>(
+      opt_.batch_size, static_cast<int64_t>(st.order.size()) - b * opt_.batch_size);
   out.x = size == opt_.batch_size ? slot.x : slot.x.narrow(0, 0, size);
   out.y = size == opt_.batch_size ? slot.y : slot.y.narrow(0, 0, size);
   out.index = b;

@@ -22,9 +22,9 @@
 namespace fs = std::filesystem;
 
 namespace mltrain::deploy {
+using config::format_fixed;
 using train::load_trained_model;
 using train::plain_loader_options;
-using config::format_fixed;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -88,30 +88,35 @@ std::string script_source(const config::ModelConfig& c, const model::NamedTensor
       if (p.dim() == 2) layers.push_back(module_of(n));
     s << "    x = x.flatten(1)\n";
     for (size_t i = 0; i < layers.size(); ++i) {
-      const std::string lin = "torch.linear(x, " + id[layers[i] + ".weight"] + ", " + id[layers[i] + ".bias"] + ")";
+      const std::string lin =
+          "torch.linear(x, " + id[layers[i] + ".weight"] + ", " + id[layers[i] + ".bias"] + ")";
       s << "    x = " << (i + 1 < layers.size() ? "torch.relu(" + lin + ")" : lin) << "\n";
     }
     s << "    return x\n";
   } else if (c.name == "cnn") {
     for (const char* conv : {"conv1", "conv2"})
-      s << "    x = torch.relu(torch.max_pool2d(torch.conv2d(x, " << id[std::string(conv) + ".weight"] << ", "
-        << id[std::string(conv) + ".bias"] << ", [1, 1], [2, 2]), [2, 2]))\n";
-    s << "    x = torch.relu(torch.linear(x.flatten(1), " << id["fc1.weight"] << ", " << id["fc1.bias"] << "))\n";
+      s << "    x = torch.relu(torch.max_pool2d(torch.conv2d(x, "
+        << id[std::string(conv) + ".weight"] << ", " << id[std::string(conv) + ".bias"]
+        << ", [1, 1], [2, 2]), [2, 2]))\n";
+    s << "    x = torch.relu(torch.linear(x.flatten(1), " << id["fc1.weight"] << ", "
+      << id["fc1.bias"] << "))\n";
     s << "    return torch.linear(x, " << id["fc2.weight"] << ", " << id["fc2.bias"] << ")\n";
   } else if (c.name == "resnet") {
-    s << "    x = torch.relu(torch.conv2d(x, " << id["stem.weight"] << ", " << id["stem.bias"] << ", [1, 1], [1, 1]))\n";
+    s << "    x = torch.relu(torch.conv2d(x, " << id["stem.weight"] << ", " << id["stem.bias"]
+      << ", [1, 1], [1, 1]))\n";
     int64_t k = 0;
     for (size_t st = 0; st < c.widths.size(); ++st)
       for (int64_t b = 0; b < c.depths[st]; ++b, ++k) {
         const std::string p = "stages." + std::to_string(k) + ".";
         const int stride = (b == 0 && st > 0) ? 2 : 1;
         const std::string sv = "[" + std::to_string(stride) + ", " + std::to_string(stride) + "]";
-        s << "    y = torch.relu(torch.conv2d(x, " << id[p + "conv1.weight"] << ", " << id[p + "conv1.bias"] << ", " << sv
-          << ", [1, 1]))\n";
-        s << "    y = torch.conv2d(y, " << id[p + "conv2.weight"] << ", " << id[p + "conv2.bias"] << ", [1, 1], [1, 1])\n";
+        s << "    y = torch.relu(torch.conv2d(x, " << id[p + "conv1.weight"] << ", "
+          << id[p + "conv1.bias"] << ", " << sv << ", [1, 1]))\n";
+        s << "    y = torch.conv2d(y, " << id[p + "conv2.weight"] << ", " << id[p + "conv2.bias"]
+          << ", [1, 1], [1, 1])\n";
         if (has(p + "shortcut.weight"))
-          s << "    x = torch.relu(y + torch.conv2d(x, " << id[p + "shortcut.weight"] << ", " << id[p + "shortcut.bias"]
-            << ", " << sv << ", [0, 0]))\n";
+          s << "    x = torch.relu(y + torch.conv2d(x, " << id[p + "shortcut.weight"] << ", "
+            << id[p + "shortcut.bias"] << ", " << sv << ", [0, 0]))\n";
         else
           s << "    x = torch.relu(y + x)\n";
       }
@@ -137,7 +142,8 @@ int batchnorm_calls(const torch::jit::Module& m) {
 
 }  // namespace
 
-double batch_throughput(const std::function<torch::Tensor(const torch::Tensor&)>& f, const torch::Tensor& batch) {
+double batch_throughput(const std::function<torch::Tensor(const torch::Tensor&)>& f,
+                        const torch::Tensor& batch) {
   torch::NoGradGuard ng;
   for (int i = 0; i < 5; ++i) f(batch);
   double best = 1e30;
@@ -149,9 +155,9 @@ double batch_throughput(const std::function<torch::Tensor(const torch::Tensor&)>
   return batch.size(0) / best;
 }
 
-std::pair<torch::Tensor, torch::Tensor> fold_batchnorm(const torch::Tensor& w, const torch::Tensor& b,
-                                                       const torch::Tensor& gamma, const torch::Tensor& beta,
-                                                       const torch::Tensor& mean, const torch::Tensor& var, double eps) {
+std::pair<torch::Tensor, torch::Tensor> fold_batchnorm(
+    const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& gamma,
+    const torch::Tensor& beta, const torch::Tensor& mean, const torch::Tensor& var, double eps) {
   torch::NoGradGuard ng;
   // Computed in float64 and rounded once, so folding adds one rounding per element.
   const auto s = gamma.to(torch::kDouble) / (var.to(torch::kDouble) + eps).sqrt();
@@ -170,7 +176,8 @@ nlohmann::json fuse_run(const std::string& where, const FuseOptions& opt) {
   torch::NoGradGuard ng;
 
   // Real batches of the test split, in order.
-  data::Loader loader(tm.splits.test, plain_loader_options(cfg, 128, /*shuffle=*/false, /*drop_last=*/true));
+  data::Loader loader(tm.splits.test,
+                      plain_loader_options(cfg, 128, /*shuffle=*/false, /*drop_last=*/true));
   loader.start_epoch(0);
   std::vector<torch::Tensor> xs;
   data::Batch b;
@@ -199,11 +206,14 @@ nlohmann::json fuse_run(const std::string& where, const FuseOptions& opt) {
     const int bn_before = batchnorm_calls(m);
     script = torch::jit::FoldConvBatchNorm(m);
     folded = bn_before - batchnorm_calls(script);
-    if (folded > 0) folded_names.push_back(std::to_string(folded) + " conv->BatchNorm call(s) folded by LibTorch's FoldConvBatchNorm");
+    if (folded > 0)
+      folded_names.push_back(std::to_string(folded) +
+                             " conv->BatchNorm call(s) folded by LibTorch's FoldConvBatchNorm");
     fused_fwd = [&](const torch::Tensor& x) { return script.forward({x}).toTensor(); };
   } else {
     fused_cfg.model.batchnorm = false;
-    fused_model = model::build_model(fused_cfg.model, tm.splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
+    fused_model = model::build_model(fused_cfg.model, tm.splits.train.sample_shape,
+                                     cfg.data.num_classes, cfg.run.seed);
     fused_model->set_training(false);
     std::map<std::string, torch::Tensor> P, B;
     for (auto& [n, t] : tm.model->named_parameters()) P[n] = t;
@@ -218,32 +228,38 @@ nlohmann::json fuse_run(const std::string& where, const FuseOptions& opt) {
       if (t.dim() >= 2) dst.push_back(n);
     }
     if (src.size() != dst.size())
-      throw RuntimeError("fuse", "the BatchNorm-free " + cfg.model.name + " has another layer count");
+      throw RuntimeError("fuse",
+                         "the BatchNorm-free " + cfg.model.name + " has another layer count");
     for (size_t i = 0; i < src.size(); ++i) {
       const std::string sm = module_of(src[i]), dm = module_of(dst[i]);
       const auto& w = P.at(src[i]);
-      if (w.sizes() != FP.at(dst[i]).sizes()) throw RuntimeError("fuse", "shape mismatch at " + src[i]);
+      if (w.sizes() != FP.at(dst[i]).sizes())
+        throw RuntimeError("fuse", "shape mismatch at " + src[i]);
       const torch::Tensor bias = P.count(sm + ".bias") ? P.at(sm + ".bias") : torch::Tensor();
       const std::string bn = bn_after(sm, B);
       torch::Tensor w2 = w, b2 = bias.defined() ? bias : torch::zeros({w.size(0)}, w.options());
       if (!bn.empty()) {
-        std::tie(w2, b2) = fold_batchnorm(w, bias, P.at(bn + ".weight"), P.at(bn + ".bias"), B.at(bn + ".running_mean"),
-                                          B.at(bn + ".running_var"), kBnEps);
+        std::tie(w2, b2) =
+            fold_batchnorm(w, bias, P.at(bn + ".weight"), P.at(bn + ".bias"),
+                           B.at(bn + ".running_mean"), B.at(bn + ".running_var"), kBnEps);
         ++folded;
         folded_names.push_back(sm + " <- " + bn);
       }
       FP.at(dst[i]).detach().copy_(w2);
-      if (!FP.count(dm + ".bias")) throw RuntimeError("fuse", "the BatchNorm-free layer " + dm + " has no bias");
+      if (!FP.count(dm + ".bias"))
+        throw RuntimeError("fuse", "the BatchNorm-free layer " + dm + " has no bias");
       FP.at(dm + ".bias").detach().copy_(b2);
     }
     fused_fwd = [&](const torch::Tensor& x) { return fused_model->forward(x); };
 
     // The same weights as a TorchScript module (loadable by torch.jit.load and model.name=torchscript).
     script = torch::jit::Module("MltrainFused" + cfg.model.name);
-    for (auto& [n, t] : fused_params) script.register_parameter(ident(n), t.detach().contiguous().clone(), false);
+    for (auto& [n, t] : fused_params)
+      script.register_parameter(ident(n), t.detach().contiguous().clone(), false);
     script.define(script_source(fused_cfg.model, fused_params));
     script.eval();
-    formats::save_safetensors((out / "model.safetensors").string(), fused_params, {{"format", "pt"}, {"fused_from", tm.checkpoint.string()}});
+    formats::save_safetensors((out / "model.safetensors").string(), fused_params,
+                              {{"format", "pt"}, {"fused_from", tm.checkpoint.string()}});
     write_file_atomic((out / "config.yaml").string(), config::to_yaml(fused_cfg));
   }
   const std::string pt = (out / "model.pt").string();
@@ -261,7 +277,8 @@ nlohmann::json fuse_run(const std::string& where, const FuseOptions& opt) {
     sum_diff += d.sum().item<double>();
     n += d.numel();
     max_logit = std::max(max_logit, a.abs().max().item<double>());
-    script_diff = std::max(script_diff, (reloaded.forward({x}).toTensor() - f).abs().max().item<double>());
+    script_diff =
+        std::max(script_diff, (reloaded.forward({x}).toTensor() - f).abs().max().item<double>());
   }
   const double allowed = opt.tolerance * std::max(1.0, max_logit);
   const auto x1 = xs[0].slice(0, 0, 1).clone(), x128 = xs[0];
@@ -279,36 +296,44 @@ nlohmann::json fuse_run(const std::string& where, const FuseOptions& opt) {
       {"tolerance", allowed},
       {"within_tolerance", max_diff <= allowed},
       {"torchscript_max_abs_diff", script_diff},
-      {"before", {{"latency_ms_batch1", before.latency_ms_b1}, {"samples_per_s_batch128", before.samples_per_s_b128}}},
-      {"after", {{"latency_ms_batch1", after.latency_ms_b1}, {"samples_per_s_batch128", after.samples_per_s_b128}}},
+      {"before",
+       {{"latency_ms_batch1", before.latency_ms_b1},
+        {"samples_per_s_batch128", before.samples_per_s_b128}}},
+      {"after",
+       {{"latency_ms_batch1", after.latency_ms_b1},
+        {"samples_per_s_batch128", after.samples_per_s_b128}}},
       {"speedup_batch1", before.latency_ms_b1 / after.latency_ms_b1},
       {"speedup_batch128", after.samples_per_s_b128 / before.samples_per_s_b128},
       {"files", {{"torchscript", pt}, {"dir", out.string()}}}};
   write_file_atomic((out / "fuse.json").string(), r.dump(2) + "\n");
   if (!(max_diff <= allowed) || !(script_diff <= allowed))
-    throw RuntimeError("fuse", "fused outputs differ by " + std::to_string(std::max(max_diff, script_diff)) +
-                                   " (allowed " + std::to_string(allowed) + "); nothing to trust",
+    throw RuntimeError("fuse",
+                       "fused outputs differ by " +
+                           std::to_string(std::max(max_diff, script_diff)) + " (allowed " +
+                           std::to_string(allowed) + "); nothing to trust",
                        "report this with " + (out / "fuse.json").string());
   return r;
 }
 
 std::string fuse_text(const nlohmann::json& r) {
   std::ostringstream o;
-  o << "fused " << r.value("model", "") << " from " << r.value("checkpoint", "") << ": " << r.value("folded_batchnorms", 0)
-    << " BatchNorm layer(s) folded\n";
+  o << "fused " << r.value("model", "") << " from " << r.value("checkpoint", "") << ": "
+    << r.value("folded_batchnorms", 0) << " BatchNorm layer(s) folded\n";
   for (const auto& f : r["folded"]) o << "  " << f.get<std::string>() << "\n";
   o << "outputs on " << r["compared"].value("batches", 0) << " test batches of 128: max |diff| "
-    << config::format_double(r.value("max_abs_diff", 0.0)) << ", mean |diff| " << config::format_double(r.value("mean_abs_diff", 0.0))
-    << " (allowed " << config::format_double(r.value("tolerance", 0.0)) << " = 1e-4 x max(1, max |logit| "
+    << config::format_double(r.value("max_abs_diff", 0.0)) << ", mean |diff| "
+    << config::format_double(r.value("mean_abs_diff", 0.0)) << " (allowed "
+    << config::format_double(r.value("tolerance", 0.0)) << " = 1e-4 x max(1, max |logit| "
     << format_fixed(r.value("max_abs_logit", 0.0), 2) << ")); TorchScript file vs fused: "
     << config::format_double(r.value("torchscript_max_abs_diff", 0.0)) << "\n";
   o << "batch 1:   " << format_fixed(r["before"].value("latency_ms_batch1", 0.0), 3) << " ms -> "
-    << format_fixed(r["after"].value("latency_ms_batch1", 0.0), 3) << " ms (" << format_fixed(r.value("speedup_batch1", 0.0), 2)
-    << "x)\n";
+    << format_fixed(r["after"].value("latency_ms_batch1", 0.0), 3) << " ms ("
+    << format_fixed(r.value("speedup_batch1", 0.0), 2) << "x)\n";
   o << "batch 128: " << format_fixed(r["before"].value("samples_per_s_batch128", 0.0), 0) << " -> "
     << format_fixed(r["after"].value("samples_per_s_batch128", 0.0), 0) << " samples/s ("
     << format_fixed(r.value("speedup_batch128", 0.0), 2) << "x)\n";
-  o << "wrote " << r["files"].value("dir", "") << "/{model.pt, model.safetensors, config.yaml, fuse.json}\n";
+  o << "wrote " << r["files"].value("dir", "")
+    << "/{model.pt, model.safetensors, config.yaml, fuse.json}\n";
   return o.str();
 }
 

@@ -12,7 +12,8 @@ QParams affine_qparams(float min, float max, int64_t qmin, int64_t qmax) {
   const float lo = std::min(min, 0.f), hi = std::max(max, 0.f);
   QParams q;
   q.scale = std::max((hi - lo) / static_cast<float>(qmax - qmin), FLT_EPSILON);
-  q.zero_point = qmin - static_cast<int64_t>(std::nearbyint(lo / q.scale));  // round half to even, as torch.round
+  q.zero_point = qmin - static_cast<int64_t>(
+                            std::nearbyint(lo / q.scale));  // round half to even, as torch.round
   q.zero_point = std::clamp(q.zero_point, qmin, qmax);
   return q;
 }
@@ -25,7 +26,8 @@ QParams symmetric_qparams(float min, float max, int64_t qmin, int64_t qmax) {
   return q;
 }
 
-std::vector<QParams> per_channel_symmetric(const torch::Tensor& w, int64_t qmin, int64_t qmax, int64_t axis) {
+std::vector<QParams> per_channel_symmetric(const torch::Tensor& w, int64_t qmin, int64_t qmax,
+                                           int64_t axis) {
   auto flat = w.detach().to(torch::kFloat).transpose(0, axis).contiguous().flatten(1);
   const auto mins = std::get<0>(flat.min(1)), maxs = std::get<0>(flat.max(1));
   std::vector<QParams> out;
@@ -107,13 +109,15 @@ int EntropyObserver::best_bins(const std::vector<double>& hist, int levels) {
         if (hist[static_cast<size_t>(k)] > 0) cand[static_cast<size_t>(k)] = mass / nonzero;
     }
     double rs = 0, cs = 0;
-    for (int k = 0; k < i; ++k) rs += ref[static_cast<size_t>(k)], cs += cand[static_cast<size_t>(k)];
+    for (int k = 0; k < i; ++k)
+      rs += ref[static_cast<size_t>(k)], cs += cand[static_cast<size_t>(k)];
     if (rs <= 0 || cs <= 0) continue;
     double kl = 0;
     for (int k = 0; k < i; ++k) {
       const double p = ref[static_cast<size_t>(k)] / rs;
       if (p <= 0) continue;
-      const double q = std::max(cand[static_cast<size_t>(k)] / cs, 1e-12);  // clipped mass in an empty bin
+      const double q =
+          std::max(cand[static_cast<size_t>(k)] / cs, 1e-12);  // clipped mass in an empty bin
       kl += p * std::log(p / q);
     }
     if (kl < best_kl) best_kl = kl, best = i;
@@ -142,8 +146,10 @@ std::pair<float, float> EntropyObserver::range() const {
   // their spike dominates the divergence and the search clips the informative tail.
   std::vector<float> pos, neg;
   for (float x : keep_.values())
-    if (x > 0.f) pos.push_back(x);
-    else if (x < 0.f) neg.push_back(-x);
+    if (x > 0.f)
+      pos.push_back(x);
+    else if (x < 0.f)
+      neg.push_back(-x);
   // A one-sided range (after ReLU) gets all of uint8's levels; a two-sided one half per side.
   const int lv = pos.empty() || neg.empty() ? 2 * levels_ : levels_;
   return {-kl_threshold(neg, bins_, lv), kl_threshold(pos, bins_, lv)};
@@ -154,7 +160,8 @@ std::unique_ptr<RangeObserver> make_observer(const std::string& name) {
   if (name == "moving_average_minmax") return std::make_unique<MovingAverageMinMaxObserver>();
   if (name == "percentile") return std::make_unique<PercentileObserver>();
   if (name == "entropy") return std::make_unique<EntropyObserver>();
-  throw ConfigError("quantize.observer", "unknown observer '" + name + "'", "use minmax, moving_average_minmax, percentile or entropy");
+  throw ConfigError("quantize.observer", "unknown observer '" + name + "'",
+                    "use minmax, moving_average_minmax, percentile or entropy");
 }
 
 }  // namespace mltrain::deploy

@@ -41,15 +41,23 @@ at::QEngine pick_engine(const std::string& want) {
   std::string names;
   for (auto e : have) names += std::string(names.empty() ? "" : ", ") + c10::toString(e);
   if (want == "onednn" || (want == "auto" && has(at::QEngine::ONEDNN))) {
-    if (!has(at::QEngine::ONEDNN)) throw RuntimeError("quantize", "this LibTorch has no onednn quantized engine (has: " + names + ")", "use --engine qnnpack or auto");
+    if (!has(at::QEngine::ONEDNN))
+      throw RuntimeError("quantize",
+                         "this LibTorch has no onednn quantized engine (has: " + names + ")",
+                         "use --engine qnnpack or auto");
     return at::QEngine::ONEDNN;
   }
   if (want == "qnnpack" || (want == "auto" && has(at::QEngine::QNNPACK))) {
-    if (!has(at::QEngine::QNNPACK)) throw RuntimeError("quantize", "this LibTorch has no qnnpack quantized engine (has: " + names + ")", "use --engine onednn or auto");
+    if (!has(at::QEngine::QNNPACK))
+      throw RuntimeError("quantize",
+                         "this LibTorch has no qnnpack quantized engine (has: " + names + ")",
+                         "use --engine onednn or auto");
     return at::QEngine::QNNPACK;
   }
-  throw RuntimeError("quantize", "this LibTorch has no quantized CPU engine (has: " + (names.empty() ? "none" : names) + ")",
-                     "use a LibTorch built with oneDNN, QNNPACK or FBGEMM quantized kernels");
+  throw RuntimeError(
+      "quantize",
+      "this LibTorch has no quantized CPU engine (has: " + (names.empty() ? "none" : names) + ")",
+      "use a LibTorch built with oneDNN, QNNPACK or FBGEMM quantized kernels");
 }
 
 torch::Tensor quantize_weight(const torch::Tensor& w) {
@@ -57,7 +65,8 @@ torch::Tensor quantize_weight(const torch::Tensor& w) {
   std::vector<double> scales;
   for (const auto& q : qp) scales.push_back(q.scale);
   return torch::quantize_per_channel(w.contiguous(), torch::tensor(scales, torch::kDouble),
-                                     torch::zeros({static_cast<int64_t>(qp.size())}, torch::kLong), 0, torch::kQInt8);
+                                     torch::zeros({static_cast<int64_t>(qp.size())}, torch::kLong),
+                                     0, torch::kQInt8);
 }
 
 constexpr int kCalibrationVersion = 2;  // 2: entropy observer searches each side on its own
@@ -69,16 +78,20 @@ enum class Mode { Fp32, Int8, Dynamic };
 
 struct Node {
   Op op;
-  std::string name;     // the layer's parameter prefix ("conv1", "stages.0.conv2", "body.1") or "<block>.add"
+  std::string
+      name;  // the layer's parameter prefix ("conv1", "stages.0.conv2", "body.1") or "<block>.add"
   std::vector<int> in;  // value indices; value 0 is the input, node k writes value k + 1
   bool relu = false;
-  torch::Tensor w, b;   // folded fp32 (conv/linear), NCHW contiguous
-  torch::Tensor w_cl;   // conv weights channels-last, for the fp32 path
+  torch::Tensor w, b;  // folded fp32 (conv/linear), NCHW contiguous
+  torch::Tensor w_cl;  // conv weights channels-last, for the fp32 path
   int64_t stride = 1, pad = 0;
-  c10::IValue packed;   // int8 weights, prepacked for the engine
-  Node(Op o, std::string nm, std::vector<int> i, bool r = false) : op(o), name(std::move(nm)), in(std::move(i)), relu(r) {}
+  c10::IValue packed;  // int8 weights, prepacked for the engine
+  Node(Op o, std::string nm, std::vector<int> i, bool r = false)
+      : op(o), name(std::move(nm)), in(std::move(i)), relu(r) {}
   bool weighted() const { return op == Op::Conv || op == Op::Linear; }
-  bool passthrough() const { return op == Op::MaxPool || op == Op::Flatten || op == Op::GlobalAvgPool; }
+  bool passthrough() const {
+    return op == Op::MaxPool || op == Op::Flatten || op == Op::GlobalAvgPool;
+  }
 };
 
 struct Graph {
@@ -89,7 +102,8 @@ struct Graph {
   }
   // The value whose observed range a value uses: pooling and flattening keep their input's qparams.
   int source(int v) const {
-    while (v > 0 && nodes[static_cast<size_t>(v - 1)].passthrough()) v = nodes[static_cast<size_t>(v - 1)].in[0];
+    while (v > 0 && nodes[static_cast<size_t>(v - 1)].passthrough())
+      v = nodes[static_cast<size_t>(v - 1)].in[0];
     return v;
   }
 };
@@ -99,7 +113,9 @@ struct Graph {
 // Both the fp32 and the quantized (onednn) convolutions are faster channels-last on this CPU
 // (quantized 3x3, 32 channels, 28x28, batch 128: 2.3 vs 4.1 ms).
 torch::Tensor channels_last(const torch::Tensor& t) {
-  if (t.dim() != 4 || (t.is_contiguous(at::MemoryFormat::ChannelsLast) && t.suggest_memory_format() == at::MemoryFormat::ChannelsLast)) return t;
+  if (t.dim() != 4 || (t.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+                       t.suggest_memory_format() == at::MemoryFormat::ChannelsLast))
+    return t;
   return torch::empty_like(t, t.options(), at::MemoryFormat::ChannelsLast).copy_(t);
 }
 
@@ -107,12 +123,13 @@ torch::Tensor channels_last(const torch::Tensor& t) {
 struct Folder {
   std::map<std::string, torch::Tensor> P, B;
   bool bn;
-  std::pair<torch::Tensor, torch::Tensor> get(const std::string& layer, const std::string& norm) const {
+  std::pair<torch::Tensor, torch::Tensor> get(const std::string& layer,
+                                              const std::string& norm) const {
     const auto w = P.at(layer + ".weight").contiguous();
     const auto bias = P.count(layer + ".bias") ? P.at(layer + ".bias") : torch::Tensor();
     if (bn && !norm.empty())
-      return fold_batchnorm(w, bias, P.at(norm + ".weight"), P.at(norm + ".bias"), B.at(norm + ".running_mean"),
-                                   B.at(norm + ".running_var"), 1e-5);
+      return fold_batchnorm(w, bias, P.at(norm + ".weight"), P.at(norm + ".bias"),
+                            B.at(norm + ".running_mean"), B.at(norm + ".running_var"), 1e-5);
     return {w, bias.defined() ? bias : torch::zeros({w.size(0)})};
   }
 };
@@ -123,7 +140,8 @@ Graph build_graph(const config::ModelConfig& m, model::Model& model) {
   for (auto& [n, t] : model.named_buffers()) f.B[n] = t.detach();
   f.bn = m.batchnorm;
   Graph g;
-  auto conv = [&](const std::string& name, const std::string& norm, int in, bool relu, int64_t stride) {
+  auto conv = [&](const std::string& name, const std::string& norm, int in, bool relu,
+                  int64_t stride) {
     Node n(Op::Conv, name, {in}, relu);
     std::tie(n.w, n.b) = f.get(name, norm);
     n.stride = stride;
@@ -155,8 +173,8 @@ Graph build_graph(const config::ModelConfig& m, model::Model& model) {
     for (size_t h = 0; h < m.hidden.size(); ++h) {
       const std::string lin = "body." + std::to_string(idx++);
       const std::string norm = m.batchnorm ? "body." + std::to_string(idx++) : "";
-      ++idx;                      // ReLU
-      if (m.dropout > 0) ++idx;   // Dropout
+      ++idx;                     // ReLU
+      if (m.dropout > 0) ++idx;  // Dropout
       v = linear(lin, norm, v, true);
     }
     linear("body." + std::to_string(idx), "", v, false);
@@ -169,22 +187,28 @@ Graph build_graph(const config::ModelConfig& m, model::Model& model) {
         const int64_t stride = (b == 0 && s > 0) ? 2 : 1;
         int y = conv(p + ".conv1", p + ".bn1", v, true, stride);
         y = conv(p + ".conv2", p + ".bn2", y, false, 1);
-        const int sc = f.P.count(p + ".shortcut.weight") ? conv(p + ".shortcut", p + ".shortcut_bn", v, false, stride) : v;
+        const int sc = f.P.count(p + ".shortcut.weight")
+                           ? conv(p + ".shortcut", p + ".shortcut_bn", v, false, stride)
+                           : v;
         v = simple(Op::Add, p + ".add", {y, sc}, true);
       }
     v = simple(Op::GlobalAvgPool, "pool", {v});
     v = simple(Op::Flatten, "flatten", {v});
     linear("head", "", v, false);
   } else {
-    throw ConfigError("model.name", "mltrain quantize handles the registry's mlp, cnn and resnet, not '" + m.name + "'",
-                      "for a TorchScript model, quantize it in Python (torch.ao.quantization) or train a registry model");
+    throw ConfigError(
+        "model.name",
+        "mltrain quantize handles the registry's mlp, cnn and resnet, not '" + m.name + "'",
+        "for a TorchScript model, quantize it in Python (torch.ao.quantization) or train a "
+        "registry model");
   }
   return g;
 }
 
 // One pass over the graph; each node runs as its mode says, converting its inputs between float and
 // quantized as needed (qp: the range each value was calibrated to). acts (fp32 passes): every value.
-torch::Tensor run_graph(const Graph& g, const torch::Tensor& x, const std::vector<Mode>& mode, const std::vector<QParams>& qp,
+torch::Tensor run_graph(const Graph& g, const torch::Tensor& x, const std::vector<Mode>& mode,
+                        const std::vector<QParams>& qp,
                         std::vector<torch::Tensor>* acts = nullptr) {
   std::vector<torch::Tensor> v(g.nodes.size() + 1);
   v[0] = x.dim() == 4 ? channels_last(x) : x.contiguous();
@@ -193,7 +217,10 @@ torch::Tensor run_graph(const Graph& g, const torch::Tensor& x, const std::vecto
     const auto& q = qp[static_cast<size_t>(g.source(i))];
     return quantize_activation(v[static_cast<size_t>(i)], q);
   };
-  auto as_f = [&](int i) { return v[static_cast<size_t>(i)].is_quantized() ? v[static_cast<size_t>(i)].dequantize() : v[static_cast<size_t>(i)]; };
+  auto as_f = [&](int i) {
+    return v[static_cast<size_t>(i)].is_quantized() ? v[static_cast<size_t>(i)].dequantize()
+                                                    : v[static_cast<size_t>(i)];
+  };
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     const Node& n = g.nodes[k];
     const Mode md = mode[k];
@@ -202,7 +229,9 @@ torch::Tensor run_graph(const Graph& g, const torch::Tensor& x, const std::vecto
     switch (n.op) {
       case Op::Conv:
         if (md == Mode::Int8)
-          y = call(n.relu ? "quantized::conv2d_relu" : "quantized::conv2d", "new", {as_q(n.in[0]), n.packed, double(out.scale), out.zero_point}).toTensor();
+          y = call(n.relu ? "quantized::conv2d_relu" : "quantized::conv2d", "new",
+                   {as_q(n.in[0]), n.packed, double(out.scale), out.zero_point})
+                  .toTensor();
         else {
           y = torch::conv2d(as_f(n.in[0]), n.w_cl, n.b, n.stride, n.pad);
           if (n.relu) y = torch::relu(y);
@@ -210,9 +239,13 @@ torch::Tensor run_graph(const Graph& g, const torch::Tensor& x, const std::vecto
         break;
       case Op::Linear:
         if (md == Mode::Int8)
-          y = call(n.relu ? "quantized::linear_relu" : "quantized::linear", "", {as_q(n.in[0]), n.packed, double(out.scale), out.zero_point}).toTensor();
+          y = call(n.relu ? "quantized::linear_relu" : "quantized::linear", "",
+                   {as_q(n.in[0]), n.packed, double(out.scale), out.zero_point})
+                  .toTensor();
         else if (md == Mode::Dynamic)
-          y = call(n.relu ? "quantized::linear_relu_dynamic" : "quantized::linear_dynamic", "", {as_f(n.in[0]), n.packed, false}).toTensor();
+          y = call(n.relu ? "quantized::linear_relu_dynamic" : "quantized::linear_dynamic", "",
+                   {as_f(n.in[0]), n.packed, false})
+                  .toTensor();
         else {
           y = torch::linear(as_f(n.in[0]), n.w, n.b);
           if (n.relu) y = torch::relu(y);
@@ -231,7 +264,9 @@ torch::Tensor run_graph(const Graph& g, const torch::Tensor& x, const std::vecto
         break;
       case Op::Add:
         if (md == Mode::Int8)
-          y = call(n.relu ? "quantized::add_relu" : "quantized::add", "", {as_q(n.in[0]), as_q(n.in[1]), double(out.scale), out.zero_point}).toTensor();
+          y = call(n.relu ? "quantized::add_relu" : "quantized::add", "",
+                   {as_q(n.in[0]), as_q(n.in[1]), double(out.scale), out.zero_point})
+                  .toTensor();
         else {
           y = as_f(n.in[0]) + as_f(n.in[1]);
           if (n.relu) y = torch::relu(y);
@@ -247,13 +282,16 @@ torch::Tensor run_graph(const Graph& g, const torch::Tensor& x, const std::vecto
 // define()'s default resolver knows only `torch.` (as aten::); this one adds `quantized.` for the
 // quantized:: operators. Saved code names them as PyTorch does (ops.quantized.conv2d_relu).
 struct QuantizedOpsResolver : torch::jit::Resolver {
-  std::shared_ptr<torch::jit::SugaredValue> resolveValue(const std::string& name, torch::jit::GraphFunction&,
+  std::shared_ptr<torch::jit::SugaredValue> resolveValue(const std::string& name,
+                                                         torch::jit::GraphFunction&,
                                                          const torch::jit::SourceRange&) override {
     if (name == "torch") return std::make_shared<torch::jit::BuiltinModule>("aten");
     if (name == "quantized") return std::make_shared<torch::jit::BuiltinModule>("quantized");
     return nullptr;
   }
-  c10::TypePtr resolveType(const std::string&, const torch::jit::SourceRange&) override { return nullptr; }
+  c10::TypePtr resolveType(const std::string&, const torch::jit::SourceRange&) override {
+    return nullptr;
+  }
 };
 
 // The graph as a TorchScript module, the deployable int8 model: int8 nodes hold their prepacked
@@ -261,7 +299,8 @@ struct QuantizedOpsResolver : torch::jit::Resolver {
 // process's engine), fp32 nodes their folded weights, and forward() mirrors run_graph with every
 // activation scale and zero point as a literal. Loads in PyTorch (torch.jit.load) or LibTorch
 // with no mltrain code; the input is normalised as in training.
-torch::jit::Module to_script(const Graph& g, const std::vector<Mode>& mode, const std::vector<QParams>& qp, const std::string& model_name,
+torch::jit::Module to_script(const Graph& g, const std::vector<Mode>& mode,
+                             const std::vector<QParams>& qp, const std::string& model_name,
                              int64_t input_dims) {
   torch::jit::Module m("MltrainInt8" + model_name);
   auto lit = [](double d) {  // exact: 17 significant digits round-trip a double
@@ -276,13 +315,17 @@ torch::jit::Module to_script(const Graph& g, const std::vector<Mode>& mode, cons
   auto as_q = [&](int i) {
     if (quantized[static_cast<size_t>(i)]) return v(i);
     const auto& q = qp[static_cast<size_t>(g.source(i))];
-    return "torch.quantize_per_tensor(" + v(i) + ", " + lit(q.scale) + ", " + std::to_string(q.zero_point) + ", 13)";  // 13: torch.quint8
+    return "torch.quantize_per_tensor(" + v(i) + ", " + lit(q.scale) + ", " +
+           std::to_string(q.zero_point) + ", 13)";  // 13: torch.quint8
   };
-  auto as_f = [&](int i) { return quantized[static_cast<size_t>(i)] ? v(i) + ".dequantize()" : v(i); };
+  auto as_f = [&](int i) {
+    return quantized[static_cast<size_t>(i)] ? v(i) + ".dequantize()" : v(i);
+  };
   std::ostringstream s;
   s << "def forward(self, x: Tensor) -> Tensor:\n";
   // memory_format=2 is torch.channels_last (no such name resolves here, nor torch.quint8)
-  s << "    v0 = " << (input_dims == 4 ? "x.contiguous(memory_format=2)" : "x.contiguous()") << "\n";
+  s << "    v0 = " << (input_dims == 4 ? "x.contiguous(memory_format=2)" : "x.contiguous()")
+    << "\n";
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     const Node& n = g.nodes[k];
     const Mode md = mode[k];
@@ -294,38 +337,50 @@ torch::jit::Module to_script(const Graph& g, const std::vector<Mode>& mode, cons
     if (n.weighted() && md != Mode::Fp32) {
       m.register_attribute("n" + std::to_string(k), n.packed.type(), n.packed);
     } else if (n.weighted()) {
-      m.register_parameter("n" + std::to_string(k) + "_w", (n.op == Op::Conv ? n.w_cl : n.w).clone(), false);
+      m.register_parameter("n" + std::to_string(k) + "_w",
+                           (n.op == Op::Conv ? n.w_cl : n.w).clone(), false);
       m.register_parameter("n" + std::to_string(k) + "_b", n.b.clone(), false);
     }
     auto relu = [&](const std::string& e) { return n.relu ? "torch.relu(" + e + ")" : e; };
     switch (n.op) {
       case Op::Conv:
         if (md == Mode::Int8)
-          y = std::string("quantized.") + (n.relu ? "conv2d_relu" : "conv2d") + "(" + as_q(in0) + ", " + attr + ", " + out_q + ")", q = true;
+          y = std::string("quantized.") + (n.relu ? "conv2d_relu" : "conv2d") + "(" + as_q(in0) +
+              ", " + attr + ", " + out_q + ")",
+          q = true;
         else
-          y = relu("torch.conv2d(" + as_f(in0) + ", " + attr + "_w, " + attr + "_b, [" + std::to_string(n.stride) + ", " + std::to_string(n.stride) +
-                   "], [" + std::to_string(n.pad) + ", " + std::to_string(n.pad) + "])");
+          y = relu("torch.conv2d(" + as_f(in0) + ", " + attr + "_w, " + attr + "_b, [" +
+                   std::to_string(n.stride) + ", " + std::to_string(n.stride) + "], [" +
+                   std::to_string(n.pad) + ", " + std::to_string(n.pad) + "])");
         break;
       case Op::Linear:
         if (md == Mode::Int8)
-          y = std::string("quantized.") + (n.relu ? "linear_relu" : "linear") + "(" + as_q(in0) + ", " + attr + ", " + out_q + ")", q = true;
+          y = std::string("quantized.") + (n.relu ? "linear_relu" : "linear") + "(" + as_q(in0) +
+              ", " + attr + ", " + out_q + ")",
+          q = true;
         else if (md == Mode::Dynamic)
-          y = std::string("quantized.") + (n.relu ? "linear_relu_dynamic" : "linear_dynamic") + "(" + as_f(in0) + ", " + attr + ", False)";
+          y = std::string("quantized.") + (n.relu ? "linear_relu_dynamic" : "linear_dynamic") +
+              "(" + as_f(in0) + ", " + attr + ", False)";
         else
           y = relu("torch.linear(" + as_f(in0) + ", " + attr + "_w, " + attr + "_b)");
         break;
       case Op::MaxPool:
-        y = "torch.max_pool2d(" + v(in0) + ", [2, 2], [2, 2], [0, 0], [1, 1])", q = quantized[static_cast<size_t>(in0)];
+        y = "torch.max_pool2d(" + v(in0) + ", [2, 2], [2, 2], [0, 0], [1, 1])",
+        q = quantized[static_cast<size_t>(in0)];
         break;
       case Op::Flatten:
-        y = v(in0) + ".contiguous().reshape([" + v(in0) + ".size(0), -1])", q = quantized[static_cast<size_t>(in0)];
+        y = v(in0) + ".contiguous().reshape([" + v(in0) + ".size(0), -1])",
+        q = quantized[static_cast<size_t>(in0)];
         break;
       case Op::GlobalAvgPool:
-        y = "torch.adaptive_avg_pool2d(" + v(in0) + ", [1, 1])", q = quantized[static_cast<size_t>(in0)];
+        y = "torch.adaptive_avg_pool2d(" + v(in0) + ", [1, 1])",
+        q = quantized[static_cast<size_t>(in0)];
         break;
       case Op::Add:
         if (md == Mode::Int8)
-          y = std::string("quantized.") + (n.relu ? "add_relu" : "add") + "(" + as_q(in0) + ", " + as_q(n.in[1]) + ", " + out_q + ")", q = true;
+          y = std::string("quantized.") + (n.relu ? "add_relu" : "add") + "(" + as_q(in0) + ", " +
+              as_q(n.in[1]) + ", " + out_q + ")",
+          q = true;
         else
           y = relu(as_f(in0) + " + " + as_f(n.in[1]));
         break;
@@ -346,8 +401,8 @@ struct Eval {
 };
 
 // Loads the fixed samples once (the sensitivity pass reruns the graph on them per layer).
-std::vector<std::pair<torch::Tensor, torch::Tensor>> take_batches(const data::Dataset& ds, const config::ExperimentConfig& cfg,
-                                                                   int64_t limit) {
+std::vector<std::pair<torch::Tensor, torch::Tensor>> take_batches(
+    const data::Dataset& ds, const config::ExperimentConfig& cfg, int64_t limit) {
   data::Loader l(ds, train::plain_loader_options(cfg, 500, /*shuffle=*/false, /*drop_last=*/false));
   l.start_epoch(0);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> out;
@@ -398,13 +453,16 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
     if (!names.count(e)) {
       std::string all;
       for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-      throw ConfigError("--exclude", "no quantizable layer named '" + e + "' in this " + cfg.model.name, "layers: " + all);
+      throw ConfigError("--exclude",
+                        "no quantizable layer named '" + e + "' in this " + cfg.model.name,
+                        "layers: " + all);
     }
   std::vector<Mode> fp32(N, Mode::Fp32), mode(N, Mode::Fp32);
   for (size_t k = 0; k < N; ++k) {
     const auto& n = g.nodes[k];
     if (excluded.count(n.name)) continue;
-    if (dynamic ? n.op == Op::Linear : (n.weighted() || n.op == Op::Add)) mode[k] = dynamic ? Mode::Dynamic : Mode::Int8;
+    if (dynamic ? n.op == Op::Linear : (n.weighted() || n.op == Op::Add))
+      mode[k] = dynamic ? Mode::Dynamic : Mode::Int8;
   }
 
   // 2. Calibration (static mode): observers on the input and every conv/linear/add output, over
@@ -414,22 +472,27 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
   int64_t seen = 0;
   nlohmann::json ranges = nlohmann::json::array();
   if (!dynamic) {
-    data::Loader calib(tm.splits.train, train::plain_loader_options(cfg, 128, /*shuffle=*/true, /*drop_last=*/true));
+    data::Loader calib(tm.splits.train,
+                       train::plain_loader_options(cfg, 128, /*shuffle=*/true, /*drop_last=*/true));
     calib.start_epoch(0);
     std::vector<torch::Tensor> xs;
     data::Batch b;
-    while (static_cast<int64_t>(xs.size()) < opt.calib_batches && calib.next(b)) xs.push_back(b.x.contiguous().clone());
+    while (static_cast<int64_t>(xs.size()) < opt.calib_batches && calib.next(b))
+      xs.push_back(b.x.contiguous().clone());
     seen = static_cast<int64_t>(xs.size());
     if (seen == 0) throw DataError("training split", "has no batch to calibrate on");
     Sha256 h;
     // kCalibrationVersion changes whenever an observer's algorithm does, so stale ranges are not reused.
-    const std::string head = std::to_string(kCalibrationVersion) + "|" + sha256_file((tm.checkpoint / "model.safetensors").string()) + "|" + cfg.model.name + "|" +
-                             opt.observer + "|" + std::to_string(N);
+    const std::string head = std::to_string(kCalibrationVersion) + "|" +
+                             sha256_file((tm.checkpoint / "model.safetensors").string()) + "|" +
+                             cfg.model.name + "|" + opt.observer + "|" + std::to_string(N);
     h.update(head.data(), head.size());
-    for (const auto& x : xs) h.update(x.data_ptr(), static_cast<size_t>(x.numel()) * x.element_size());
+    for (const auto& x : xs)
+      h.update(x.data_ptr(), static_cast<size_t>(x.numel()) * x.element_size());
     const std::string key = h.hex().substr(0, 24);
     const bool use_cache = opt.cache_dir != "off";
-    const fs::path cache = (opt.cache_dir.empty() ? out / "calib_cache" : fs::path(opt.cache_dir)) / (key + ".json");
+    const fs::path cache =
+        (opt.cache_dir.empty() ? out / "calib_cache" : fs::path(opt.cache_dir)) / (key + ".json");
     bool hit = false;
     if (use_cache && fs::exists(cache)) {
       try {
@@ -459,11 +522,15 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
       }
       if (use_cache) {
         fs::create_directories(cache.parent_path());
-        write_file_atomic(cache.string(), nlohmann::json{{"key", key}, {"observer", opt.observer}, {"ranges", ranges}}.dump() + "\n");
+        write_file_atomic(
+            cache.string(),
+            nlohmann::json{{"key", key}, {"observer", opt.observer}, {"ranges", ranges}}.dump() +
+                "\n");
       }
     }
     cache_state = !use_cache ? "off" : hit ? "hit " + cache.string() : "stored " + cache.string();
-    for (size_t v = 0; v <= N; ++v) qp[v] = affine_qparams(ranges[v][0].get<float>(), ranges[v][1].get<float>(), 0, 255);
+    for (size_t v = 0; v <= N; ++v)
+      qp[v] = affine_qparams(ranges[v][0].get<float>(), ranges[v][1].get<float>(), 0, 255);
   }
 
   // 3. int8 weights, prepacked; sizes.
@@ -479,22 +546,31 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
       } else {
         const auto qw = quantize_weight(n.w);
         if (n.op == Op::Conv)
-          n.packed = call("quantized::conv2d_prepack", "",
-                          {qw, n.b, c10::List<int64_t>({n.stride, n.stride}), c10::List<int64_t>({n.pad, n.pad}), c10::List<int64_t>({1, 1}), int64_t{1}});
+          n.packed =
+              call("quantized::conv2d_prepack", "",
+                   {qw, n.b, c10::List<int64_t>({n.stride, n.stride}),
+                    c10::List<int64_t>({n.pad, n.pad}), c10::List<int64_t>({1, 1}), int64_t{1}});
         else
           n.packed = call("quantized::linear_prepack", "", {qw, n.b});
-        q_bytes += mode[k] == Mode::Fp32 ? fbytes : n.w.numel() + n.w.size(0) * 8 /* scale + zero point */ + n.b.numel() * 4;
+        q_bytes += mode[k] == Mode::Fp32
+                       ? fbytes
+                       : n.w.numel() + n.w.size(0) * 8 /* scale + zero point */ + n.b.numel() * 4;
       }
     }
     if (n.weighted() || n.op == Op::Add)
       layers.push_back({{"name", n.name},
-                        {"op", n.op == Op::Conv ? "conv" : n.op == Op::Linear ? "linear" : "add"},
-                        {"mode", mode[k] == Mode::Int8 ? "int8" : mode[k] == Mode::Dynamic ? "dynamic int8" : "fp32"}});
+                        {"op", n.op == Op::Conv     ? "conv"
+                               : n.op == Op::Linear ? "linear"
+                                                    : "add"},
+                        {"mode", mode[k] == Mode::Int8      ? "int8"
+                                 : mode[k] == Mode::Dynamic ? "dynamic int8"
+                                                            : "fp32"}});
   }
   auto q_forward = [&](const torch::Tensor& x) { return run_graph(g, x, mode, qp); };
 
   // 4. Test accuracy: the trained model (as it runs in training) against the quantized graph.
-  data::Loader test(tm.splits.test, train::plain_loader_options(cfg, 500, /*shuffle=*/false, /*drop_last=*/false));
+  data::Loader test(tm.splits.test,
+                    train::plain_loader_options(cfg, 500, /*shuffle=*/false, /*drop_last=*/false));
   test.start_epoch(0);
   int64_t n = 0, right_fp = 0, right_q = 0, agree = 0;
   torch::Tensor first;
@@ -509,7 +585,8 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
     if (!first.defined()) first = x.slice(0, 0, std::min<int64_t>(128, x.size(0))).clone();
   }
   // 5. Speed at batch 128: the trained model as configured (channels-last, fp32) vs quantized.
-  const double fp_sps = batch_throughput([&](const torch::Tensor& x) { return tm.model->forward(x); }, first);
+  const double fp_sps =
+      batch_throughput([&](const torch::Tensor& x) { return tm.model->forward(x); }, first);
   const double q_sps = batch_throughput(q_forward, first);
 
   // 6. The deployable model: TorchScript, saved, reloaded as a user would, and checked against the
@@ -526,8 +603,10 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
   reloaded.eval();
   const auto want = q_forward(first), got = reloaded.forward({first}).toTensor();
   const double script_diff = (want - got).abs().max().item<double>();
-  const double script_agree = want.argmax(1).eq(got.argmax(1)).to(torch::kDouble).mean().item<double>();
-  const double script_sps = batch_throughput([&](const torch::Tensor& x) { return reloaded.forward({x}).toTensor(); }, first);
+  const double script_agree =
+      want.argmax(1).eq(got.argmax(1)).to(torch::kDouble).mean().item<double>();
+  const double script_sps = batch_throughput(
+      [&](const torch::Tensor& x) { return reloaded.forward({x}).toTensor(); }, first);
 
   nlohmann::json r = {{"run", tm.run_dir.string()},
                       {"checkpoint", tm.checkpoint.string()},
@@ -556,17 +635,23 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
                         {"max_abs_diff", script_diff},
                         {"prediction_agreement", script_agree},
                         {"samples_per_s_batch128", script_sps},
-                        {"input", {{"shape", first.sizes().slice(1).vec()}, {"mean", cfg.data.mean}, {"std", cfg.data.std}}}}},
+                        {"input",
+                         {{"shape", first.sizes().slice(1).vec()},
+                          {"mean", cfg.data.mean},
+                          {"std", cfg.data.std}}}}},
                       {"activation_qparams", nlohmann::json::array()}};
   if (!dynamic)
     for (size_t v = 0; v <= N; ++v)
       if (v == 0 || !g.nodes[v - 1].passthrough())
-        r["activation_qparams"].push_back({{"at", v == 0 ? "input" : g.nodes[v - 1].name}, {"scale", qp[v].scale}, {"zero_point", qp[v].zero_point}});
+        r["activation_qparams"].push_back({{"at", v == 0 ? "input" : g.nodes[v - 1].name},
+                                           {"scale", qp[v].scale},
+                                           {"zero_point", qp[v].zero_point}});
 
   // 7. Sensitivity: each layer quantized alone (everything else fp32), on the eval split.
   if (opt.sensitivity) {
     const auto sb = take_batches(tm.splits.eval, cfg, opt.sensitivity_samples);
-    const Eval base = evaluate(sb, [&](const torch::Tensor& x) { return run_graph(g, x, fp32, qp); });
+    const Eval base =
+        evaluate(sb, [&](const torch::Tensor& x) { return run_graph(g, x, fp32, qp); });
     nlohmann::json rows = nlohmann::json::array();
     std::vector<std::string> propose;
     for (size_t k = 0; k < N; ++k) {
@@ -582,7 +667,9 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
                       {"changed_predictions", e.pred.ne(base.pred).sum().item<int64_t>()}});
       if (drop > opt.sensitivity_threshold + 1e-9) propose.push_back(nd.name);
     }
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& c) { return a["drop_points"].template get<double>() > c["drop_points"].template get<double>(); });
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& c) {
+      return a["drop_points"].template get<double>() > c["drop_points"].template get<double>();
+    });
     r["sensitivity"] = {{"split", tm.splits.eval_name},
                         {"samples", base.n},
                         {"fp32_accuracy", base.accuracy()},
@@ -597,39 +684,52 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
 std::string quantize_text(const nlohmann::json& r) {
   std::ostringstream o;
   const bool dyn = r.value("mode", "") == "dynamic";
-  o << r.value("model", "") << " int8, " << r.value("mode", "") << " (" << r.value("engine", "") << " engine";
-  if (!dyn) o << ", " << r.value("observer", "") << " observer, " << r.value("calibration_batches", 0) << " calibration batches";
+  o << r.value("model", "") << " int8, " << r.value("mode", "") << " (" << r.value("engine", "")
+    << " engine";
+  if (!dyn)
+    o << ", " << r.value("observer", "") << " observer, " << r.value("calibration_batches", 0)
+      << " calibration batches";
   o << ") from " << r.value("checkpoint", "") << "\n";
   if (!dyn) o << "calibration cache: " << r.value("calibration_cache", "") << "\n";
   std::string q, f;
-  for (const auto& l : r["layers"]) (l["mode"] == "fp32" ? f : q) += (l["mode"] == "fp32" ? (f.empty() ? "" : " ") : (q.empty() ? "" : " ")) + l["name"].get<std::string>();
+  for (const auto& l : r["layers"])
+    (l["mode"] == "fp32" ? f : q) +=
+        (l["mode"] == "fp32" ? (f.empty() ? "" : " ") : (q.empty() ? "" : " ")) +
+        l["name"].get<std::string>();
   o << "quantized: " << (q.empty() ? "-" : q) << "\nkept fp32: " << (f.empty() ? "-" : f) << "\n";
   o << "test accuracy: fp32 " << format_fixed(100 * r.value("fp32_accuracy", 0.0), 2) << " %, int8 "
-    << format_fixed(100 * r.value("int8_accuracy", 0.0), 2) << " % (drop " << format_fixed(r.value("accuracy_drop_points", 0.0), 2)
-    << " points; predictions agree on " << format_fixed(100 * r.value("prediction_agreement", 0.0), 2) << " %)\n";
-  o << "weights: " << r.value("fp32_weight_bytes", 0) << " -> " << r.value("int8_weight_bytes", 0) << " bytes ("
-    << format_fixed(r.value("size_ratio", 0.0), 2) << "x smaller)\n";
-  o << "batch 128: fp32 " << format_fixed(r.value("fp32_samples_per_s_batch128", 0.0), 0) << " -> int8 "
-    << format_fixed(r.value("int8_samples_per_s_batch128", 0.0), 0) << " samples/s (" << format_fixed(r.value("speedup_batch128", 0.0), 2)
-    << "x)\n";
+    << format_fixed(100 * r.value("int8_accuracy", 0.0), 2) << " % (drop "
+    << format_fixed(r.value("accuracy_drop_points", 0.0), 2) << " points; predictions agree on "
+    << format_fixed(100 * r.value("prediction_agreement", 0.0), 2) << " %)\n";
+  o << "weights: " << r.value("fp32_weight_bytes", 0) << " -> " << r.value("int8_weight_bytes", 0)
+    << " bytes (" << format_fixed(r.value("size_ratio", 0.0), 2) << "x smaller)\n";
+  o << "batch 128: fp32 " << format_fixed(r.value("fp32_samples_per_s_batch128", 0.0), 0)
+    << " -> int8 " << format_fixed(r.value("int8_samples_per_s_batch128", 0.0), 0) << " samples/s ("
+    << format_fixed(r.value("speedup_batch128", 0.0), 2) << "x)\n";
   if (r.contains("script")) {
     const auto& sc = r["script"];
-    o << "model: " << sc.value("path", "") << " (TorchScript, " << sc.value("bytes", 0) << " bytes; reloaded: max |diff| "
-      << sc.value("max_abs_diff", 0.0) << " on the first test batch, " << format_fixed(sc.value("samples_per_s_batch128", 0.0), 0)
-      << " samples/s at batch 128; input normalised (x / 255 - " << sc["input"].value("mean", 0.0) << ") / " << sc["input"].value("std", 1.0)
-      << ")\n";
+    o << "model: " << sc.value("path", "") << " (TorchScript, " << sc.value("bytes", 0)
+      << " bytes; reloaded: max |diff| " << sc.value("max_abs_diff", 0.0)
+      << " on the first test batch, " << format_fixed(sc.value("samples_per_s_batch128", 0.0), 0)
+      << " samples/s at batch 128; input normalised (x / 255 - " << sc["input"].value("mean", 0.0)
+      << ") / " << sc["input"].value("std", 1.0) << ")\n";
   }
   if (r.contains("sensitivity")) {
     const auto& s = r["sensitivity"];
-    o << "sensitivity (one layer quantized at a time, " << s.value("samples", 0) << " " << s.value("split", "") << " samples, fp32 "
+    o << "sensitivity (one layer quantized at a time, " << s.value("samples", 0) << " "
+      << s.value("split", "") << " samples, fp32 "
       << format_fixed(100 * s.value("fp32_accuracy", 0.0), 2) << " %):\n";
     for (const auto& l : s["layers"])
-      o << "  " << l["layer"].get<std::string>() << "  " << format_fixed(l["drop_points"].get<double>(), 2) << " points, "
+      o << "  " << l["layer"].get<std::string>() << "  "
+        << format_fixed(l["drop_points"].get<double>(), 2) << " points, "
         << l["changed_predictions"].get<int64_t>() << " predictions changed\n";
     std::string p;
     for (const auto& e : s["proposed_exclude"]) p += (p.empty() ? "" : ",") + e.get<std::string>();
-    o << "proposed: " << (p.empty() ? "exclude nothing (no layer loses more than " + format_fixed(s.value("threshold_points", 0.0), 2) + " points)"
-                                    : "--exclude " + p) << "\n";
+    o << "proposed: "
+      << (p.empty() ? "exclude nothing (no layer loses more than " +
+                          format_fixed(s.value("threshold_points", 0.0), 2) + " points)"
+                    : "--exclude " + p)
+      << "\n";
   }
   return o.str();
 }

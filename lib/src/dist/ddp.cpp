@@ -82,17 +82,22 @@ Comm::~Comm() {
 
 std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
 #ifndef MLTRAIN_WITH_GLOO
-  throw ConfigError("distributed", "this mltrain was built without c10d Gloo", "rebuild with libgloo-dev installed (scripts/install-deps.sh)");
+  throw ConfigError("distributed", "this mltrain was built without c10d Gloo",
+                    "rebuild with libgloo-dev installed (scripts/install-deps.sh)");
 #else
   const bool nccl = o.backend == "nccl";
   if (nccl && !nccl_group_compiled())
-    throw ConfigError("distributed.backend", "nccl is not available in this build (no CUDA LibTorch with nccl.h)",
-                      "use distributed.backend=gloo, or build with -DMLTRAIN_WITH_CUDA=ON against a CUDA LibTorch");
+    throw ConfigError("distributed.backend",
+                      "nccl is not available in this build (no CUDA LibTorch with nccl.h)",
+                      "use distributed.backend=gloo, or build with -DMLTRAIN_WITH_CUDA=ON against "
+                      "a CUDA LibTorch");
   if (nccl && !o.device.is_cuda())
-    throw ConfigError("distributed.backend", "nccl moves CUDA tensors only, and this run trains on the CPU",
+    throw ConfigError("distributed.backend",
+                      "nccl moves CUDA tensors only, and this run trains on the CPU",
                       "set runtime.device=cuda, or distributed.backend=gloo");
   if (!nccl && o.backend != "gloo")
-    throw ConfigError("distributed.backend", "unknown backend '" + o.backend + "'", "use gloo or nccl");
+    throw ConfigError("distributed.backend", "unknown backend '" + o.backend + "'",
+                      "use gloo or nccl");
   std::unique_ptr<Comm> c(new Comm());
   c->impl_->nccl = nccl;
   c->impl_->device = nccl ? o.device : torch::Device(torch::kCPU);
@@ -110,11 +115,15 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
     so.timeout = timeout;
     try {
       auto tcp = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
-      c->impl_->store = c10::make_intrusive<c10d::PrefixStore>("mltrain/attempt_" + std::to_string(w.restart), tcp);
+      c->impl_->store = c10::make_intrusive<c10d::PrefixStore>(
+          "mltrain/attempt_" + std::to_string(w.restart), tcp);
     } catch (const std::exception& e) {
-      throw RuntimeError("distributed", "rank " + std::to_string(w.rank) + " could not reach torchrun's store at " + w.master_addr + ":" +
-                                            std::to_string(w.master_port) + ": " + e.what(),
-                         "is the torchrun agent still running? unset TORCHELASTIC_USE_AGENT_STORE if this process was not started by torchrun");
+      throw RuntimeError("distributed",
+                         "rank " + std::to_string(w.rank) +
+                             " could not reach torchrun's store at " + w.master_addr + ":" +
+                             std::to_string(w.master_port) + ": " + e.what(),
+                         "is the torchrun agent still running? unset TORCHELASTIC_USE_AGENT_STORE "
+                         "if this process was not started by torchrun");
     }
     store_kind = "torchrun's TCPStore";
   } else if (w.single_node()) {
@@ -124,8 +133,10 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
     store_kind = "FileStore";
   } else {
     if (w.rank == 0)
-      spdlog::warn("[dist] TCPStore on {}:{}: the port is unauthenticated and open on all interfaces; run inside a trusted network",
-                   w.master_addr, w.master_port);
+      spdlog::warn(
+          "[dist] TCPStore on {}:{}: the port is unauthenticated and open on all interfaces; run "
+          "inside a trusted network",
+          w.master_addr, w.master_port);
     c10d::TCPStoreOptions so;
     so.port = uint16_t(w.master_port);
     so.isServer = w.rank == 0;
@@ -134,9 +145,13 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
     try {
       c->impl_->store = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
     } catch (const std::exception& e) {
-      throw RuntimeError("distributed", "rank " + std::to_string(w.rank) + (w.rank == 0 ? " could not serve" : " could not reach") +
-                                            " the TCPStore at " + w.master_addr + ":" + std::to_string(w.master_port) + ": " + e.what(),
-                         w.rank == 0 ? "choose a free MASTER_PORT" : "check MASTER_ADDR/MASTER_PORT and that rank 0 started");
+      throw RuntimeError("distributed",
+                         "rank " + std::to_string(w.rank) +
+                             (w.rank == 0 ? " could not serve" : " could not reach") +
+                             " the TCPStore at " + w.master_addr + ":" +
+                             std::to_string(w.master_port) + ": " + e.what(),
+                         w.rank == 0 ? "choose a free MASTER_PORT"
+                                     : "check MASTER_ADDR/MASTER_PORT and that rank 0 started");
     }
     store_kind = "TCPStore";
   }
@@ -155,24 +170,28 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
       auto opts = c10d::ProcessGroupGloo::Options::create();
       const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
       // One node: loopback. Several: GLOO_SOCKET_IFNAME, else the interface this host's name resolves to.
-      opts->devices.push_back(iface              ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
-                              : w.single_node() ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                                 : c10d::ProcessGroupGloo::createDefaultDevice());
+      opts->devices.push_back(iface ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
+                              : w.single_node()
+                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                  : c10d::ProcessGroupGloo::createDefaultDevice());
       opts->timeout = timeout;
       c->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, w.rank, w.size, opts);
     }
   } catch (const std::exception& e) {
-    throw RuntimeError("distributed", std::string("rank ") + std::to_string(w.rank) + " could not join the " + (nccl ? "NCCL" : "Gloo") +
-                                          " group: " + e.what(),
+    throw RuntimeError("distributed",
+                       std::string("rank ") + std::to_string(w.rank) + " could not join the " +
+                           (nccl ? "NCCL" : "Gloo") + " group: " + e.what(),
                        "check that every rank started and MASTER_ADDR/MASTER_PORT match");
   }
   // Who is who, for naming the missing ranks when a collective fails.
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   const std::string me = std::string(host) + ":" + std::to_string(::getpid());
-  c->impl_->store->set("mltrain/pid/" + std::to_string(w.rank), std::vector<uint8_t>(me.begin(), me.end()));
-  spdlog::info("[dist] rank {}/{} (local {}/{}, node {}/{}, {}) joined {} over {}", w.rank, w.size, w.local_rank, w.local_size,
-               w.node_rank, w.nodes, w.source, nccl ? "NCCL on " + c->impl_->device.str() : std::string("Gloo"), store_kind);
+  c->impl_->store->set("mltrain/pid/" + std::to_string(w.rank),
+                       std::vector<uint8_t>(me.begin(), me.end()));
+  spdlog::info("[dist] rank {}/{} (local {}/{}, node {}/{}, {}) joined {} over {}", w.rank, w.size,
+               w.local_rank, w.local_size, w.node_rank, w.nodes, w.source,
+               nccl ? "NCCL on " + c->impl_->device.str() : std::string("Gloo"), store_kind);
   return c;
 #endif
 }
@@ -203,7 +222,8 @@ static bool process_gone(int pid) {
   std::string line;
   std::getline(stat, line);
   const auto paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and parentheses
-  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
 // Ranks on this host whose process is gone, from the pids every rank stored when it joined.
@@ -224,14 +244,16 @@ static std::string missing_ranks(Comm::Impl& impl, int size) {
       const auto colon = hp.rfind(':');
       const int pid = std::atoi(hp.c_str() + colon + 1);
       if (hp.substr(0, colon) == host && pid > 0 && process_gone(pid))
-        gone += (gone.empty() ? "rank " : ", rank ") + std::to_string(r) + " (pid " + std::to_string(pid) + ")";
+        gone += (gone.empty() ? "rank " : ", rank ") + std::to_string(r) + " (pid " +
+                std::to_string(pid) + ")";
     } catch (const std::exception&) {
       unknown += (unknown.empty() ? "" : ", ") + std::to_string(r);
     }
   }
   std::string s;
   if (!gone.empty()) s += "missing: " + gone + " exited";
-  if (!unknown.empty()) s += std::string(s.empty() ? "" : "; ") + "never joined or unknown: ranks " + unknown;
+  if (!unknown.empty())
+    s += std::string(s.empty() ? "" : "; ") + "never joined or unknown: ranks " + unknown;
   return s.empty() ? "every rank on this host is alive (a peer on another host, or a hang)" : s;
 #else
   (void)impl, (void)size;
@@ -244,14 +266,20 @@ void Comm::fail(const std::string& op, const std::exception& e) {
   const std::string missing = missing_ranks(*impl_, world_.size);
   // The peers are worth naming when one is gone or the transport says so (a timeout, a closed or
   // reset connection); not for a local refusal such as an unsupported dtype.
-  const bool peers = missing.rfind("missing:", 0) == 0 || missing.find("never joined") != std::string::npos ||
-                     what.find("imed out") != std::string::npos || what.find("onnection") != std::string::npos;
+  const bool peers =
+      missing.rfind("missing:", 0) == 0 || missing.find("never joined") != std::string::npos ||
+      what.find("imed out") != std::string::npos || what.find("onnection") != std::string::npos;
   if (peers) spdlog::error("[dist] rank {}: {}", world_.rank, missing);
-  spdlog::error("[dist] rank {}: {} failed: {}\nlast collectives on this rank:\n{}", world_.rank, op, what, recent());
-  throw RuntimeError("distributed", "rank " + std::to_string(world_.rank) + ": " + op + " failed" +
-                                        (peers ? " (timeout " + std::to_string(int(timeout_s_)) + " s; " + missing + ")" : "") + ": " + what,
-                     peers ? "look for the first rank that failed in the launcher's output; its collectives are logged above"
-                           : "a local error, not a lost peer: see the message");
+  spdlog::error("[dist] rank {}: {} failed: {}\nlast collectives on this rank:\n{}", world_.rank,
+                op, what, recent());
+  throw RuntimeError(
+      "distributed",
+      "rank " + std::to_string(world_.rank) + ": " + op + " failed" +
+          (peers ? " (timeout " + std::to_string(int(timeout_s_)) + " s; " + missing + ")" : "") +
+          ": " + what,
+      peers ? "look for the first rank that failed in the launcher's output; its collectives are "
+              "logged above"
+            : "a local error, not a lost peer: see the message");
 }
 
 #ifdef MLTRAIN_WITH_GLOO
@@ -327,7 +355,9 @@ void onebit_average(Comm& comm, torch::Tensor& momentum, torch::Tensor& error) {
   optim::onebit_compress(momentum, error);
   const auto all = comm.allgather(optim::onebit_pack(momentum), "allgather(1-bit momentum)");
   auto sum = torch::zeros({momentum.numel()}, torch::kFloat);
-  for (const auto& p : all) optim::onebit_unpack_add(p, momentum.numel(), sum.data_ptr<float>());  // rank order: the same sum everywhere
+  for (const auto& p : all)
+    optim::onebit_unpack_add(p, momentum.numel(),
+                             sum.data_ptr<float>());  // rank order: the same sum everywhere
   momentum.copy_(sum.div_(double(all.size())).to(momentum.scalar_type()).view(momentum.sizes()));
 }
 
@@ -360,14 +390,22 @@ void Comm::wait(const std::shared_ptr<Pending>& p) {
 
 // ---- DataParallel ---------------------------------------------------------------------------------
 
-DataParallel::DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes,
-                           bool overlap, const std::string& compress)
+DataParallel::DataParallel(Comm& comm, const model::NamedTensors& params,
+                           const model::NamedTensors& buffers, int64_t bucket_bytes, bool overlap,
+                           const std::string& compress)
     : comm_(comm), overlap_(overlap) {
-  if (compress == "fp16") wire_type_ = torch::kHalf;
-  else if (compress == "bf16") wire_type_ = torch::kBFloat16;
-  else if (compress != "none") throw ConfigError("distributed.compress", "unknown '" + compress + "'", "use none, fp16 or bf16");
-  if (wire_type_ == torch::kBFloat16 && !comm.nccl())  // LibTorch 1.13's Gloo: "Invalid scalar type"
-    throw ConfigError("distributed.compress", "bf16 needs the NCCL backend: Gloo cannot sum bfloat16", "use distributed.compress=fp16 or none");
+  if (compress == "fp16")
+    wire_type_ = torch::kHalf;
+  else if (compress == "bf16")
+    wire_type_ = torch::kBFloat16;
+  else if (compress != "none")
+    throw ConfigError("distributed.compress", "unknown '" + compress + "'",
+                      "use none, fp16 or bf16");
+  if (wire_type_ == torch::kBFloat16 &&
+      !comm.nccl())  // LibTorch 1.13's Gloo: "Invalid scalar type"
+    throw ConfigError("distributed.compress",
+                      "bf16 needs the NCCL backend: Gloo cannot sum bfloat16",
+                      "use distributed.compress=fp16 or none");
   for (const auto& [n, p] : params)
     if (p.requires_grad()) params_.push_back(p);
   for (const auto& [n, b] : buffers)
@@ -442,8 +480,10 @@ void DataParallel::on_grad(size_t i, const torch::Tensor& g) {
   // The hook sees this micro-step's gradient before autograd adds it to .grad: the window's total
   // is the accumulated .grad (earlier micro-steps) plus g.
   const auto& acc = params_[i].grad();
-  if (acc.defined()) torch::add_out(dst, acc.reshape({-1}), g.reshape({-1}));
-  else dst.copy_(g.reshape({-1}));
+  if (acc.defined())
+    torch::add_out(dst, acc.reshape({-1}), g.reshape({-1}));
+  else
+    dst.copy_(g.reshape({-1}));
   if (++b.ready == b.params.size() && overlap_) launch(b);
 }
 
@@ -455,7 +495,9 @@ void DataParallel::launch(Bucket& b) {
   // Divided before the cast, as PyTorch's compress hooks do: the sum of world-size fp16 values
   // then stays within range wherever the average does.
   b.wire = b.flat.mul(1.0 / comm_.size()).to(*wire_type_);
-  b.work = comm_.allreduce_async(b.wire, *wire_type_ == torch::kHalf ? "allreduce(gradient bucket, fp16)" : "allreduce(gradient bucket, bf16)");
+  b.work = comm_.allreduce_async(b.wire, *wire_type_ == torch::kHalf
+                                             ? "allreduce(gradient bucket, fp16)"
+                                             : "allreduce(gradient bucket, bf16)");
 }
 
 void DataParallel::finish_backward() {
@@ -468,8 +510,10 @@ void DataParallel::finish_backward() {
         const size_t i = b.params[k];
         if (seen_[i]) continue;
         auto dst = b.flat.slice(0, b.offset[k], b.offset[k] + params_[i].numel());
-        if (params_[i].grad().defined()) dst.copy_(params_[i].grad().reshape({-1}));
-        else dst.zero_();
+        if (params_[i].grad().defined())
+          dst.copy_(params_[i].grad().reshape({-1}));
+        else
+          dst.zero_();
       }
       launch(b);
     }
@@ -477,8 +521,10 @@ void DataParallel::finish_backward() {
   const double inv = 1.0 / comm_.size();
   for (auto& b : buckets_) {
     comm_.wait(b.work);
-    if (wire_type_) b.flat.copy_(b.wire);  // already the average
-    else b.flat.mul_(inv);
+    if (wire_type_)
+      b.flat.copy_(b.wire);  // already the average
+    else
+      b.flat.mul_(inv);
     for (size_t k = 0; k < b.params.size(); ++k) {
       auto& p = params_[b.params[k]];
       auto src = b.flat.slice(0, b.offset[k], b.offset[k] + p.numel()).view(p.sizes());

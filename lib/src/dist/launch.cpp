@@ -35,7 +35,8 @@ int free_port() {
   a.sin_port = 0;
   socklen_t len = sizeof a;
   int port = 29500;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
     port = ntohs(a.sin_port);
   if (fd >= 0) ::close(fd);
   return port;
@@ -50,8 +51,11 @@ struct Worker {
 };
 
 std::string describe(int rank, int status) {
-  if (WIFSIGNALED(status)) return "rank " + std::to_string(rank) + " killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
-  return "rank " + std::to_string(rank) + " exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "rank " + std::to_string(rank) + " killed by signal " +
+           std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "rank " + std::to_string(rank) + " exited with status " +
+         std::to_string(WEXITSTATUS(status));
 }
 
 void flush_lines(Worker& w, int rank, bool all) {
@@ -73,11 +77,18 @@ LaunchResult launch(const LaunchOptions& o) {
   if (o.nproc < 1) throw ConfigError("--nproc-per-node", "must be at least 1");
   if (o.nnodes < 1) throw ConfigError("--nnodes", "must be at least 1");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
-    throw ConfigError("--node-rank", std::to_string(o.node_rank) + " is not below --nnodes " + std::to_string(o.nnodes), "number the nodes 0 .. nnodes-1");
+    throw ConfigError(
+        "--node-rank",
+        std::to_string(o.node_rank) + " is not below --nnodes " + std::to_string(o.nnodes),
+        "number the nodes 0 .. nnodes-1");
   if (o.nnodes > 1 && o.master_port <= 0)
-    throw ConfigError("--master-port", "several nodes need a port agreed on by every launcher", "pass the same --master-port (and --master-addr) on every node");
-  if (o.master_port < 0 || o.master_port > 65535) throw ConfigError("--master-port", std::to_string(o.master_port) + " is not a TCP port");
-  if (o.command.empty()) throw ConfigError("mltrain launch", "no command given", "mltrain launch --nproc-per-node 2 -- mltrain train cfg.yaml");
+    throw ConfigError("--master-port", "several nodes need a port agreed on by every launcher",
+                      "pass the same --master-port (and --master-addr) on every node");
+  if (o.master_port < 0 || o.master_port > 65535)
+    throw ConfigError("--master-port", std::to_string(o.master_port) + " is not a TCP port");
+  if (o.command.empty())
+    throw ConfigError("mltrain launch", "no command given",
+                      "mltrain launch --nproc-per-node 2 -- mltrain train cfg.yaml");
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   ::sigaction(SIGINT, &sa, nullptr);
@@ -85,24 +96,32 @@ LaunchResult launch(const LaunchOptions& o) {
   LaunchResult res;
   std::mt19937_64 rng(std::random_device{}());
   // Every node must agree on the run id; one node alone picks its own.
-  const std::string run_id = o.nnodes > 1 ? "launch-" + o.master_addr + "-" + std::to_string(o.master_port)
-                                          : std::to_string(::getpid()) + "-" + std::to_string(rng() % 1000000);
-  const int world = o.nnodes * o.nproc, first = o.node_rank * o.nproc;  // this node's ranks: first ..
+  const std::string run_id =
+      o.nnodes > 1 ? "launch-" + o.master_addr + "-" + std::to_string(o.master_port)
+                   : std::to_string(::getpid()) + "-" + std::to_string(rng() % 1000000);
+  const int world = o.nnodes * o.nproc,
+            first = o.node_rank * o.nproc;  // this node's ranks: first ..
   for (int attempt = 0;; ++attempt) {
     const int port = o.master_port > 0 ? o.master_port + attempt : free_port();
     std::vector<Worker> ws(size_t(o.nproc));
     for (int r = 0; r < o.nproc; ++r) {
       const int rank = first + r;
       const std::vector<std::string> set = {
-          "RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(r),
-          "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc), "GROUP_RANK=" + std::to_string(o.node_rank), "MASTER_ADDR=" + o.master_addr,
-          "MASTER_PORT=" + std::to_string(port), "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt),
+          "RANK=" + std::to_string(rank),
+          "WORLD_SIZE=" + std::to_string(world),
+          "LOCAL_RANK=" + std::to_string(r),
+          "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
+          "GROUP_RANK=" + std::to_string(o.node_rank),
+          "MASTER_ADDR=" + o.master_addr,
+          "MASTER_PORT=" + std::to_string(port),
+          "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt),
           "MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt)};
       // stdout and stderr through one pipe, streamed with the rank's prefix; dies with the launcher.
-      ws[size_t(r)].pid = spawn_child(o.command, environment_with(set), &ws[size_t(r)].fd, "", /*own_group=*/false);
+      ws[size_t(r)].pid =
+          spawn_child(o.command, environment_with(set), &ws[size_t(r)].fd, "", /*own_group=*/false);
     }
-    std::fprintf(stderr, "[launch] attempt %d: node %d/%d, %d workers, rendezvous %s:%d\n", attempt, o.node_rank, o.nnodes, o.nproc,
-                 o.master_addr.c_str(), port);
+    std::fprintf(stderr, "[launch] attempt %d: node %d/%d, %d workers, rendezvous %s:%d\n", attempt,
+                 o.node_rank, o.nnodes, o.nproc, o.master_addr.c_str(), port);
     int failed = -1, failed_status = 0, alive = o.nproc;
     bool stopping = false;
     auto stop_time = std::chrono::steady_clock::time_point::max();
@@ -111,7 +130,8 @@ LaunchResult launch(const LaunchOptions& o) {
         for (auto& w : ws)
           if (!w.done) ::kill(w.pid, g_forward);
         stopping = true;
-        stop_time = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000));
+        stop_time =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000));
       }
       std::vector<pollfd> pf;
       for (auto& w : ws) pf.push_back({w.fd, POLLIN, 0});
@@ -121,8 +141,10 @@ LaunchResult launch(const LaunchOptions& o) {
         if (w.fd >= 0 && (pf[r].revents & (POLLIN | POLLHUP))) {
           char b[8192];
           const ssize_t k = ::read(w.fd, b, sizeof b);
-          if (k > 0) w.buf.append(b, size_t(k));
-          else if (k == 0) ::close(w.fd), w.fd = -1;
+          if (k > 0)
+            w.buf.append(b, size_t(k));
+          else if (k == 0)
+            ::close(w.fd), w.fd = -1;
           flush_lines(w, first + int(r), false);
         }
         if (w.done) continue;
@@ -132,11 +154,13 @@ LaunchResult launch(const LaunchOptions& o) {
           const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
           if (!ok && failed < 0 && !stopping) {
             failed = first + int(r), failed_status = st;
-            std::fprintf(stderr, "[launch] %s; stopping the other workers\n", describe(failed, st).c_str());
+            std::fprintf(stderr, "[launch] %s; stopping the other workers\n",
+                         describe(failed, st).c_str());
             for (auto& x : ws)
               if (!x.done) ::kill(x.pid, SIGTERM);
             stopping = true;
-            stop_time = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000));
+            stop_time = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(int64_t(o.grace_s * 1000));
           }
         }
       }
@@ -166,10 +190,15 @@ LaunchResult launch(const LaunchOptions& o) {
     res.failure = describe(failed, failed_status);
     if (attempt < o.max_restarts) {
       ++res.restarts;
-      std::fprintf(stderr, "[launch] restarting the group (%d of %d restarts); it resumes from its latest checkpoint\n", attempt + 1, o.max_restarts);
+      std::fprintf(stderr,
+                   "[launch] restarting the group (%d of %d restarts); it resumes from its latest "
+                   "checkpoint\n",
+                   attempt + 1, o.max_restarts);
       continue;
     }
-    res.exit_code = WIFEXITED(failed_status) && WEXITSTATUS(failed_status) != 0 ? WEXITSTATUS(failed_status) : 1;
+    res.exit_code = WIFEXITED(failed_status) && WEXITSTATUS(failed_status) != 0
+                        ? WEXITSTATUS(failed_status)
+                        : 1;
     return res;
   }
 }
@@ -178,14 +207,17 @@ LaunchResult launch(const LaunchOptions& o) {
 
 namespace mltrain::dist {
 
-std::optional<int> launch_if_configured(const config::DistributedConfig& cfg, const std::vector<std::string>& command) {
-  if (cfg.nproc_per_node <= 1 || std::getenv("RANK") || std::getenv("SLURM_PROCID")) return std::nullopt;
+std::optional<int> launch_if_configured(const config::DistributedConfig& cfg,
+                                        const std::vector<std::string>& command) {
+  if (cfg.nproc_per_node <= 1 || std::getenv("RANK") || std::getenv("SLURM_PROCID"))
+    return std::nullopt;
   LaunchOptions lo;
   lo.nproc = static_cast<int>(cfg.nproc_per_node);
   lo.max_restarts = static_cast<int>(cfg.max_restarts);
   lo.command = command;
   const LaunchResult r = launch(lo);
-  if (r.exit_code != 0 && !r.failure.empty()) std::fprintf(stderr, "error: launch: %s\n", r.failure.c_str());
+  if (r.exit_code != 0 && !r.failure.empty())
+    std::fprintf(stderr, "error: launch: %s\n", r.failure.c_str());
   return r.exit_code;
 }
 

@@ -10,7 +10,8 @@
 
 namespace mltrain::dist::detail {
 
-c10::intrusive_ptr<compat::C10dGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+c10::intrusive_ptr<compat::C10dGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                      int rank, int size,
                                                       std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;

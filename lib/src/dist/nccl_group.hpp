@@ -12,7 +12,8 @@
 
 namespace mltrain::dist::detail {
 
-c10::intrusive_ptr<compat::C10dGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+c10::intrusive_ptr<compat::C10dGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                      int rank, int size,
                                                       std::chrono::milliseconds timeout);
 // LibTorch 2.3+: stops the group's watchdog before its destructor runs (without it the
 // destructor warns and can block at exit). Earlier versions: nothing.

@@ -30,7 +30,8 @@ NcclResult nccl_allreduce_check(double bytes, int iters, double timeout_s) {
   r.bytes = bytes;
   const fs::path exe = helper();
   if (!nccl_compiled()) {
-    r.error = "no mltrain_nccl_check beside this binary (built only with a CUDA LibTorch and nccl.h)";
+    r.error =
+        "no mltrain_nccl_check beside this binary (built only with a CUDA LibTorch and nccl.h)";
     return r;
   }
   int fds[2];
@@ -52,7 +53,8 @@ NcclResult nccl_allreduce_check(double bytes, int iters, double timeout_s) {
   const auto t0 = std::chrono::steady_clock::now();
   bool timed_out = false;
   for (;;) {
-    const double left = timeout_s - std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double left =
+        timeout_s - std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (left <= 0) {
       timed_out = true;
       break;
@@ -69,7 +71,8 @@ NcclResult nccl_allreduce_check(double bytes, int iters, double timeout_s) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   if (timed_out) {
-    r.error = "the NCCL all-reduce did not finish within " + std::to_string(static_cast<int>(timeout_s)) + " s (hung; killed)";
+    r.error = "the NCCL all-reduce did not finish within " +
+              std::to_string(static_cast<int>(timeout_s)) + " s (hung; killed)";
     return r;
   }
   try {
@@ -82,7 +85,8 @@ NcclResult nccl_allreduce_check(double bytes, int iters, double timeout_s) {
     r.busbw_gbps = j.value("busbw_gbps", 0.0);
     r.error = j.value("error", "");
   } catch (const std::exception&) {
-    r.error = "mltrain_nccl_check exited with status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) +
+    r.error = "mltrain_nccl_check exited with status " +
+              std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) +
               " and no report";
   }
   return r;

@@ -38,15 +38,19 @@ std::vector<std::string> expand_one(const std::string& item) {
   size_t pos = 0;
   while (pos <= body.size()) {
     const auto comma = body.find(',', pos);
-    const std::string r = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const std::string r =
+        body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? body.size() + 1 : comma + 1;
     if (r.empty()) continue;
     const auto dash = r.find('-');
     const std::string a = r.substr(0, dash), b = dash == std::string::npos ? a : r.substr(dash + 1);
-    if (a.empty() || b.empty() || a.find_first_not_of("0123456789") != std::string::npos || b.find_first_not_of("0123456789") != std::string::npos)
-      throw ConfigError("SLURM_JOB_NODELIST", "'" + r + "' in '" + item + "' is not a number or range");
+    if (a.empty() || b.empty() || a.find_first_not_of("0123456789") != std::string::npos ||
+        b.find_first_not_of("0123456789") != std::string::npos)
+      throw ConfigError("SLURM_JOB_NODELIST",
+                        "'" + r + "' in '" + item + "' is not a number or range");
     const long lo = std::stol(a), hi = std::stol(b);
-    if (hi < lo) throw ConfigError("SLURM_JOB_NODELIST", "descending range '" + r + "' in '" + item + "'");
+    if (hi < lo)
+      throw ConfigError("SLURM_JOB_NODELIST", "descending range '" + r + "' in '" + item + "'");
     for (long v = lo; v <= hi; ++v) {
       std::string num = std::to_string(v);
       if (num.size() < a.size()) num = std::string(a.size() - num.size(), '0') + num;
@@ -61,7 +65,9 @@ int to_int(const Getenv& env, const char* name, int fallback) {
   if (!v || !*v) return fallback;
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' && *end != '(') throw ConfigError(name, std::string("'") + v + "' is not an integer", "unset it or fix the launcher");
+  if (*end != '\0' && *end != '(')
+    throw ConfigError(name, std::string("'") + v + "' is not an integer",
+                      "unset it or fix the launcher");
   return int(x);
 }
 
@@ -94,7 +100,8 @@ World world_from_env(const Getenv& getenv_in) {
     w.restart = to_int(env, "TORCHELASTIC_RESTART_COUNT", 0);
     w.agent_store = str("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
     // torchrun's run id is "none" unless --rdzv_id is given: the port and the attempt make it this run's.
-    w.run_id = str("MLTRAIN_RUN_ID", str("TORCHELASTIC_RUN_ID", "run") + ".port" + std::to_string(w.master_port) + ".attempt" +
+    w.run_id = str("MLTRAIN_RUN_ID", str("TORCHELASTIC_RUN_ID", "run") + ".port" +
+                                         std::to_string(w.master_port) + ".attempt" +
                                          std::to_string(w.restart));
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     w.source = "slurm";
@@ -102,22 +109,32 @@ World world_from_env(const Getenv& getenv_in) {
     w.size = to_int(env, "SLURM_NTASKS", 1);
     w.local_rank = to_int(env, "SLURM_LOCALID", 0);
     w.node_rank = to_int(env, "SLURM_NODEID", 0);
-    const auto nodes = expand_nodelist(str("SLURM_JOB_NODELIST", str("SLURM_NODELIST", "localhost")));
+    const auto nodes =
+        expand_nodelist(str("SLURM_JOB_NODELIST", str("SLURM_NODELIST", "localhost")));
     w.nodes = std::max<int>(1, int(nodes.size()));
     // "2(x3)" or "2,1": the first node's count is this layout's local size when uniform.
-    w.local_size = to_int(env, "SLURM_STEP_TASKS_PER_NODE", to_int(env, "SLURM_NTASKS_PER_NODE", (w.size + w.nodes - 1) / w.nodes));
+    w.local_size = to_int(env, "SLURM_STEP_TASKS_PER_NODE",
+                          to_int(env, "SLURM_NTASKS_PER_NODE", (w.size + w.nodes - 1) / w.nodes));
     w.master_addr = str("MASTER_ADDR", nodes.empty() ? "127.0.0.1" : nodes.front());
     const int job = to_int(env, "SLURM_JOB_ID", 0);
-    w.master_port = to_int(env, "MASTER_PORT", 20000 + job % 20000);  // a port per job, the same on every task
-    w.run_id = "slurm" + std::to_string(job) + "." + str("SLURM_STEP_ID", "0") + "." + str("SLURM_RESTART_COUNT", "0");
+    w.master_port =
+        to_int(env, "MASTER_PORT", 20000 + job % 20000);  // a port per job, the same on every task
+    w.run_id = "slurm" + std::to_string(job) + "." + str("SLURM_STEP_ID", "0") + "." +
+               str("SLURM_RESTART_COUNT", "0");
   }
-  if (w.size < 1) throw ConfigError(w.source == "slurm" ? "SLURM_NTASKS" : "WORLD_SIZE", "must be at least 1");
+  if (w.size < 1)
+    throw ConfigError(w.source == "slurm" ? "SLURM_NTASKS" : "WORLD_SIZE", "must be at least 1");
   if (w.rank < 0 || w.rank >= w.size)
-    throw ConfigError(w.source == "slurm" ? "SLURM_PROCID" : "RANK",
-                      std::to_string(w.rank) + " is not below the world size " + std::to_string(w.size), "check the launcher's variables");
+    throw ConfigError(
+        w.source == "slurm" ? "SLURM_PROCID" : "RANK",
+        std::to_string(w.rank) + " is not below the world size " + std::to_string(w.size),
+        "check the launcher's variables");
   if (w.local_rank < 0 || w.local_rank >= std::max(1, w.local_size))
-    throw ConfigError(w.source == "slurm" ? "SLURM_LOCALID" : "LOCAL_RANK", std::to_string(w.local_rank) + " is not below the local size " + std::to_string(w.local_size));
-  if (w.master_port <= 0 || w.master_port > 65535) throw ConfigError("MASTER_PORT", std::to_string(w.master_port) + " is not a TCP port");
+    throw ConfigError(w.source == "slurm" ? "SLURM_LOCALID" : "LOCAL_RANK",
+                      std::to_string(w.local_rank) + " is not below the local size " +
+                          std::to_string(w.local_size));
+  if (w.master_port <= 0 || w.master_port > 65535)
+    throw ConfigError("MASTER_PORT", std::to_string(w.master_port) + " is not a TCP port");
   return w;
 }
 

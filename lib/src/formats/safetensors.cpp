@@ -10,12 +10,14 @@
 namespace mltrain::formats {
 namespace {
 const std::vector<std::pair<torch::ScalarType, const char*>> kDtypes = {
-    {torch::kFloat32, "F32"}, {torch::kFloat64, "F64"}, {torch::kFloat16, "F16"}, {torch::kBFloat16, "BF16"},
-    {torch::kInt64, "I64"},   {torch::kInt32, "I32"},   {torch::kInt16, "I16"},   {torch::kInt8, "I8"},
-    {torch::kUInt8, "U8"},    {torch::kBool, "BOOL"}};
+    {torch::kFloat32, "F32"},   {torch::kFloat64, "F64"}, {torch::kFloat16, "F16"},
+    {torch::kBFloat16, "BF16"}, {torch::kInt64, "I64"},   {torch::kInt32, "I32"},
+    {torch::kInt16, "I16"},     {torch::kInt8, "I8"},     {torch::kUInt8, "U8"},
+    {torch::kBool, "BOOL"}};
 }  // namespace
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -26,9 +28,12 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     const char* dt = nullptr;
     for (auto& [st, n] : kDtypes)
       if (st == t.scalar_type()) dt = n;
-    if (!dt) throw RuntimeError(path, "cannot store dtype " + std::string(c10::toString(t.scalar_type())) + " of " + name);
+    if (!dt)
+      throw RuntimeError(path, "cannot store dtype " + std::string(c10::toString(t.scalar_type())) +
+                                   " of " + name);
     const uint64_t nbytes = t.numel() * t.element_size();
-    header[name] = {{"dtype", dt}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
+    header[name] = {
+        {"dtype", dt}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
     bufs.push_back(t);
   }
@@ -42,18 +47,21 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   f.commit();
 }
 
-std::map<std::string, torch::Tensor> load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+std::map<std::string, torch::Tensor> load_safetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata) {
   std::string bytes;
   try {
     bytes = read_file(path);
   } catch (const DataError& e) {
     throw CheckpointError(path, "cannot read: " + e.message());
   }
-  if (bytes.size() < 8) throw CheckpointError(path, "truncated: shorter than the 8-byte header length");
+  if (bytes.size() < 8)
+    throw CheckpointError(path, "truncated: shorter than the 8-byte header length");
   uint64_t hlen = 0;
   std::memcpy(&hlen, bytes.data(), 8);
   if (hlen > bytes.size() - 8 || hlen > (100u << 20))
-    throw CheckpointError(path, "corrupt: header length " + std::to_string(hlen) + " exceeds the file");
+    throw CheckpointError(path,
+                          "corrupt: header length " + std::to_string(hlen) + " exceeds the file");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes.substr(8, hlen));
@@ -65,7 +73,8 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::string& path, s
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (metadata)
-        for (auto m = it.value().begin(); m != it.value().end(); ++m) (*metadata)[m.key()] = m.value().get<std::string>();
+        for (auto m = it.value().begin(); m != it.value().end(); ++m)
+          (*metadata)[m.key()] = m.value().get<std::string>();
       continue;
     }
     try {
@@ -76,11 +85,14 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::string& path, s
       bool found = false;
       for (auto& [s, n] : kDtypes)
         if (dt == n) st = s, found = true;
-      if (!found) throw CheckpointError(path, "tensor '" + it.key() + "' has unsupported dtype " + dt);
+      if (!found)
+        throw CheckpointError(path, "tensor '" + it.key() + "' has unsupported dtype " + dt);
       auto t = torch::empty(shape, torch::TensorOptions().dtype(st));
       const uint64_t nbytes = t.numel() * t.element_size();
-      if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size || offs[1] - offs[0] != nbytes)
-        throw CheckpointError(path, "corrupt: offsets of '" + it.key() + "' do not fit the file (truncated?)");
+      if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size ||
+          offs[1] - offs[0] != nbytes)
+        throw CheckpointError(
+            path, "corrupt: offsets of '" + it.key() + "' do not fit the file (truncated?)");
       std::memcpy(t.data_ptr(), bytes.data() + base + offs[0], nbytes);
       out[it.key()] = t;
     } catch (const nlohmann::json::exception&) {

@@ -19,7 +19,8 @@ const std::array<uint32_t, 256>& crc_table() {
     std::array<uint32_t, 256> a{};
     for (uint32_t i = 0; i < 256; ++i) {
       uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;  // Castagnoli, reflected
+      for (int k = 0; k < 8; ++k)
+        c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;  // Castagnoli, reflected
       a[i] = c;
     }
     return a;
@@ -35,7 +36,9 @@ void varint(std::string& o, uint64_t v) {
   }
   o += static_cast<char>(v);
 }
-void key(std::string& o, int field, int wire) { varint(o, static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire)); }
+void key(std::string& o, int field, int wire) {
+  varint(o, static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire));
+}
 void f64(std::string& o, int field, double v) {
   key(o, field, 1);
   char b[8];
@@ -67,7 +70,8 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string event(double wall, int64_t step, const std::string& summary_or_version, bool is_version) {
+std::string event(double wall, int64_t step, const std::string& summary_or_version,
+                  bool is_version) {
   std::string e;
   f64(e, 1, wall);
   key(e, 2, 0);
@@ -91,7 +95,8 @@ struct Cursor {
     }
     throw std::runtime_error("varint too long");
   }
-  template <class T> T fixed() {
+  template <class T>
+  T fixed() {
     if (i + sizeof(T) > s.size()) throw std::runtime_error("truncated fixed field");
     T v;
     std::memcpy(&v, s.data() + i, sizeof(T));
@@ -106,11 +111,16 @@ struct Cursor {
     return out;
   }
   void skip(int wire) {
-    if (wire == 0) varint();
-    else if (wire == 1) i += 8;
-    else if (wire == 2) bytes();
-    else if (wire == 5) i += 4;
-    else throw std::runtime_error("unknown wire type " + std::to_string(wire));
+    if (wire == 0)
+      varint();
+    else if (wire == 1)
+      i += 8;
+    else if (wire == 2)
+      bytes();
+    else if (wire == 5)
+      i += 4;
+    else
+      throw std::runtime_error("unknown wire type " + std::to_string(wire));
   }
 };
 
@@ -126,8 +136,10 @@ TbEvent::Value decode_value(const std::string& s) {
   while (!c.done()) {
     const uint64_t k = c.varint();
     const int field = static_cast<int>(k >> 3), wire = static_cast<int>(k & 7);
-    if (field == 1 && wire == 2) v.tag = c.bytes();
-    else if (field == 2 && wire == 5) v.has_simple = true, v.simple_value = c.fixed<float>();
+    if (field == 1 && wire == 2)
+      v.tag = c.bytes();
+    else if (field == 2 && wire == 5)
+      v.has_simple = true, v.simple_value = c.fixed<float>();
     else if (field == 5 && wire == 2) {
       v.has_histo = true;
       const std::string h = c.bytes();
@@ -149,7 +161,8 @@ TbEvent::Value decode_value(const std::string& s) {
           hc.skip(hw);
         }
       }
-    } else c.skip(wire);
+    } else
+      c.skip(wire);
   }
   return v;
 }
@@ -172,11 +185,14 @@ uint32_t masked_crc32c(const void* data, size_t n) {
 TbWriter::TbWriter(const std::string& dir) {
   char host[128] = {};
   ::gethostname(host, sizeof host - 1);
-  path_ = (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now_seconds())) + "." +
-                                         host + "." + std::to_string(::getpid()) + ".mltrain"))
+  path_ = (std::filesystem::path(dir) /
+           ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now_seconds())) + "." +
+            host + "." + std::to_string(::getpid()) + ".mltrain"))
               .string();
   out_.open(path_, std::ios::binary | std::ios::app);
-  if (!out_) throw RuntimeError(path_, "cannot create the TensorBoard event file", "check the run folder is writable");
+  if (!out_)
+    throw RuntimeError(path_, "cannot create the TensorBoard event file",
+                       "check the run folder is writable");
   record(event(now_seconds(), 0, "brain.Event:2", true));
   out_.flush();
 }
@@ -202,7 +218,8 @@ void TbWriter::scalar(const std::string& tag, int64_t step, double value) {
   record(event(now_seconds(), step, summary, false));
 }
 
-void TbWriter::histogram(const std::string& tag, int64_t step, const std::vector<double>& values, int nb) {
+void TbWriter::histogram(const std::string& tag, int64_t step, const std::vector<double>& values,
+                         int nb) {
   if (values.empty()) return;
   double lo = values[0], hi = values[0], sum = 0, sq = 0;
   for (double x : values) {
@@ -248,11 +265,13 @@ std::vector<TbEvent> read_event_file(const std::string& path) {
     uint32_t lc, dc;
     std::memcpy(&len, all.data() + i, 8);
     std::memcpy(&lc, all.data() + i + 8, 4);
-    if (masked_crc32c(all.data() + i, 8) != lc) throw DataError(path, where + ": length CRC mismatch");
+    if (masked_crc32c(all.data() + i, 8) != lc)
+      throw DataError(path, where + ": length CRC mismatch");
     if (i + 12 + len + 4 > all.size()) throw DataError(path, where + ": truncated payload");
     const std::string payload = all.substr(i + 12, len);
     std::memcpy(&dc, all.data() + i + 12 + len, 4);
-    if (masked_crc32c(payload.data(), payload.size()) != dc) throw DataError(path, where + ": data CRC mismatch");
+    if (masked_crc32c(payload.data(), payload.size()) != dc)
+      throw DataError(path, where + ": data CRC mismatch");
     i += 12 + len + 4;
     TbEvent e;
     try {
@@ -260,18 +279,24 @@ std::vector<TbEvent> read_event_file(const std::string& path) {
       while (!c.done()) {
         const uint64_t k = c.varint();
         const int field = static_cast<int>(k >> 3), wire = static_cast<int>(k & 7);
-        if (field == 1 && wire == 1) e.wall_time = c.fixed<double>();
-        else if (field == 2 && wire == 0) e.step = static_cast<int64_t>(c.varint());
-        else if (field == 3 && wire == 2) e.file_version = c.bytes();
+        if (field == 1 && wire == 1)
+          e.wall_time = c.fixed<double>();
+        else if (field == 2 && wire == 0)
+          e.step = static_cast<int64_t>(c.varint());
+        else if (field == 3 && wire == 2)
+          e.file_version = c.bytes();
         else if (field == 5 && wire == 2) {
           const std::string sm = c.bytes();
           Cursor sc{sm};
           while (!sc.done()) {
             const uint64_t sk = sc.varint();
-            if ((sk >> 3) == 1 && (sk & 7) == 2) e.values.push_back(decode_value(sc.bytes()));
-            else sc.skip(static_cast<int>(sk & 7));
+            if ((sk >> 3) == 1 && (sk & 7) == 2)
+              e.values.push_back(decode_value(sc.bytes()));
+            else
+              sc.skip(static_cast<int>(sk & 7));
           }
-        } else c.skip(wire);
+        } else
+          c.skip(wire);
       }
     } catch (const std::runtime_error& err) {
       throw DataError(path, where + ": bad Event encoding (" + err.what() + ")");

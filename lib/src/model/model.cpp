@@ -57,8 +57,12 @@ struct CnnImpl : nn::Module {
   CnnImpl(const std::vector<int64_t>& shape, const config::ModelConfig& c, int64_t classes)
       : bn(c.batchnorm), cl(c.channels_last) {
     const int64_t ch = shape[0], h = shape[1], w = shape[2];
-    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(ch, c.channels[0], /*kernel_size=*/5).padding(2).bias(!bn)));
-    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(c.channels[0], c.channels[1], 5).padding(2).bias(!bn)));
+    conv1 = register_module(
+        "conv1",
+        nn::Conv2d(nn::Conv2dOptions(ch, c.channels[0], /*kernel_size=*/5).padding(2).bias(!bn)));
+    conv2 = register_module(
+        "conv2",
+        nn::Conv2d(nn::Conv2dOptions(c.channels[0], c.channels[1], 5).padding(2).bias(!bn)));
     if (bn) {
       bn1 = register_module("bn1", nn::BatchNorm2d(c.channels[0]));
       bn2 = register_module("bn2", nn::BatchNorm2d(c.channels[1]));
@@ -88,12 +92,14 @@ struct BlockImpl : nn::Module {
   nn::BatchNorm2d b1{nullptr}, b2{nullptr}, sb{nullptr};
   // bn=false: the BatchNorm-free form `mltrain fuse` writes (BN folded into biased convs).
   BlockImpl(int64_t in, int64_t out, int64_t stride, bool bn = true) {
-    c1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(!bn)));
+    c1 = register_module(
+        "conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(!bn)));
     if (bn) b1 = register_module("bn1", nn::BatchNorm2d(out));
     c2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(!bn)));
     if (bn) b2 = register_module("bn2", nn::BatchNorm2d(out));
     if (stride != 1 || in != out) {
-      sc = register_module("shortcut", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(!bn)));
+      sc = register_module("shortcut",
+                           nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(!bn)));
       if (bn) sb = register_module("shortcut_bn", nn::BatchNorm2d(out));
     }
   }
@@ -114,7 +120,9 @@ struct ResNetImpl : nn::Module {
   nn::Dropout drop{nullptr};
   nn::Linear head{nullptr};
   ResNetImpl(const std::vector<int64_t>& shape, const config::ModelConfig& c, int64_t classes) {
-    stem = register_module("stem", nn::Conv2d(nn::Conv2dOptions(shape[0], c.widths[0], 3).padding(1).bias(!c.batchnorm)));
+    stem = register_module(
+        "stem",
+        nn::Conv2d(nn::Conv2dOptions(shape[0], c.widths[0], 3).padding(1).bias(!c.batchnorm)));
     if (c.batchnorm) stem_bn = register_module("stem_bn", nn::BatchNorm2d(c.widths[0]));
     stages = register_module("stages", nn::Sequential());
     int64_t in = c.widths[0];
@@ -168,7 +176,8 @@ class ScriptModel : public Model {
   torch::Tensor forward(const torch::Tensor& x) override {
     auto out = m_.forward({x});
     if (!out.isTensor())
-      throw RuntimeError(path_, "forward() must return one tensor of logits", "return logits from forward");
+      throw RuntimeError(path_, "forward() must return one tensor of logits",
+                         "return logits from forward");
     return out.toTensor();
   }
   NamedTensors named_parameters() override {
@@ -201,12 +210,18 @@ void init_weights(const NamedTensors& params, const std::string& scheme) {
       if (is_bias) p.zero_();
       continue;
     }
-    if (scheme == "kaiming_normal") torch::nn::init::kaiming_normal_(p, 0, torch::kFanIn, torch::kReLU);
-    else if (scheme == "kaiming_uniform") torch::nn::init::kaiming_uniform_(p, 0, torch::kFanIn, torch::kReLU);
-    else if (scheme == "xavier_normal") torch::nn::init::xavier_normal_(p);
-    else if (scheme == "xavier_uniform") torch::nn::init::xavier_uniform_(p);
-    else if (scheme == "orthogonal") torch::nn::init::orthogonal_(p);
-    else throw ConfigError("model.init", "unknown init '" + scheme + "'");
+    if (scheme == "kaiming_normal")
+      torch::nn::init::kaiming_normal_(p, 0, torch::kFanIn, torch::kReLU);
+    else if (scheme == "kaiming_uniform")
+      torch::nn::init::kaiming_uniform_(p, 0, torch::kFanIn, torch::kReLU);
+    else if (scheme == "xavier_normal")
+      torch::nn::init::xavier_normal_(p);
+    else if (scheme == "xavier_uniform")
+      torch::nn::init::xavier_uniform_(p);
+    else if (scheme == "orthogonal")
+      torch::nn::init::orthogonal_(p);
+    else
+      throw ConfigError("model.init", "unknown init '" + scheme + "'");
   }
 }
 
@@ -218,7 +233,9 @@ std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vect
   for (auto d : shape) in *= d;
   auto need_image = [&] {
     if (shape.size() != 3)
-      throw ConfigError("model.name", c.name + " needs image samples [C,H,W], got " + std::to_string(shape.size()) + "-D samples",
+      throw ConfigError("model.name",
+                        c.name + " needs image samples [C,H,W], got " +
+                            std::to_string(shape.size()) + "-D samples",
                         "use model.name=mlp for flat samples");
   };
   if (c.name == "mlp") {
@@ -233,11 +250,13 @@ std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vect
     m = std::make_unique<ModuleModel<ResNet>>(net, "resnet");
   } else if (c.name == "torchscript") {
     if (!std::filesystem::exists(c.path))
-      throw ConfigError("model.path", "TorchScript file '" + c.path + "' not found", "save one with torch.jit.save(torch.jit.script(model), path)");
+      throw ConfigError("model.path", "TorchScript file '" + c.path + "' not found",
+                        "save one with torch.jit.save(torch.jit.script(model), path)");
     try {
       m = std::make_unique<ScriptModel>(torch::jit::load(c.path), c.path);
     } catch (const c10::Error& e) {
-      throw DataError(c.path, "not a loadable TorchScript file", "save it with torch.jit.save(torch.jit.script(model), path)");
+      throw DataError(c.path, "not a loadable TorchScript file",
+                      "save it with torch.jit.save(torch.jit.script(model), path)");
     }
   } else {
     throw ConfigError("model.name", "unknown model '" + c.name + "'");

@@ -28,7 +28,8 @@ struct AdamArgs {
 // of the tensor-op form, with the same operation order per element as PyTorch's single-tensor
 // Adam (golden-tested to 1e-12). Built with -fno-math-errno so sqrt vectorises.
 template <class T>
-inline __attribute__((always_inline)) void adam_chunk(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
+inline __attribute__((always_inline)) void adam_chunk(T* p, const T* g, T* m, T* v, int64_t n,
+                                                      const AdamArgs& a) {
   const T b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2), eps = static_cast<T>(a.eps);
   const T one_b1 = static_cast<T>(1 - a.beta1), one_b2 = static_cast<T>(1 - a.beta2);
   const T step = static_cast<T>(-a.lr / a.bc1), bc2_sqrt = static_cast<T>(std::sqrt(a.bc2));
@@ -38,8 +39,10 @@ inline __attribute__((always_inline)) void adam_chunk(T* p, const T* g, T* m, T*
     T gi = g[i];
     T pi = p[i];
     if (has_wd) {
-      if (decoupled) pi *= decay;
-      else gi += l2 * pi;
+      if (decoupled)
+        pi *= decay;
+      else
+        gi += l2 * pi;
     }
     const T mi = m[i] * b1 + gi * one_b1;
     const T vi = v[i] * b2 + gi * gi * one_b2;
@@ -49,10 +52,16 @@ inline __attribute__((always_inline)) void adam_chunk(T* p, const T* g, T* m, T*
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void adam_f32(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a) { adam_chunk(p, g, m, v, n, a); }
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void adam_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamArgs& a) { adam_chunk(p, g, m, v, n, a); }
+__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_f32(float* p, const float* g,
+                                                                           float* m, float* v,
+                                                                           int64_t n,
+                                                                           const AdamArgs& a) {
+  adam_chunk(p, g, m, v, n, a);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_f64(
+    double* p, const double* g, double* m, double* v, int64_t n, const AdamArgs& a) {
+  adam_chunk(p, g, m, v, n, a);
+}
 
 // torch.optim.SGD: d = g + wd*p; buf = m*buf + d (buf = d on the first step);
 // d = nesterov ? d + m*buf : buf; p -= lr*d.  (dampening = 0)
@@ -60,15 +69,18 @@ class Sgd : public Optimizer {
  public:
   explicit Sgd(config::OptimConfig cfg) : Optimizer(std::move(cfg)) {}
   std::vector<std::string> buffer_names() const override {
-    return cfg_.momentum > 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+    return cfg_.momentum > 0 ? std::vector<std::string>{"momentum_buffer"}
+                             : std::vector<std::string>{};
   }
   void update(ParamSlot& s, const torch::Tensor& grad, double lr) override {
     torch::Tensor d = grad;
     if (s.weight_decay != 0) d = d.add(s.param, s.weight_decay);
     if (cfg_.momentum > 0) {
       auto& buf = buffers_[s.name + "/momentum_buffer"];
-      if (!buf.defined()) buf = d.clone();
-      else buf.mul_(cfg_.momentum).add_(d);
+      if (!buf.defined())
+        buf = d.clone();
+      else
+        buf.mul_(cfg_.momentum).add_(d);
       d = cfg_.nesterov ? d.add(buf, cfg_.momentum) : buf;
     }
     s.param.add_(d, -lr);
@@ -81,7 +93,8 @@ class Sgd : public Optimizer {
 // (1 - lr*wd) first.
 class Adam : public Optimizer {
  public:
-  Adam(config::OptimConfig cfg, bool decoupled) : Optimizer(std::move(cfg)), decoupled_(decoupled) {}
+  Adam(config::OptimConfig cfg, bool decoupled)
+      : Optimizer(std::move(cfg)), decoupled_(decoupled) {}
   std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   void update(ParamSlot& s, const torch::Tensor& grad, double lr) override {
     auto& m = buffers_[s.name + "/exp_avg"];
@@ -92,9 +105,10 @@ class Adam : public Optimizer {
     }
     const double t = static_cast<double>(steps_ + 1);
     const double bc1 = 1 - std::pow(cfg_.beta1, t), bc2 = 1 - std::pow(cfg_.beta2, t);
-    const bool fusable = s.param.device().is_cpu() && s.param.is_contiguous() && grad.is_contiguous() &&
-                         grad.scalar_type() == s.param.scalar_type() &&
-                         (s.param.scalar_type() == torch::kFloat || s.param.scalar_type() == torch::kDouble);
+    const bool fusable =
+        s.param.device().is_cpu() && s.param.is_contiguous() && grad.is_contiguous() &&
+        grad.scalar_type() == s.param.scalar_type() &&
+        (s.param.scalar_type() == torch::kFloat || s.param.scalar_type() == torch::kDouble);
     if (fusable) {
       const AdamArgs a{cfg_.beta1, cfg_.beta2, cfg_.eps, lr, s.weight_decay, bc1, bc2, decoupled_};
       const bool f32 = s.param.scalar_type() == torch::kFloat;
@@ -102,18 +116,22 @@ class Adam : public Optimizer {
       const void* g = grad.data_ptr();
       at::parallel_for(0, s.param.numel(), 32768, [&](int64_t begin, int64_t end) {
         if (f32)
-          adam_f32(static_cast<float*>(p) + begin, static_cast<const float*>(g) + begin, static_cast<float*>(mm) + begin,
-                   static_cast<float*>(vv) + begin, end - begin, a);
+          adam_f32(static_cast<float*>(p) + begin, static_cast<const float*>(g) + begin,
+                   static_cast<float*>(mm) + begin, static_cast<float*>(vv) + begin, end - begin,
+                   a);
         else
           adam_f64(static_cast<double*>(p) + begin, static_cast<const double*>(g) + begin,
-                   static_cast<double*>(mm) + begin, static_cast<double*>(vv) + begin, end - begin, a);
+                   static_cast<double*>(mm) + begin, static_cast<double*>(vv) + begin, end - begin,
+                   a);
       });
       return;
     }
     torch::Tensor g = grad;
     if (s.weight_decay != 0) {
-      if (decoupled_) s.param.mul_(1 - lr * s.weight_decay);
-      else g = g.add(s.param, s.weight_decay);
+      if (decoupled_)
+        s.param.mul_(1 - lr * s.weight_decay);
+      else
+        g = g.add(s.param, s.weight_decay);
     }
     m.mul_(cfg_.beta1).add_(g, 1 - cfg_.beta1);
     v.mul_(cfg_.beta2).addcmul_(g, g.conj(), 1 - cfg_.beta2);
@@ -134,7 +152,9 @@ class Adam : public Optimizer {
 class OneBitAdam : public Optimizer {
  public:
   explicit OneBitAdam(config::OptimConfig cfg) : Optimizer(std::move(cfg)) {}
-  std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq", "error"}; }
+  std::vector<std::string> buffer_names() const override {
+    return {"exp_avg", "exp_avg_sq", "error"};
+  }
   bool wants_gradient_sync() const override { return steps_ < cfg_.freeze_step; }
   void set_momentum_reducer(MomentumReducer r) override { reducer_ = std::move(r); }
   // Warm-up: exact Adam, one parameter at a time (the gradients were all-reduced).
@@ -173,8 +193,10 @@ class OneBitAdam : public Optimizer {
       e.slice(0, off, off + n).copy_(buffers_[s->name + "/error"].reshape({-1}));
       off += n;
     }
-    if (reducer_) reducer_(u, e);
-    else onebit_compress(u, e);
+    if (reducer_)
+      reducer_(u, e);
+    else
+      onebit_compress(u, e);
     const double bc1 = 1 - std::pow(cfg_.beta1, static_cast<double>(steps_ + 1));
     off = 0;
     for (auto* s : live) {
@@ -182,7 +204,8 @@ class OneBitAdam : public Optimizer {
       auto& m = buffers_[s->name + "/exp_avg"];
       const auto& d = denom(*s);
       m.copy_(u.slice(0, off, off + n).view(m.sizes()) * d);
-      buffers_[s->name + "/error"].copy_(e.slice(0, off, off + n).view(buffers_[s->name + "/error"].sizes()));
+      buffers_[s->name + "/error"].copy_(
+          e.slice(0, off, off + n).view(buffers_[s->name + "/error"].sizes()));
       s->param.addcdiv_(m, d, -lr * s->lr_mult / bc1);
       off += n;
     }
@@ -192,7 +215,8 @@ class OneBitAdam : public Optimizer {
  private:
   void init(const ParamSlot& s) {
     auto& m = buffers_[s.name + "/exp_avg"];
-    if (!m.defined()) m = torch::zeros_like(s.param), buffers_[s.name + "/exp_avg_sq"] = torch::zeros_like(s.param);
+    if (!m.defined())
+      m = torch::zeros_like(s.param), buffers_[s.name + "/exp_avg_sq"] = torch::zeros_like(s.param);
     auto& e = buffers_[s.name + "/error"];
     if (!e.defined()) e = torch::zeros({s.param.numel()}, s.param.options());
   }
@@ -285,13 +309,20 @@ torch::Tensor onebit_unpack(const torch::Tensor& packed, int64_t n) {
   return out;
 }
 
-std::unique_ptr<Optimizer> Optimizer::create(const config::OptimConfig& cfg, const model::NamedTensors& params) {
+std::unique_ptr<Optimizer> Optimizer::create(const config::OptimConfig& cfg,
+                                             const model::NamedTensors& params) {
   std::unique_ptr<Optimizer> opt;
-  if (cfg.name == "sgd") opt = std::make_unique<Sgd>(cfg);
-  else if (cfg.name == "adam") opt = std::make_unique<Adam>(cfg, false);
-  else if (cfg.name == "adamw") opt = std::make_unique<Adam>(cfg, true);
-  else if (cfg.name == "onebit_adam") opt = std::make_unique<OneBitAdam>(cfg);
-  else throw ConfigError("optim.name", "unknown optimizer '" + cfg.name + "'", "use sgd, adam, adamw or onebit_adam");
+  if (cfg.name == "sgd")
+    opt = std::make_unique<Sgd>(cfg);
+  else if (cfg.name == "adam")
+    opt = std::make_unique<Adam>(cfg, false);
+  else if (cfg.name == "adamw")
+    opt = std::make_unique<Adam>(cfg, true);
+  else if (cfg.name == "onebit_adam")
+    opt = std::make_unique<OneBitAdam>(cfg);
+  else
+    throw ConfigError("optim.name", "unknown optimizer '" + cfg.name + "'",
+                      "use sgd, adam, adamw or onebit_adam");
   std::vector<bool> pattern_used(cfg.param_groups.size(), false);
   for (const auto& [name, p] : params) {
     if (!p.requires_grad()) continue;
@@ -348,10 +379,12 @@ void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
       auto f = state.find(key);
       if (f == state.end())
         throw CheckpointError("optimizer state", "missing buffer '" + key + "'",
-                              "the checkpoint was written with another optimizer or model; use checkpoint.resume=never");
+                              "the checkpoint was written with another optimizer or model; use "
+                              "checkpoint.resume=never");
       if (f->second.sizes() != s.param.sizes())
         throw CheckpointError("optimizer state", "buffer '" + key + "' has the wrong shape");
-      buffers_[key] = f->second.to(s.param.device(), f->second.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+      buffers_[key] = f->second.to(s.param.device(), f->second.scalar_type(),
+                                   /*non_blocking=*/false, /*copy=*/true);
     }
 }
 

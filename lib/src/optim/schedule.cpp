@@ -7,7 +7,8 @@
 
 namespace mltrain::optim {
 
-Schedule::Schedule(const config::ScheduleConfig& cfg, double base_lr, int64_t total_steps, int64_t spe)
+Schedule::Schedule(const config::ScheduleConfig& cfg, double base_lr, int64_t total_steps,
+                   int64_t spe)
     : cfg_(cfg), base_(base_lr), total_(total_steps) {
   warmup_ = cfg.warmup.to_steps(spe);
   step_size_ = cfg.step_size.to_steps(spe);
@@ -23,14 +24,17 @@ double Schedule::inner(int64_t t, int64_t span) const {
   const auto& c = cfg_;
   const double pi = M_PI;
   if (c.name == "constant") return base_;
-  if (c.name == "step") return base_ * std::pow(c.gamma, static_cast<double>(t / std::max<int64_t>(1, step_size_)));
+  if (c.name == "step")
+    return base_ * std::pow(c.gamma, static_cast<double>(t / std::max<int64_t>(1, step_size_)));
   if (c.name == "multistep") {
-    const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), t) - milestones_.begin();
+    const auto passed =
+        std::upper_bound(milestones_.begin(), milestones_.end(), t) - milestones_.begin();
     return base_ * std::pow(c.gamma, static_cast<double>(passed));
   }
   if (c.name == "exponential") return base_ * std::pow(c.gamma, static_cast<double>(t));
   if (c.name == "cosine") {  // CosineAnnealingLR, T_max = span; held at eta_min afterwards
-    const double x = static_cast<double>(std::min(t, span)) / static_cast<double>(std::max<int64_t>(1, span));
+    const double x =
+        static_cast<double>(std::min(t, span)) / static_cast<double>(std::max<int64_t>(1, span));
     return c.eta_min + (base_ - c.eta_min) * (1 + std::cos(pi * x)) / 2;
   }
   if (c.name == "cosine_restarts") {  // CosineAnnealingWarmRestarts(T_0, T_mult, eta_min)
@@ -40,29 +44,35 @@ double Schedule::inner(int64_t t, int64_t span) const {
       t_cur -= t_i;
       t_i *= c.t_mult;
     }
-    return c.eta_min + (base_ - c.eta_min) * (1 + std::cos(pi * static_cast<double>(t_cur) / static_cast<double>(t_i))) / 2;
+    return c.eta_min +
+           (base_ - c.eta_min) *
+               (1 + std::cos(pi * static_cast<double>(t_cur) / static_cast<double>(t_i))) / 2;
   }
   if (c.name == "onecycle") {  // OneCycleLR(max_lr = base lr, total_steps = span)
     const double initial = base_ / c.div_factor, min_lr = initial / c.final_div_factor;
     const double end1 = c.pct_start * span - 1, end2 = static_cast<double>(span - 1);
     auto anneal = [&](double start, double end, double pct) {
-      return c.anneal == "cos" ? end + (start - end) / 2 * (std::cos(pi * pct) + 1) : (end - start) * pct + start;
+      return c.anneal == "cos" ? end + (start - end) / 2 * (std::cos(pi * pct) + 1)
+                               : (end - start) * pct + start;
     };
     const double s = static_cast<double>(t);
     if (s <= end1) return anneal(initial, base_, s / end1);
     return anneal(base_, min_lr, (s - end1) / (end2 - end1));
   }
   if (c.name == "polynomial") {  // PolynomialLR with total_iters = span
-    const double x = static_cast<double>(std::min(t, span)) / static_cast<double>(std::max<int64_t>(1, span));
+    const double x =
+        static_cast<double>(std::min(t, span)) / static_cast<double>(std::max<int64_t>(1, span));
     return base_ * std::pow(1 - x, c.power);
   }
-  if (c.name == "cyclic") {  // CyclicLR(base_lr = eta_min, max_lr = lr), computed from t as PyTorch does
+  if (c.name ==
+      "cyclic") {  // CyclicLR(base_lr = eta_min, max_lr = lr), computed from t as PyTorch does
     const double total = static_cast<double>(step_size_ + step_down_), ratio = step_size_ / total;
     const double cycle = std::floor(1 + t / total), x = 1 + t / total - cycle;
     const double scale = x <= ratio ? x / ratio : (x - 1) / (ratio - 1);
     const double height = (base_ - c.eta_min) * scale;
     if (c.cyclic_mode == "triangular2") return c.eta_min + height / std::pow(2.0, cycle - 1);
-    if (c.cyclic_mode == "exp_range") return c.eta_min + height * std::pow(c.gamma, static_cast<double>(t));
+    if (c.cyclic_mode == "exp_range")
+      return c.eta_min + height * std::pow(c.gamma, static_cast<double>(t));
     return c.eta_min + height;
   }
   if (c.name == "plateau") return base_;  // scaled by plateau_lr()
@@ -81,7 +91,8 @@ double Schedule::plateau_lr(int64_t step) const {
   int64_t bad = 0, cooldown = 0;
   for (const auto& [s, v] : history_) {
     if (s > step) break;
-    const bool better = c.mode == "min" ? v < best * (1 - c.threshold) : v > best * (1 + c.threshold);
+    const bool better =
+        c.mode == "min" ? v < best * (1 - c.threshold) : v > best * (1 + c.threshold);
     if (std::isfinite(v) && better) {
       best = v;
       bad = 0;
@@ -104,7 +115,8 @@ double Schedule::plateau_lr(int64_t step) const {
 
 double Schedule::lr(int64_t step) const {
   if (step < warmup_) {
-    const double f = cfg_.warmup_start + (1 - cfg_.warmup_start) * static_cast<double>(step) / static_cast<double>(warmup_);
+    const double f = cfg_.warmup_start + (1 - cfg_.warmup_start) * static_cast<double>(step) /
+                                             static_cast<double>(warmup_);
     return base_ * f;
   }
   const double v = inner(step - warmup_, std::max<int64_t>(1, total_ - warmup_));

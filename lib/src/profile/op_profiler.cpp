@@ -16,7 +16,8 @@ namespace mltrain::profile {
 namespace {
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -97,11 +98,20 @@ const char* dtype_label(const at::RecordFunction& fn) {
     const auto& t = v.toTensor();
     if (!t.defined()) continue;
     switch (t.scalar_type()) {
-      case at::kHalf: half = true; break;
-      case at::kBFloat16: bf16 = true; break;
-      case at::kFloat: f32 = true; break;
-      case at::kDouble: f64 = true; break;
-      default: break;
+      case at::kHalf:
+        half = true;
+        break;
+      case at::kBFloat16:
+        bf16 = true;
+        break;
+      case at::kFloat:
+        f32 = true;
+        break;
+      case at::kDouble:
+        f64 = true;
+        break;
+      default:
+        break;
     }
   }
   if (bf16) return f32 ? "bf16+fp32" : "bf16";
@@ -151,7 +161,8 @@ void OpProfiler::start() {
   r.t0 = now_ns();
   auto cb = at::RecordFunctionCallback(&on_enter, &on_exit)
                 .needsInputs(opt_.record_dtypes)
-                .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE});
+                .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                         at::RecordScope::USER_SCOPE});
   handle_ = at::addGlobalCallback(cb);
   active_ = true;
 }
@@ -183,8 +194,10 @@ std::vector<OpStat> OpProfiler::top(size_t n) const {
       a.total += s.total;
     }
   std::vector<OpStat> out;
-  for (const auto& [id, s] : all) out.push_back({r.names[static_cast<size_t>(id)], s.calls, s.self / 1e3, s.total / 1e3});
-  std::sort(out.begin(), out.end(), [](const OpStat& a, const OpStat& b) { return a.self_us > b.self_us; });
+  for (const auto& [id, s] : all)
+    out.push_back({r.names[static_cast<size_t>(id)], s.calls, s.self / 1e3, s.total / 1e3});
+  std::sort(out.begin(), out.end(),
+            [](const OpStat& a, const OpStat& b) { return a.self_us > b.self_us; });
   if (out.size() > n) out.resize(n);
   return out;
 }
@@ -226,32 +239,39 @@ int64_t OpProfiler::write_chrome_trace_gz(const std::string& path, size_t cap_by
   std::lock_guard<std::mutex> lock(r.mu);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   gzFile f = gzopen(tmp.c_str(), "wb6");
-  if (!f) throw RuntimeError(path, "cannot write the trace", "check the folder exists and is writable");
+  if (!f)
+    throw RuntimeError(path, "cannot write the trace", "check the folder exists and is writable");
   size_t bytes = 0;
   int64_t written = 0;
   auto put = [&](const std::string& s) {
     gzwrite(f, s.data(), static_cast<unsigned>(s.size()));
     bytes += s.size();
   };
-  put("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"mltrain profile\"},\"traceEvents\":[\n");
+  put("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"mltrain "
+      "profile\"},\"traceEvents\":[\n");
   bool first = true;
   for (const auto& b : r.bufs) {
-    std::string meta = std::string(first ? "" : ",\n") + "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" +
-                       std::to_string(b->tid) + ",\"args\":{\"name\":\"thread " + std::to_string(b->tid) + "\"}}";
+    std::string meta =
+        std::string(first ? "" : ",\n") +
+        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(b->tid) +
+        ",\"args\":{\"name\":\"thread " + std::to_string(b->tid) + "\"}}";
     put(meta);
     first = false;
     for (const auto& e : b->events) {
       if (bytes >= cap_bytes) break;
       char line[128];
-      std::snprintf(line, sizeof line, ",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", b->tid,
+      std::snprintf(line, sizeof line,
+                    ",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", b->tid,
                     (e.start - r.t0) / 1e3, e.dur / 1e3);
       put(",\n{\"name\":" + json_string(r.names[static_cast<size_t>(e.id)]) + line);
       ++written;
     }
   }
   put("\n]}\n");
-  if (gzclose(f) != Z_OK) throw RuntimeError(path, "writing the trace failed", "check free disk space");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw RuntimeError(path, "cannot move the trace into place");
+  if (gzclose(f) != Z_OK)
+    throw RuntimeError(path, "writing the trace failed", "check free disk space");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw RuntimeError(path, "cannot move the trace into place");
   return written;
 }
 

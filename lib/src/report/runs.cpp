@@ -41,18 +41,28 @@ std::vector<nlohmann::json> read_metrics(const fs::path& dir) {
 std::string duration(double s) {
   const int64_t t = static_cast<int64_t>(std::llround(s));
   char b[32];
-  if (t >= 3600) std::snprintf(b, sizeof b, "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
-  else if (t >= 60) std::snprintf(b, sizeof b, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
-  else std::snprintf(b, sizeof b, "%llds", (long long)t);
+  if (t >= 3600)
+    std::snprintf(b, sizeof b, "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
+  else if (t >= 60)
+    std::snprintf(b, sizeof b, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  else
+    std::snprintf(b, sizeof b, "%llds", (long long)t);
   return b;
 }
 
-bool is_run_dir(const fs::path& d) { return fs::exists(d / "status.json") || fs::exists(d / "metrics.jsonl"); }
+bool is_run_dir(const fs::path& d) {
+  return fs::exists(d / "status.json") || fs::exists(d / "metrics.jsonl");
+}
 
 // config.yaml flattened to "a.b.c" -> value text.
-void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
+void flatten(const YAML::Node& n, const std::string& prefix,
+             std::map<std::string, std::string>& out) {
   if (n.IsMap()) {
-    for (const auto& kv : n) flatten(kv.second, prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>(), out);
+    for (const auto& kv : n)
+      flatten(
+          kv.second,
+          prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>(),
+          out);
   } else if (n.IsSequence()) {
     YAML::Emitter e;
     e << YAML::Flow << n;
@@ -87,7 +97,9 @@ RunInfo read_run(const fs::path& dir) {
   } catch (const std::exception&) {
     r.detail = "unreadable status.json";
   }
-  if (r.state == "interrupted") r.detail = "interrupted at step " + std::to_string(r.step) + (r.detail.empty() ? "" : " (" + r.detail + ")");
+  if (r.state == "interrupted")
+    r.detail = "interrupted at step " + std::to_string(r.step) +
+               (r.detail.empty() ? "" : " (" + r.detail + ")");
   for (const auto& m : read_metrics(dir)) {
     const std::string ev = m.value("event", "");
     if (ev == "eval" && m.value("accuracy", -1.0) > r.best_eval_accuracy) {
@@ -96,44 +108,53 @@ RunInfo read_run(const fs::path& dir) {
     }
     if (ev == "train" || ev == "eval") r.seconds = std::max(r.seconds, m.value("time_s", 0.0));
     if (ev == "summary") r.seconds = m.value("train_seconds", r.seconds);
-    if (m.contains("step") && r.state == "unknown") r.step = std::max(r.step, m.value("step", int64_t{0}));
+    if (m.contains("step") && r.state == "unknown")
+      r.step = std::max(r.step, m.value("step", int64_t{0}));
   }
-  r.checkpoints = static_cast<int>(train::CheckpointStore::list_complete(dir / "checkpoints").size());
+  r.checkpoints =
+      static_cast<int>(train::CheckpointStore::list_complete(dir / "checkpoints").size());
   return r;
 }
 
 std::vector<RunInfo> find_runs(const fs::path& root) {
   std::vector<RunInfo> out;
-  if (!fs::exists(root)) throw DataError(root.string(), "no such folder", "give the runs folder (run.dir, default runs/)");
+  if (!fs::exists(root))
+    throw DataError(root.string(), "no such folder",
+                    "give the runs folder (run.dir, default runs/)");
   if (is_run_dir(root)) return {read_run(root)};
   for (const auto& name : fs::directory_iterator(root)) {
     if (!name.is_directory()) continue;
     for (const auto& v : fs::directory_iterator(name.path()))
       if (v.is_directory() && is_run_dir(v.path())) out.push_back(read_run(v.path()));
   }
-  std::sort(out.begin(), out.end(), [](const RunInfo& a, const RunInfo& b) { return a.name < b.name; });
+  std::sort(out.begin(), out.end(),
+            [](const RunInfo& a, const RunInfo& b) { return a.name < b.name; });
   return out;
 }
 
 std::string runs_table(const std::vector<RunInfo>& runs) {
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof line, "%-34s %-12s %10s %8s %10s %6s  %s\n", "run", "status", "best acc", "steps", "time",
-                "ckpts", "detail");
+  std::snprintf(line, sizeof line, "%-34s %-12s %10s %8s %10s %6s  %s\n", "run", "status",
+                "best acc", "steps", "time", "ckpts", "detail");
   o << line;
   for (const auto& r : runs) {
-    const std::string best = r.best_eval_accuracy >= 0 ? format_fixed(100 * r.best_eval_accuracy, 2) + "%" : "-";
-    std::snprintf(line, sizeof line, "%-34s %-12s %10s %8lld %10s %6d  %s\n", r.name.c_str(), r.state.c_str(), best.c_str(),
-                  (long long)r.step, duration(r.seconds).c_str(), r.checkpoints, r.detail.substr(0, 80).c_str());
+    const std::string best =
+        r.best_eval_accuracy >= 0 ? format_fixed(100 * r.best_eval_accuracy, 2) + "%" : "-";
+    std::snprintf(line, sizeof line, "%-34s %-12s %10s %8lld %10s %6d  %s\n", r.name.c_str(),
+                  r.state.c_str(), best.c_str(), (long long)r.step, duration(r.seconds).c_str(),
+                  r.checkpoints, r.detail.substr(0, 80).c_str());
     o << line;
   }
   if (runs.empty()) o << "(no runs)\n";
   return o.str();
 }
 
-std::string html_report(const std::vector<fs::path>& dirs, const std::vector<std::string>& sections) {
+std::string html_report(const std::vector<fs::path>& dirs,
+                        const std::vector<std::string>& sections) {
   if (dirs.empty() && sections.empty())
-    throw ConfigError("report", "no run or study folders given", "mltrain report runs/<name>/v0 [more runs or runs/tune/<study>...]");
+    throw ConfigError("report", "no run or study folders given",
+                      "mltrain report runs/<name>/v0 [more runs or runs/tune/<study>...]");
   struct Loaded {
     RunInfo info;
     std::vector<nlohmann::json> metrics;
@@ -142,16 +163,19 @@ std::string html_report(const std::vector<fs::path>& dirs, const std::vector<std
   std::vector<Loaded> runs;
   for (const auto& d : dirs) {
     if (!is_run_dir(d))
-      throw DataError(d.string(), "not a run folder (no status.json or metrics.jsonl)", "give runs/<name>/v<N>; `mltrain runs` lists them");
+      throw DataError(d.string(), "not a run folder (no status.json or metrics.jsonl)",
+                      "give runs/<name>/v<N>; `mltrain runs` lists them");
     Loaded l{read_run(d), read_metrics(d), {}};
     try {
-      if (fs::exists(d / "config.yaml")) flatten(YAML::LoadFile((d / "config.yaml").string()), "", l.config);
+      if (fs::exists(d / "config.yaml"))
+        flatten(YAML::LoadFile((d / "config.yaml").string()), "", l.config);
     } catch (const std::exception& e) {
       throw DataError((d / "config.yaml").string(), std::string("unreadable: ") + e.what());
     }
     runs.push_back(std::move(l));
   }
-  auto chart = [&](const std::string& title, const std::string& event, const std::string& field, const std::string& ylabel) {
+  auto chart = [&](const std::string& title, const std::string& event, const std::string& field,
+                   const std::string& ylabel) {
     SvgChart c(title, "optimizer step", ylabel);
     bool any = false;
     for (const auto& r : runs) {
@@ -168,90 +192,107 @@ std::string html_report(const std::vector<fs::path>& dirs, const std::vector<std
   };
 
   std::ostringstream h;
-  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>mltrain report</title>\n"
-       "<style>body{font-family:sans-serif;margin:24px;color:#222;background:#fff}h1{font-size:22px}"
-       "h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}table{border-collapse:collapse;font-size:13px}"
+  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>mltrain "
+       "report</title>\n"
+       "<style>body{font-family:sans-serif;margin:24px;color:#222;background:#fff}h1{font-size:"
+       "22px}"
+       "h2{font-size:17px;margin-top:28px;border-bottom:1px solid "
+       "#ccc}table{border-collapse:collapse;font-size:13px}"
        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f2f2f2}"
        ".grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;border:1px solid #ddd}"
-       ".finished{color:#2a7d2a}.failed,.stale{color:#b22}.interrupted,.running{color:#b70}</style></head><body>\n";
+       ".finished{color:#2a7d2a}.failed,.stale{color:#b22}.interrupted,.running{color:#b70}</"
+       "style></head><body>\n";
   h << "<h1>mltrain report: " << runs.size() << " run" << (runs.size() == 1 ? "" : "s");
-  if (!sections.empty()) h << ", " << sections.size() << " tuning stud" << (sections.size() == 1 ? "y" : "ies");
+  if (!sections.empty())
+    h << ", " << sections.size() << " tuning stud" << (sections.size() == 1 ? "y" : "ies");
   h << "</h1>\n";
   for (const auto& sec : sections) h << sec;
   if (!runs.empty()) {
-  h << "<h2>Runs</h2>\n<table><tr><th>run</th><th>status</th><th>best eval accuracy</th><th>at step</th><th>steps</th>"
-       "<th>training time</th><th>checkpoints</th><th>folder</th></tr>\n";
-  for (const auto& r : runs) {
-    const auto& i = r.info;
-    h << "<tr><td>" << xml_escape(i.name) << "</td><td class=\"" << xml_escape(i.state) << "\">" << xml_escape(i.state)
-      << (i.detail.empty() ? "" : ": " + xml_escape(i.detail)) << "</td><td>"
-      << (i.best_eval_accuracy >= 0 ? format_fixed(100 * i.best_eval_accuracy, 2) + " %" : "-") << "</td><td>"
-      << (i.best_step >= 0 ? std::to_string(i.best_step) : "-") << "</td><td>" << i.step << "</td><td>" << duration(i.seconds)
-      << "</td><td>" << i.checkpoints << "</td><td>" << xml_escape(i.dir.string()) << "</td></tr>\n";
-  }
-  h << "</table>\n<h2>Curves</h2>\n<div class=\"grid\">\n"
-    << chart("training loss", "train", "loss", "loss") << chart("evaluation accuracy", "eval", "accuracy", "accuracy")
-    << chart("evaluation loss", "eval", "loss", "loss") << chart("learning rate", "train", "lr", "lr")
-    << chart("gradient norm (before clipping)", "train", "grad_norm", "L2 norm")
-    << chart("throughput", "train", "samples_per_s", "samples/s")
-    << chart("data-wait share of the step", "train", "data_wait", "share")
-    << chart("loss scale (fp16)", "train", "loss_scale", "scale") << "</div>\n";
+    h << "<h2>Runs</h2>\n<table><tr><th>run</th><th>status</th><th>best eval accuracy</th><th>at "
+         "step</th><th>steps</th>"
+         "<th>training time</th><th>checkpoints</th><th>folder</th></tr>\n";
+    for (const auto& r : runs) {
+      const auto& i = r.info;
+      h << "<tr><td>" << xml_escape(i.name) << "</td><td class=\"" << xml_escape(i.state) << "\">"
+        << xml_escape(i.state) << (i.detail.empty() ? "" : ": " + xml_escape(i.detail))
+        << "</td><td>"
+        << (i.best_eval_accuracy >= 0 ? format_fixed(100 * i.best_eval_accuracy, 2) + " %" : "-")
+        << "</td><td>" << (i.best_step >= 0 ? std::to_string(i.best_step) : "-") << "</td><td>"
+        << i.step << "</td><td>" << duration(i.seconds) << "</td><td>" << i.checkpoints
+        << "</td><td>" << xml_escape(i.dir.string()) << "</td></tr>\n";
+    }
+    h << "</table>\n<h2>Curves</h2>\n<div class=\"grid\">\n"
+      << chart("training loss", "train", "loss", "loss")
+      << chart("evaluation accuracy", "eval", "accuracy", "accuracy")
+      << chart("evaluation loss", "eval", "loss", "loss")
+      << chart("learning rate", "train", "lr", "lr")
+      << chart("gradient norm (before clipping)", "train", "grad_norm", "L2 norm")
+      << chart("throughput", "train", "samples_per_s", "samples/s")
+      << chart("data-wait share of the step", "train", "data_wait", "share")
+      << chart("loss scale (fp16)", "train", "loss_scale", "scale") << "</div>\n";
 
-  // Settings that differ between the runs (all of them for a single run would be noise).
-  std::set<std::string> keys;
-  for (const auto& r : runs)
-    for (const auto& [k, v] : r.config) keys.insert(k);
-  std::vector<std::string> differing;
-  for (const auto& k : keys) {
-    std::set<std::string> vals;
-    for (const auto& r : runs) vals.insert(r.config.count(k) ? r.config.at(k) : "(absent)");
-    if (vals.size() > 1) differing.push_back(k);
-  }
-  h << "<h2>Config differences</h2>\n";
-  if (runs.size() < 2) h << "<p>One run: nothing to compare. Its resolved config is in " << xml_escape((runs[0].info.dir / "config.yaml").string()) << ".</p>\n";
-  else if (differing.empty()) h << "<p>The runs' resolved configs are identical.</p>\n";
-  else {
-    h << "<table><tr><th>key</th>";
-    for (const auto& r : runs) h << "<th>" << xml_escape(r.info.name) << "</th>";
-    h << "</tr>\n";
-    for (const auto& k : differing) {
-      h << "<tr><td>" << xml_escape(k) << "</td>";
-      for (const auto& r : runs) h << "<td>" << xml_escape(r.config.count(k) ? r.config.at(k) : "(absent)") << "</td>";
+    // Settings that differ between the runs (all of them for a single run would be noise).
+    std::set<std::string> keys;
+    for (const auto& r : runs)
+      for (const auto& [k, v] : r.config) keys.insert(k);
+    std::vector<std::string> differing;
+    for (const auto& k : keys) {
+      std::set<std::string> vals;
+      for (const auto& r : runs) vals.insert(r.config.count(k) ? r.config.at(k) : "(absent)");
+      if (vals.size() > 1) differing.push_back(k);
+    }
+    h << "<h2>Config differences</h2>\n";
+    if (runs.size() < 2)
+      h << "<p>One run: nothing to compare. Its resolved config is in "
+        << xml_escape((runs[0].info.dir / "config.yaml").string()) << ".</p>\n";
+    else if (differing.empty())
+      h << "<p>The runs' resolved configs are identical.</p>\n";
+    else {
+      h << "<table><tr><th>key</th>";
+      for (const auto& r : runs) h << "<th>" << xml_escape(r.info.name) << "</th>";
       h << "</tr>\n";
+      for (const auto& k : differing) {
+        h << "<tr><td>" << xml_escape(k) << "</td>";
+        for (const auto& r : runs)
+          h << "<td>" << xml_escape(r.config.count(k) ? r.config.at(k) : "(absent)") << "</td>";
+        h << "</tr>\n";
+      }
+      h << "</table>\n";
+    }
+
+    h << "<h2>Checkpoints</h2>\n<table><tr><th>run</th><th>checkpoint</th><th>step</"
+         "th><th>monitor</th><th>size</th></tr>\n";
+    for (const auto& r : runs) {
+      const fs::path cdir = r.info.dir / "checkpoints";
+      std::error_code ec;
+      std::string latest;
+      {
+        std::ifstream in(cdir / "latest");
+        std::getline(in, latest);
+      }
+      for (const auto& c : train::CheckpointStore::list_complete(cdir)) {
+        double bytes = 0, monitor = NAN;
+        int64_t step = 0;
+        for (const auto& f : fs::directory_iterator(c, ec))
+          if (f.is_regular_file()) bytes += static_cast<double>(f.file_size());
+        try {
+          std::ifstream in(c / "trainer.json");
+          const auto j = nlohmann::json::parse(in);
+          step = j.value("step", int64_t{0});
+          monitor = j.value("monitor", NAN);
+        } catch (const std::exception&) {
+        }
+        const std::string n = c.filename().string();
+        h << "<tr><td>" << xml_escape(r.info.name) << "</td><td>" << xml_escape(n)
+          << (n == latest ? " (latest)" : "") << "</td><td>" << step << "</td><td>"
+          << (std::isfinite(monitor) ? format_fixed(monitor, 4) : "-") << "</td><td>"
+          << format_fixed(bytes / 1e6, 2) << " MB</td></tr>\n";
+      }
     }
     h << "</table>\n";
-  }
-
-  h << "<h2>Checkpoints</h2>\n<table><tr><th>run</th><th>checkpoint</th><th>step</th><th>monitor</th><th>size</th></tr>\n";
-  for (const auto& r : runs) {
-    const fs::path cdir = r.info.dir / "checkpoints";
-    std::error_code ec;
-    std::string latest;
-    {
-      std::ifstream in(cdir / "latest");
-      std::getline(in, latest);
-    }
-    for (const auto& c : train::CheckpointStore::list_complete(cdir)) {
-      double bytes = 0, monitor = NAN;
-      int64_t step = 0;
-      for (const auto& f : fs::directory_iterator(c, ec))
-        if (f.is_regular_file()) bytes += static_cast<double>(f.file_size());
-      try {
-        std::ifstream in(c / "trainer.json");
-        const auto j = nlohmann::json::parse(in);
-        step = j.value("step", int64_t{0});
-        monitor = j.value("monitor", NAN);
-      } catch (const std::exception&) {
-      }
-      const std::string n = c.filename().string();
-      h << "<tr><td>" << xml_escape(r.info.name) << "</td><td>" << xml_escape(n) << (n == latest ? " (latest)" : "")
-        << "</td><td>" << step << "</td><td>" << (std::isfinite(monitor) ? format_fixed(monitor, 4) : "-") << "</td><td>"
-        << format_fixed(bytes / 1e6, 2) << " MB</td></tr>\n";
-    }
-  }
-  h << "</table>\n";
   }  // runs
-  h << "<p style=\"font-size:12px;color:#777\">Written by mltrain report; self-contained (no scripts, fonts or "
+  h << "<p style=\"font-size:12px;color:#777\">Written by mltrain report; self-contained (no "
+       "scripts, fonts or "
        "requests).</p>\n</body></html>\n";
   return h.str();
 }

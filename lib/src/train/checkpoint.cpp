@@ -22,11 +22,13 @@ int64_t step_of(const fs::path& p) {
 }
 }  // namespace
 
-CheckpointStore::CheckpointStore(fs::path root, CheckpointPolicy policy) : root_(std::move(root)), policy_(policy) {
+CheckpointStore::CheckpointStore(fs::path root, CheckpointPolicy policy)
+    : root_(std::move(root)), policy_(policy) {
   fs::create_directories(root_);
 }
 
-fs::path CheckpointStore::save(int64_t step, const std::function<void(const fs::path&)>& write_files,
+fs::path CheckpointStore::save(int64_t step,
+                               const std::function<void(const fs::path&)>& write_files,
                                const nlohmann::json& trainer_state, std::optional<double> monitor) {
   const fs::path final_dir = root_ / ("step_" + std::to_string(step));
   const fs::path tmp = root_ / ("step_" + std::to_string(step) + ".partial");
@@ -43,9 +45,11 @@ fs::path CheckpointStore::save(int64_t step, const std::function<void(const fs::
   for (const auto& e : fs::directory_iterator(tmp)) {
     const std::string name = e.path().filename().string();
     if (name == "manifest.json" || name.find(".tmp.") != std::string::npos) continue;
-    manifest["files"][name] = {{"sha256", sha256_file(e.path().string())}, {"bytes", fs::file_size(e.path())}};
+    manifest["files"][name] = {{"sha256", sha256_file(e.path().string())},
+                               {"bytes", fs::file_size(e.path())}};
   }
-  write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");  // completeness marker
+  write_file_atomic((tmp / "manifest.json").string(),
+                    manifest.dump(2) + "\n");  // completeness marker
   fs::remove_all(final_dir);
   fs::rename(tmp, final_dir);
   fsync_dir(root_.string());
@@ -68,8 +72,10 @@ std::string CheckpointStore::verify(const fs::path& dir) {
   for (auto it = manifest["files"].begin(); it != manifest["files"].end(); ++it) {
     const fs::path f = dir / it.key();
     if (!fs::exists(f)) return it.key() + " is missing";
-    if (fs::file_size(f) != it.value().at("bytes").get<uint64_t>()) return it.key() + " has the wrong size (truncated?)";
-    if (sha256_file(f.string()) != it.value().at("sha256").get<std::string>()) return it.key() + " fails its SHA-256 check";
+    if (fs::file_size(f) != it.value().at("bytes").get<uint64_t>())
+      return it.key() + " has the wrong size (truncated?)";
+    if (sha256_file(f.string()) != it.value().at("sha256").get<std::string>())
+      return it.key() + " fails its SHA-256 check";
   }
   for (const char* need : {"model.safetensors", "trainer.json"})
     if (!manifest["files"].contains(need)) return std::string(need) + " is not in the manifest";
@@ -77,9 +83,13 @@ std::string CheckpointStore::verify(const fs::path& dir) {
 }
 
 LoadedCheckpoint CheckpointStore::load_dir(const fs::path& dir) {
-  if (!fs::is_directory(dir)) throw CheckpointError(dir.string(), "not a checkpoint folder", "pass a checkpoints/step_<N> folder");
+  if (!fs::is_directory(dir))
+    throw CheckpointError(dir.string(), "not a checkpoint folder",
+                          "pass a checkpoints/step_<N> folder");
   const std::string why = verify(dir);
-  if (!why.empty()) throw CheckpointError(dir.string(), "damaged checkpoint: " + why, "resume from an older checkpoint folder");
+  if (!why.empty())
+    throw CheckpointError(dir.string(), "damaged checkpoint: " + why,
+                          "resume from an older checkpoint folder");
   LoadedCheckpoint ck;
   ck.dir = dir;
   try {
@@ -96,12 +106,15 @@ std::vector<fs::path> CheckpointStore::list_complete(const fs::path& root) {
   std::vector<fs::path> out;
   if (!fs::exists(root)) return out;
   for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && step_of(e.path()) >= 0 && fs::exists(e.path() / "manifest.json")) out.push_back(e.path());
-  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
+    if (e.is_directory() && step_of(e.path()) >= 0 && fs::exists(e.path() / "manifest.json"))
+      out.push_back(e.path());
+  std::sort(out.begin(), out.end(),
+            [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
   return out;
 }
 
-std::optional<LoadedCheckpoint> CheckpointStore::load_latest(std::vector<std::string>* warnings) const {
+std::optional<LoadedCheckpoint> CheckpointStore::load_latest(
+    std::vector<std::string>* warnings) const {
   std::vector<fs::path> candidates;
   const fs::path latest = root_ / "latest";
   if (fs::exists(latest)) {
@@ -114,13 +127,16 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest(std::vector<std::st
   std::vector<fs::path> dirs;
   for (const auto& e : fs::exists(root_) ? fs::directory_iterator(root_) : fs::directory_iterator())
     if (e.is_directory() && step_of(e.path()) >= 0) dirs.push_back(e.path());
-  std::sort(dirs.begin(), dirs.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
+  std::sort(dirs.begin(), dirs.end(),
+            [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
   for (auto& d : dirs)
-    if (std::find(candidates.begin(), candidates.end(), d) == candidates.end()) candidates.push_back(d);
+    if (std::find(candidates.begin(), candidates.end(), d) == candidates.end())
+      candidates.push_back(d);
   for (const auto& d : candidates) {
     const std::string why = verify(d);
     if (why.empty()) return load_dir(d);
-    if (warnings) warnings->push_back(d.string() + ": " + why + "; falling back to an older checkpoint");
+    if (warnings)
+      warnings->push_back(d.string() + ": " + why + "; falling back to an older checkpoint");
   }
   return std::nullopt;
 }
@@ -129,7 +145,8 @@ void CheckpointStore::prune() const {
   auto all = complete();
   std::vector<fs::path> keep;
   const int64_t n = static_cast<int64_t>(all.size());
-  for (int64_t i = std::max<int64_t>(0, n - std::max<int64_t>(1, policy_.keep_last)); i < n; ++i) keep.push_back(all[i]);
+  for (int64_t i = std::max<int64_t>(0, n - std::max<int64_t>(1, policy_.keep_last)); i < n; ++i)
+    keep.push_back(all[i]);
   std::vector<std::pair<double, fs::path>> scored;
   for (const auto& d : all) {
     try {
@@ -142,7 +159,8 @@ void CheckpointStore::prune() const {
   std::stable_sort(scored.begin(), scored.end(), [&](auto& a, auto& b) {
     return policy_.maximize ? a.first > b.first : a.first < b.first;
   });
-  for (int64_t i = 0; i < std::min<int64_t>(policy_.keep_best, scored.size()); ++i) keep.push_back(scored[i].second);
+  for (int64_t i = 0; i < std::min<int64_t>(policy_.keep_best, scored.size()); ++i)
+    keep.push_back(scored[i].second);
   for (const auto& d : all)
     if (std::find(keep.begin(), keep.end(), d) == keep.end()) fs::remove_all(d);
 }

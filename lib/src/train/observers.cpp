@@ -14,10 +14,12 @@ namespace mltrain::train {
 namespace fs = std::filesystem;
 
 static double epoch_float(Trainer& t) {
-  return t.progress().epoch + double(t.progress().batch_in_epoch) / std::max<int64_t>(1, t.steps_per_epoch());
+  return t.progress().epoch +
+         double(t.progress().batch_in_epoch) / std::max<int64_t>(1, t.steps_per_epoch());
 }
 
-MetricsWriter::MetricsWriter(const fs::path& run_dir, bool tensorboard, bool eval_to_stdout) : eval_to_stdout_(eval_to_stdout) {
+MetricsWriter::MetricsWriter(const fs::path& run_dir, bool tensorboard, bool eval_to_stdout)
+    : eval_to_stdout_(eval_to_stdout) {
   if (tensorboard) tb_ = std::make_unique<formats::TbWriter>(run_dir.string());
   const bool fresh = !fs::exists(run_dir / "metrics.csv");
   jsonl_.open(run_dir / "metrics.jsonl", std::ios::app);
@@ -30,14 +32,17 @@ const char* MetricsWriter::csv_header() {
 }
 
 void MetricsWriter::write(const nlohmann::json& j) {
-  jsonl_ << j.dump() << "\n" << std::flush;  // flushed per line: a killed run loses nothing it reported
+  jsonl_ << j.dump() << "\n"
+         << std::flush;  // flushed per line: a killed run loses nothing it reported
   if (eval_to_stdout_ && j.value("event", "") == "eval") std::cout << j.dump() << std::endl;
   auto num = [&](const char* k) {
-    return j.contains(k) && j[k].is_number() ? config::format_double(j[k].get<double>()) : std::string();
+    return j.contains(k) && j[k].is_number() ? config::format_double(j[k].get<double>())
+                                             : std::string();
   };
-  csv_ << j["event"].get<std::string>() << "," << j["step"].get<int64_t>() << "," << num("epoch") << "," << num("loss")
-       << "," << num("accuracy") << "," << num("samples_per_s") << "," << num("data_wait") << "," << num("lr") << ","
-       << num("grad_norm") << "," << num("time_s") << "\n"
+  csv_ << j["event"].get<std::string>() << "," << j["step"].get<int64_t>() << "," << num("epoch")
+       << "," << num("loss") << "," << num("accuracy") << "," << num("samples_per_s") << ","
+       << num("data_wait") << "," << num("lr") << "," << num("grad_norm") << "," << num("time_s")
+       << "\n"
        << std::flush;
   if (tb_) {  // the same record, so TensorBoard and metrics.jsonl cannot disagree
     const std::string ev = j["event"].get<std::string>();
@@ -55,12 +60,14 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
     torch::NoGradGuard no_grad;
     for (auto& [name, p] : t.model().named_parameters()) {
       auto flat = p.detach().to(torch::kCPU, torch::kDouble).flatten().contiguous();
-      tb_->histogram("weights/" + name, t.progress().step,
-                     std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel()));
+      tb_->histogram(
+          "weights/" + name, t.progress().step,
+          std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel()));
     }
   }
   const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
-  if (every <= 0 || (t.progress().step % every != 0 && t.progress().step != t.total_steps())) return;
+  if (every <= 0 || (t.progress().step % every != 0 && t.progress().step != t.total_steps()))
+    return;
   nlohmann::json j = {{"event", "train"},
                       {"step", t.progress().step},
                       {"epoch", epoch_float(t)},
@@ -76,7 +83,8 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
   if (t.cfg().label_smoothing.value > 0) j["label_smoothing"] = s.label_smoothing;
   if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;
   if (auto* aug = t.train_loader().augmenter(); aug && t.train_loader().augmented_samples() > 0) {
-    j["augment_us_per_sample"] = 1e6 * t.train_loader().augment_seconds() / t.train_loader().augmented_samples();
+    j["augment_us_per_sample"] =
+        1e6 * t.train_loader().augment_seconds() / t.train_loader().augmented_samples();
     j["augment_strength"] = aug->strength();
   }
   write(j);
@@ -96,8 +104,8 @@ void MetricsWriter::on_eval_end(Trainer& t, const EvalResult& r) {
 ConsoleReporter::ConsoleReporter(bool tty) : tty_(tty) {}
 
 void ConsoleReporter::on_train_begin(Trainer& t) {
-  spdlog::info("[train] {} steps ({} per epoch), starting at step {} (epoch {})", t.total_steps(), t.steps_per_epoch(),
-               t.progress().step, t.progress().epoch);
+  spdlog::info("[train] {} steps ({} per epoch), starting at step {} (epoch {})", t.total_steps(),
+               t.steps_per_epoch(), t.progress().step, t.progress().epoch);
 }
 
 void ConsoleReporter::on_step_end(Trainer& t, const StepInfo& s) {
@@ -110,23 +118,24 @@ void ConsoleReporter::on_step_end(Trainer& t, const StepInfo& s) {
     const int filled = static_cast<int>(width * double(p.step) / t.total_steps());
     std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld  ep %lld  loss %.4f  acc %.3f  %.0f samples/s  ",
                  filled, "##############################", width - filled, "", (long long)p.step,
-                 (long long)t.total_steps(), (long long)p.epoch, w_.loss / w_.steps, double(w_.correct) / w_.count,
-                 w_.count / w_.step_s);
+                 (long long)t.total_steps(), (long long)p.epoch, w_.loss / w_.steps,
+                 double(w_.correct) / w_.count, w_.count / w_.step_s);
     if (w_.steps >= 50) w_ = Window{};
     return;
   }
   const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
   if (every <= 0 || (p.step % every != 0 && p.step != t.total_steps())) return;
-  spdlog::info("[train] step {}/{} epoch {:.2f} loss {:.4f} acc {:.4f} {:.0f} samples/s data-wait {:.1f}%", p.step,
-               t.total_steps(), epoch_float(t), w_.loss / w_.steps, double(w_.correct) / w_.count, w_.count / w_.step_s,
-               100.0 * w_.data_s / w_.step_s);
+  spdlog::info(
+      "[train] step {}/{} epoch {:.2f} loss {:.4f} acc {:.4f} {:.0f} samples/s data-wait {:.1f}%",
+      p.step, t.total_steps(), epoch_float(t), w_.loss / w_.steps, double(w_.correct) / w_.count,
+      w_.count / w_.step_s, 100.0 * w_.data_s / w_.step_s);
   w_ = Window{};
 }
 
 void ConsoleReporter::on_eval_end(Trainer& t, const EvalResult& r) {
   if (tty_) std::fprintf(stderr, "\n");
-  spdlog::info("[eval] step {} epoch {:.2f} loss {:.4f} accuracy {:.4f} ({:.1f}s elapsed)", t.progress().step,
-               epoch_float(t), r.loss, r.accuracy, t.progress().train_seconds);
+  spdlog::info("[eval] step {} epoch {:.2f} loss {:.4f} accuracy {:.4f} ({:.1f}s elapsed)",
+               t.progress().step, epoch_float(t), r.loss, r.accuracy, t.progress().train_seconds);
 }
 
 void ConsoleReporter::on_train_end(Trainer&) {
@@ -136,9 +145,13 @@ void ConsoleReporter::on_train_end(Trainer&) {
 void CheckpointWriter::save(Trainer& t) {
   const auto& p = t.progress();
   if (last_saved_ == p.step) return;
-  nlohmann::json ts = {{"epoch", p.epoch}, {"batch_in_epoch", p.batch_in_epoch}, {"train_seconds", p.train_seconds},
-                       {"optimizer_steps", t.optimizer().steps()}, {"lr_scale", p.lr_scale},
-                       {"skipped_steps", p.skipped_steps}, {"techniques", t.technique_state()}};
+  nlohmann::json ts = {{"epoch", p.epoch},
+                       {"batch_in_epoch", p.batch_in_epoch},
+                       {"train_seconds", p.train_seconds},
+                       {"optimizer_steps", t.optimizer().steps()},
+                       {"lr_scale", p.lr_scale},
+                       {"skipped_steps", p.skipped_steps},
+                       {"techniques", t.technique_state()}};
   if (p.time_to_target) ts["time_to_target"] = *p.time_to_target;
   ts["schedule_history"] = t.schedule().history();
   std::optional<double> monitor;
@@ -152,15 +165,18 @@ void CheckpointWriter::save(Trainer& t) {
     for (auto& b : t.model().named_buffers()) weights.push_back(b);
     for (auto& [name, w] : weights)
       if (w.is_floating_point() && !torch::isfinite(w).all().item<bool>())
-        throw RuntimeError(name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
-                           "lower optim.lr; the previous checkpoint is intact");
-    formats::save_safetensors((dir / "model.safetensors").string(), weights, {{"format", "pt"}, {"step", std::to_string(p.step)}});
+        throw RuntimeError(
+            name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
+            "lower optim.lr; the previous checkpoint is intact");
+    formats::save_safetensors((dir / "model.safetensors").string(), weights,
+                              {{"format", "pt"}, {"step", std::to_string(p.step)}});
     auto state = t.optimizer().state();
     for (auto& e : t.technique_tensors()) state.push_back(e);
     for (auto& [name, w] : state)
       if (w.is_floating_point() && !torch::isfinite(w).all().item<bool>())
-        throw RuntimeError(name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
-                           "lower optim.lr; the previous checkpoint is intact");
+        throw RuntimeError(
+            name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
+            "lower optim.lr; the previous checkpoint is intact");
     state.emplace_back("__rng_cpu__", compat::cpu_rng_state());
     if (t.device().is_cuda()) state.emplace_back("__rng_cuda__", compat::cuda_rng_state());
     formats::save_safetensors((dir / "state.safetensors").string(), state);
@@ -175,7 +191,8 @@ void CheckpointWriter::on_step_end(Trainer& t, const StepInfo&) {
 }
 
 void CheckpointWriter::on_stop_request(Trainer& t, int signal) {
-  spdlog::warn("[checkpoint] signal {} received: saving at step {} before stopping", signal, t.progress().step);
+  spdlog::warn("[checkpoint] signal {} received: saving at step {} before stopping", signal,
+               t.progress().step);
   save(t);
 }
 
@@ -193,8 +210,9 @@ void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
       throw CheckpointError(mpath, "has no tensor '" + name + "' (written for another model?)",
                             "resume with the config that wrote it, or set checkpoint.resume=never");
     if (it->second.sizes() != dst.sizes())
-      throw CheckpointError(mpath, "tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
-                                       ", the model expects " + c10::str(dst.sizes()),
+      throw CheckpointError(mpath,
+                            "tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                                ", the model expects " + c10::str(dst.sizes()),
                             "resume with the config that wrote it, or set checkpoint.resume=never");
     dst.copy_(it->second);
   }

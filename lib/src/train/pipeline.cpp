@@ -21,14 +21,16 @@ Splits load_splits(const config::DataConfig& c) {
     tei = (r / "t10k-images-idx3-ubyte.gz").string();
     tel = (r / "t10k-labels-idx1-ubyte.gz").string();
     if (!fs::exists(tri))
-      throw DataError(tri, "Fashion-MNIST not found",
-                      "run scripts/install-deps.sh (Debian package dataset-fashion-mnist) or set data.root");
+      throw DataError(
+          tri, "Fashion-MNIST not found",
+          "run scripts/install-deps.sh (Debian package dataset-fashion-mnist) or set data.root");
   }
   Splits s;
   s.train = data::load_dataset(tri, trl, c.num_classes);
   s.test = data::load_dataset(tei, tel, c.num_classes);
   if (s.train.sample_shape != s.test.sample_shape)
-    throw DataError(tei, "sample shape differs from the training set's", "pair matching train and test files");
+    throw DataError(tei, "sample shape differs from the training set's",
+                    "pair matching train and test files");
   if (c.limit_train > 0) s.train = s.train.slice(0, c.limit_train);
   if (c.val_fraction > 0) {
     const int64_t nval = static_cast<int64_t>(s.train.count * c.val_fraction);
@@ -53,24 +55,28 @@ int resolve_threads(const config::ExperimentConfig& cfg, const dist::World& worl
 torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu) {
   if (cfg.runtime.device == "cuda" && !compat::cuda_available())
     throw ConfigError("runtime.device",
-                      "cuda asked for, but " + std::string(compat::cuda_built() ? "no CUDA device is visible"
-                                                                               : "this mltrain was built without CUDA"),
-                      "use runtime.device=auto or cpu, or build with -DMLTRAIN_WITH_CUDA=ON against a CUDA LibTorch");
+                      "cuda asked for, but " +
+                          std::string(compat::cuda_built() ? "no CUDA device is visible"
+                                                           : "this mltrain was built without CUDA"),
+                      "use runtime.device=auto or cpu, or build with -DMLTRAIN_WITH_CUDA=ON "
+                      "against a CUDA LibTorch");
   const torch::Device device = compat::resolve_device(cfg.runtime.device, gpu);
   if (device.is_cuda()) {
     if (gpu >= compat::cuda_device_count())
-      throw ConfigError("runtime.device",
-                        "local rank " + std::to_string(gpu) + " needs GPU " + std::to_string(gpu) + ", and " +
-                            std::to_string(compat::cuda_device_count()) + " are visible",
-                        "start at most one rank per GPU (--nproc-per-node / --ntasks-per-node), or check "
-                        "CUDA_VISIBLE_DEVICES");
+      throw ConfigError(
+          "runtime.device",
+          "local rank " + std::to_string(gpu) + " needs GPU " + std::to_string(gpu) + ", and " +
+              std::to_string(compat::cuda_device_count()) + " are visible",
+          "start at most one rank per GPU (--nproc-per-node / --ntasks-per-node), or check "
+          "CUDA_VISIBLE_DEVICES");
     compat::set_cuda_device(gpu);
     compat::set_cudnn_benchmark(cfg.runtime.cudnn_benchmark);
   }
   return device;
 }
 
-data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, const torch::Device& device) {
+data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg,
+                                         const torch::Device& device) {
   data::LoaderOptions lo;
   lo.batch_size = cfg.data.batch_size;
   lo.workers = cfg.data.workers.resolve(data::auto_workers(runtime::usable_cores()));
@@ -84,8 +90,8 @@ data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, co
   return lo;
 }
 
-data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, int64_t batch_size, bool shuffle,
-                                         bool drop_last) {
+data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, int64_t batch_size,
+                                         bool shuffle, bool drop_last) {
   data::LoaderOptions lo;
   lo.batch_size = batch_size;
   lo.shuffle = shuffle;
@@ -97,20 +103,23 @@ data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, in
 }
 
 // The run's augmentation, when it has any op, sized to `total_batches` of training.
-static void attach_augmenter(const config::ExperimentConfig& cfg, data::Loader& loader, int64_t total_batches) {
-  auto aug = std::make_shared<data::Augmenter>(cfg.data.augment, static_cast<uint64_t>(cfg.run.seed));
+static void attach_augmenter(const config::ExperimentConfig& cfg, data::Loader& loader,
+                             int64_t total_batches) {
+  auto aug =
+      std::make_shared<data::Augmenter>(cfg.data.augment, static_cast<uint64_t>(cfg.run.seed));
   if (aug->any_sample_op() || aug->any_batch_op()) loader.set_augmenter(aug, total_batches);
 }
 
-std::unique_ptr<data::Loader> augmented_loader(const config::ExperimentConfig& cfg, const data::Dataset& ds,
+std::unique_ptr<data::Loader> augmented_loader(const config::ExperimentConfig& cfg,
+                                               const data::Dataset& ds,
                                                const data::LoaderOptions& lo) {
   auto loader = std::make_unique<data::Loader>(ds, lo);
   attach_augmenter(cfg, *loader, loader->batches_per_epoch());
   return loader;
 }
 
-std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config, const dist::World& world,
-                                         const PipelineOptions& opt) {
+std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
+                                         const dist::World& world, const PipelineOptions& opt) {
   auto p = std::make_unique<Pipeline>(config);
   const config::ExperimentConfig& cfg = p->cfg;
   const bool distributed = world.size > 1;
@@ -119,7 +128,8 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   p->device = prepare_device(cfg, distributed ? world.local_rank : 0);
   // Data, model and optimizer before anything is written: bad input fails first.
   p->splits = opt.splits ? *opt.splits : load_splits(cfg.data);
-  p->model = model::build_model(cfg.model, p->splits.train.sample_shape, cfg.data.num_classes, cfg.run.seed);
+  p->model = model::build_model(cfg.model, p->splits.train.sample_shape, cfg.data.num_classes,
+                                cfg.run.seed);
   p->model->to(p->device);  // before the optimizer takes its parameter list
   if (opt.until == Stage::kModel) return p;
 
@@ -133,21 +143,25 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   eo.shuffle = false;
   eo.drop_last = false;
   eo.workers = std::min<int64_t>(lo.workers, 1);
-  const data::Dataset eval = opt.eval_limit > 0 ? p->splits.eval.slice(0, std::min(p->splits.eval.count, opt.eval_limit))
-                                                : p->splits.eval;
+  const data::Dataset eval =
+      opt.eval_limit > 0 ? p->splits.eval.slice(0, std::min(p->splits.eval.count, opt.eval_limit))
+                         : p->splits.eval;
   p->eval_loader = std::make_unique<data::Loader>(eval, eo);
 
   p->optimizer = optim::Optimizer::create(cfg.optim, p->model->named_parameters());
   if (distributed) {
-    p->comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, "", p->device});
-    p->dp = std::make_unique<dist::DataParallel>(*p->comm, p->model->named_parameters(), p->model->named_buffers(),
-                                                 static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)),
-                                                 cfg.distributed.overlap, cfg.distributed.compress);
+    p->comm = dist::Comm::create(
+        world, {cfg.distributed.backend, cfg.distributed.timeout_s, "", p->device});
+    p->dp = std::make_unique<dist::DataParallel>(
+        *p->comm, p->model->named_parameters(), p->model->named_buffers(),
+        static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)), cfg.distributed.overlap,
+        cfg.distributed.compress);
     dist::Comm* c = p->comm.get();
-    p->optimizer->set_momentum_reducer([c](torch::Tensor& m, torch::Tensor& e) { dist::onebit_average(*c, m, e); });
+    p->optimizer->set_momentum_reducer(
+        [c](torch::Tensor& m, torch::Tensor& e) { dist::onebit_average(*c, m, e); });
   }
-  p->trainer = std::make_unique<Trainer>(cfg, *p->model, *p->optimizer, *p->train_loader, *p->eval_loader,
-                                         Distributed{p->comm.get(), p->dp.get()});
+  p->trainer = std::make_unique<Trainer>(cfg, *p->model, *p->optimizer, *p->train_loader,
+                                         *p->eval_loader, Distributed{p->comm.get(), p->dp.get()});
   // Sized from the plan that has the world in it: every micro-batch of the run is one augmenter step.
   attach_augmenter(cfg, *p->train_loader, p->trainer->total_steps() * p->trainer->accumulate());
   return p;

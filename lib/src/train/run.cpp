@@ -40,7 +40,8 @@ fs::path choose_run_dir(const config::ExperimentConfig& cfg, bool* resuming) {
   if (fs::exists(base))
     for (const auto& e : fs::directory_iterator(base)) {
       const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.size() > 1 && n[0] == 'v' && n.find_first_not_of("0123456789", 1) == std::string::npos)
+      if (e.is_directory() && n.size() > 1 && n[0] == 'v' &&
+          n.find_first_not_of("0123456789", 1) == std::string::npos)
         newest = std::max<int64_t>(newest, std::stoll(n.substr(1)));
     }
   *resuming = false;
@@ -71,12 +72,15 @@ namespace {
 class TestHooks : public Observer {
  public:
   TestHooks(model::Model& m, int rank) : model_(m), rank_(rank) {
-    if (const char* d = std::getenv("MLTRAIN_TEST_PARAM_DIGEST")) digest_ = std::string(d) + "." + std::to_string(rank);
+    if (const char* d = std::getenv("MLTRAIN_TEST_PARAM_DIGEST"))
+      digest_ = std::string(d) + "." + std::to_string(rank);
     if (const char* k = std::getenv("MLTRAIN_TEST_KILL")) {
       const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-      if (!restart || std::string(restart) == "0") std::sscanf(k, "%d:%ld", &kill_rank_, &kill_step_);
+      if (!restart || std::string(restart) == "0")
+        std::sscanf(k, "%d:%ld", &kill_rank_, &kill_step_);
     }
-    if (const char* k = std::getenv("MLTRAIN_TEST_STALL")) std::sscanf(k, "%d:%ld", &stall_rank_, &stall_step_);
+    if (const char* k = std::getenv("MLTRAIN_TEST_STALL"))
+      std::sscanf(k, "%d:%ld", &stall_rank_, &stall_step_);
   }
   bool active() const { return !digest_.empty() || kill_rank_ >= 0 || stall_rank_ >= 0; }
   void on_step_end(Trainer& t, const StepInfo&) override {
@@ -85,7 +89,8 @@ class TestHooks : public Observer {
       for (auto& [n, p] : model_.named_parameters()) {
         const auto c = p.detach().contiguous().cpu();
         const auto* b = static_cast<const unsigned char*>(c.data_ptr());
-        for (size_t i = 0, e = size_t(c.numel()) * c.element_size(); i < e; ++i) h = (h ^ b[i]) * 1099511628211ULL;
+        for (size_t i = 0, e = size_t(c.numel()) * c.element_size(); i < e; ++i)
+          h = (h ^ b[i]) * 1099511628211ULL;
       }
       std::ofstream(digest_, std::ios::app) << t.progress().step << " " << h << "\n";
     }
@@ -103,7 +108,8 @@ class TestHooks : public Observer {
 };
 }  // namespace
 
-static void write_status(const fs::path& dir, const std::string& state, int64_t step, const std::string& detail = "") {
+static void write_status(const fs::path& dir, const std::string& state, int64_t step,
+                         const std::string& detail = "") {
   nlohmann::json j = {{"state", state}, {"step", step}, {"pid", ::getpid()}};
   if (!detail.empty()) j["detail"] = detail;
   write_file_atomic((dir / "status.json").string(), j.dump(2) + "\n");
@@ -117,14 +123,16 @@ static nlohmann::json env_json(const config::ExperimentConfig& cfg, const RunOpt
   j["host"] = host;
   j["seed"] = cfg.run.seed;
   j["command"] = opt.command_line;
-  for (const char* v : {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "RANK", "WORLD_SIZE"})
+  for (const char* v :
+       {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "RANK", "WORLD_SIZE"})
     if (const char* val = std::getenv(v)) j["env"][v] = val;
   return j;
 }
 
 // The run folder: a checkpoint named by checkpoint.resume, or the newest unfinished version of
 // this run (resume: auto), or a new version. Every rank decides from the same file system state.
-static fs::path resolve_run_dir(const config::ExperimentConfig& cfg, std::optional<LoadedCheckpoint>* ck, bool* resumed) {
+static fs::path resolve_run_dir(const config::ExperimentConfig& cfg,
+                                std::optional<LoadedCheckpoint>* ck, bool* resumed) {
   *resumed = false;
   if (cfg.checkpoint.resume != "auto" && cfg.checkpoint.resume != "never") {
     *ck = CheckpointStore::load_dir(cfg.checkpoint.resume);
@@ -139,7 +147,8 @@ static fs::path resolve_run_dir(const config::ExperimentConfig& cfg, std::option
     *ck = probe.load_latest(&warnings);
     for (auto& w : warnings) spdlog::warn("[checkpoint] {}", w);
     if (!*ck && !warnings.empty())
-      throw CheckpointError((run_dir / "checkpoints").string(), "no intact checkpoint to resume from",
+      throw CheckpointError((run_dir / "checkpoints").string(),
+                            "no intact checkpoint to resume from",
                             "delete the folder or set checkpoint.resume=never to start over");
     *resumed = ck->has_value();
   }
@@ -173,22 +182,27 @@ static nlohmann::json finish_summary(Pipeline& p, RunResult& result) {
     summary["world_size"] = p.world.size;
     summary["allreduce_wait_s"] = wait;
     summary["allreduce_bytes"] = p.comm->bytes_sent();
-    spdlog::info("[dist] gradient all-reduce: {:.2f} s exposed of {:.2f} s training ({:.1f} %), {} buckets, overlap {}",
-                 wait, result.train_seconds, 100 * wait / std::max(1e-9, result.train_seconds), p.dp->buckets(),
-                 p.cfg.distributed.overlap ? "on" : "off");
+    spdlog::info(
+        "[dist] gradient all-reduce: {:.2f} s exposed of {:.2f} s training ({:.1f} %), {} buckets, "
+        "overlap {}",
+        wait, result.train_seconds, 100 * wait / std::max(1e-9, result.train_seconds),
+        p.dp->buckets(), p.cfg.distributed.overlap ? "on" : "off");
   }
   return summary;
 }
 
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
   const dist::World world = dist::world_from_env();
-  if (world.size > 1 && world.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 alone logs to the console
+  if (world.size > 1 && world.rank != 0)
+    spdlog::set_level(spdlog::level::warn);  // rank 0 alone logs to the console
   // Data, model, optimizer and the step plan first: bad input fails before any run folder exists.
   const auto p = build_pipeline(cfg, world);
   Trainer& trainer = *p->trainer;
-  spdlog::info("[model] {}: {} parameters on {}; train {} samples, {} {} samples; {} loader workers{}", p->model->describe(),
-               p->model->num_parameters(), p->device.str(), p->splits.train.count, p->splits.eval_name, p->splits.eval.count,
-               p->train_loader->options().workers, p->train_loader->options().pin_memory ? " (pinned memory)" : "");
+  spdlog::info(
+      "[model] {}: {} parameters on {}; train {} samples, {} {} samples; {} loader workers{}",
+      p->model->describe(), p->model->num_parameters(), p->device.str(), p->splits.train.count,
+      p->splits.eval_name, p->splits.eval.count, p->train_loader->options().workers,
+      p->train_loader->options().pin_memory ? " (pinned memory)" : "");
 
   RunResult result;
   std::optional<LoadedCheckpoint> ck;
@@ -207,20 +221,25 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   spdlog::info("[run] {} {}", result.resumed ? "resuming in" : "writing to", run_dir.string());
   spdlog::info("[runtime] {}", runtime::describe().dump());
   if (const char* job = std::getenv("SLURM_JOB_ID"))
-    spdlog::info("[slurm] job {} restart count {}", job,
-                 std::getenv("SLURM_RESTART_COUNT") ? std::getenv("SLURM_RESTART_COUNT") : "0 (first run)");
+    spdlog::info(
+        "[slurm] job {} restart count {}", job,
+        std::getenv("SLURM_RESTART_COUNT") ? std::getenv("SLURM_RESTART_COUNT") : "0 (first run)");
 
-  CheckpointStore store(run_dir / "checkpoints",
-                        {cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.mode == "max"});
+  CheckpointStore store(
+      run_dir / "checkpoints",
+      {cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.mode == "max"});
   if (ck) {
     restore_checkpoint(*ck, trainer);
-    spdlog::info("[checkpoint] restored {} (step {}, epoch {}, batch {})", ck->dir.string(), ck->step,
-                 trainer.progress().epoch, trainer.progress().batch_in_epoch);
+    spdlog::info("[checkpoint] restored {} (step {}, epoch {}, batch {})", ck->dir.string(),
+                 ck->step, trainer.progress().epoch, trainer.progress().batch_in_epoch);
   }
-  if (p->dp) p->dp->broadcast_initial();  // rank 0's weights and buffers (restored or fresh) everywhere
-  if (auto hooks = std::make_unique<TestHooks>(*p->model, world.rank); hooks->active()) trainer.add_observer(std::move(hooks));
+  if (p->dp)
+    p->dp->broadcast_initial();  // rank 0's weights and buffers (restored or fresh) everywhere
+  if (auto hooks = std::make_unique<TestHooks>(*p->model, world.rank); hooks->active())
+    trainer.add_observer(std::move(hooks));
   if (writer) {  // rank 0 alone writes metrics, checkpoints and the console log
-    trainer.add_observer(std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard, opt.jsonl_stdout));
+    trainer.add_observer(
+        std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard, opt.jsonl_stdout));
     trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
     trainer.add_observer(std::make_unique<CheckpointWriter>(store));
   }

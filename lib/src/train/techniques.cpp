@@ -33,7 +33,8 @@ void LossScaler::update(bool found_inf) {
   }
   if (++tracker_ == cfg_.growth_interval) {
     const double grown = scale_ * cfg_.growth_factor;
-    if (std::isfinite(static_cast<float>(grown))) scale_ = grown;  // PyTorch keeps the scale in fp32
+    if (std::isfinite(static_cast<float>(grown)))
+      scale_ = grown;  // PyTorch keeps the scale in fp32
     tracker_ = 0;
   }
 }
@@ -89,7 +90,8 @@ double GradClipper::clip(const model::NamedTensors& params, double norm) {
     return cfg_.value;
   }
   double threshold = cfg_.max_norm;
-  if (cfg_.mode == "adaptive") {  // AutoClip (Seetharaman et al. 2020): p-th percentile of past norms
+  if (cfg_.mode ==
+      "adaptive") {  // AutoClip (Seetharaman et al. 2020): p-th percentile of past norms
     if (std::isfinite(norm)) {
       history_.push_back(norm);
       if (static_cast<int64_t>(history_.size()) > cfg_.window) history_.pop_front();
@@ -97,8 +99,10 @@ double GradClipper::clip(const model::NamedTensors& params, double norm) {
     if (static_cast<int64_t>(history_.size()) <= cfg_.warmup || history_.empty()) return 0;
     std::vector<double> sorted(history_.begin(), history_.end());
     std::sort(sorted.begin(), sorted.end());
-    const double pos = cfg_.percentile / 100.0 * (sorted.size() - 1);  // linear interpolation, as numpy
-    const size_t lo = static_cast<size_t>(std::floor(pos)), hi = std::min(lo + 1, sorted.size() - 1);
+    const double pos =
+        cfg_.percentile / 100.0 * (sorted.size() - 1);  // linear interpolation, as numpy
+    const size_t lo = static_cast<size_t>(std::floor(pos)),
+                 hi = std::min(lo + 1, sorted.size() - 1);
     threshold = sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
   }
   // torch.nn.utils.clip_grad_norm_: coef = max_norm / (total_norm + 1e-6), applied when < 1.
@@ -142,8 +146,10 @@ void Ema::update() {
   for (size_t i = 0; i < live_.size(); ++i) {
     auto& a = avg_[i].second;
     const auto& w = live_[i].second;
-    if (a.is_floating_point()) a.mul_(d).add_(w.detach(), 1 - d);
-    else a.copy_(w);  // integer buffers (num_batches_tracked) follow the live model
+    if (a.is_floating_point())
+      a.mul_(d).add_(w.detach(), 1 - d);
+    else
+      a.copy_(w);  // integer buffers (num_batches_tracked) follow the live model
   }
 }
 
@@ -167,13 +173,15 @@ void Ema::load(const std::map<std::string, torch::Tensor>& state) {
   for (auto& [name, t] : avg_) {
     auto it = state.find("ema/" + name);
     if (it == state.end())
-      throw CheckpointError("state.safetensors", "has no EMA tensor for '" + name + "'",
-                            "the checkpoint was written with ema.enabled=false; resume with the same setting");
+      throw CheckpointError(
+          "state.safetensors", "has no EMA tensor for '" + name + "'",
+          "the checkpoint was written with ema.enabled=false; resume with the same setting");
     t.copy_(it->second);
   }
 }
 
-EarlyStopping::EarlyStopping(const config::EarlyStoppingConfig& cfg) : cfg_(cfg), tracks_(cfg.metrics.size()) {}
+EarlyStopping::EarlyStopping(const config::EarlyStoppingConfig& cfg)
+    : cfg_(cfg), tracks_(cfg.metrics.size()) {}
 
 // Every metric is tracked on every evaluation; `combine` only decides which stalls stop the run.
 // Thresholds, divergence and non-finite values stop at once, whichever metric they come from.
@@ -187,15 +195,20 @@ std::string EarlyStopping::update(const std::map<std::string, double>& values, i
     auto& tr = tracks_[i];
     const bool maximize = m.mode == "max";
     if (!std::isfinite(v)) {
-      if (m.check_finite) return m.monitor + " is " + std::to_string(v) + " at step " + std::to_string(step);
+      if (m.check_finite)
+        return m.monitor + " is " + std::to_string(v) + " at step " + std::to_string(step);
       ++tr.bad;  // a non-finite value is never "best"
     } else {
-      if (!std::isnan(m.stopping_threshold) && (maximize ? v >= m.stopping_threshold : v <= m.stopping_threshold))
+      if (!std::isnan(m.stopping_threshold) &&
+          (maximize ? v >= m.stopping_threshold : v <= m.stopping_threshold))
         return m.monitor + " = " + std::to_string(v) + " reached the stopping threshold " +
                std::to_string(m.stopping_threshold);
-      if (!std::isnan(m.divergence_threshold) && (maximize ? v < m.divergence_threshold : v > m.divergence_threshold))
-        return m.monitor + " = " + std::to_string(v) + " diverged past " + std::to_string(m.divergence_threshold);
-      const bool improved = std::isnan(tr.best) || (maximize ? v > tr.best + m.min_delta : v < tr.best - m.min_delta);
+      if (!std::isnan(m.divergence_threshold) &&
+          (maximize ? v < m.divergence_threshold : v > m.divergence_threshold))
+        return m.monitor + " = " + std::to_string(v) + " diverged past " +
+               std::to_string(m.divergence_threshold);
+      const bool improved =
+          std::isnan(tr.best) || (maximize ? v > tr.best + m.min_delta : v < tr.best - m.min_delta);
       if (improved) {
         tr.best = v;
         tr.best_step = step;
@@ -206,8 +219,8 @@ std::string EarlyStopping::update(const std::map<std::string, double>& values, i
     }
     if (tr.bad > m.patience)
       stalled_why[i] = m.monitor + " has not improved by " + std::to_string(m.min_delta) + " for " +
-                       std::to_string(tr.bad) + " evaluations (best " + std::to_string(tr.best) + " at step " +
-                       std::to_string(tr.best_step) + ")";
+                       std::to_string(tr.bad) + " evaluations (best " + std::to_string(tr.best) +
+                       " at step " + std::to_string(tr.best_step) + ")";
   }
   if (cfg_.metrics.empty()) return "";
   if (cfg_.combine == "first") return stalled_why[0];

@@ -13,7 +13,9 @@ namespace mltrain::train {
 
 TrainedModel load_trained_model(const fs::path& p, const std::string& who) {
   TrainedModel tm;
-  if (!fs::exists(p)) throw CheckpointError(p.string(), "does not exist", "pass a run folder (runs/<name>/v<N>) or a checkpoint folder");
+  if (!fs::exists(p))
+    throw CheckpointError(p.string(), "does not exist",
+                          "pass a run folder (runs/<name>/v<N>) or a checkpoint folder");
   if (fs::exists(p / "manifest.json")) {
     tm.checkpoint = p;
     tm.run_dir = p.parent_path().parent_path();
@@ -31,7 +33,9 @@ TrainedModel load_trained_model(const fs::path& p, const std::string& who) {
   }
   CheckpointStore::load_dir(tm.checkpoint);  // verifies the manifest's SHA-256s
   const fs::path config = tm.run_dir / "config.yaml";
-  if (!fs::exists(config)) throw CheckpointError(config.string(), "missing: the run's resolved config is needed to rebuild the model");
+  if (!fs::exists(config))
+    throw CheckpointError(config.string(),
+                          "missing: the run's resolved config is needed to rebuild the model");
   tm.cfg = config::load_experiment(config.string(), {});
   // The model as the run built it, on the CPU: these commands evaluate and export on the host.
   config::ExperimentConfig on_host = tm.cfg;

@@ -15,12 +15,17 @@
 namespace mltrain::train {
 
 using Clock = std::chrono::steady_clock;
-static double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+static double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 namespace F = torch::nn::functional;
-static at::ScalarType amp_dtype(const config::AmpConfig& a) { return a.dtype == "fp16" ? at::kHalf : at::kBFloat16; }
+static at::ScalarType amp_dtype(const config::AmpConfig& a) {
+  return a.dtype == "fp16" ? at::kHalf : at::kBFloat16;
+}
 
 const char* phase_name(Phase p) {
-  static const char* names[] = {"data", "h2d_copy", "forward", "backward", "optimizer", "allreduce", "other"};
+  static const char* names[] = {"data",      "h2d_copy",  "forward", "backward",
+                                "optimizer", "allreduce", "other"};
   return names[static_cast<int>(p)];
 }
 
@@ -43,14 +48,18 @@ int64_t resolve_accumulate(const config::ExperimentConfig& cfg, int64_t world) {
   const int64_t per_step = cfg.data.batch_size * world;
   if (t.accumulate.is_auto()) {
     if (t.global_batch % per_step != 0)
-      throw ConfigError("train.global_batch", std::to_string(t.global_batch) + " is not a multiple of data.batch_size x world = " +
-                                                  std::to_string(per_step), "pick a global batch divisible by it");
+      throw ConfigError(
+          "train.global_batch",
+          std::to_string(t.global_batch) +
+              " is not a multiple of data.batch_size x world = " + std::to_string(per_step),
+          "pick a global batch divisible by it");
     return t.global_batch / per_step;
   }
   if (t.global_batch != per_step * t.accumulate.value)
-    throw ConfigError("train.global_batch", "global_batch " + std::to_string(t.global_batch) + " != data.batch_size " +
-                                                std::to_string(cfg.data.batch_size) + " x accumulate " +
-                                                std::to_string(t.accumulate.value) + " x world " + std::to_string(world),
+    throw ConfigError("train.global_batch",
+                      "global_batch " + std::to_string(t.global_batch) + " != data.batch_size " +
+                          std::to_string(cfg.data.batch_size) + " x accumulate " +
+                          std::to_string(t.accumulate.value) + " x world " + std::to_string(world),
                       "give any two of them: set train.accumulate=auto to derive it");
   return t.accumulate.value;
 }
@@ -62,33 +71,48 @@ StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epo
   p.total_steps = cfg.train.duration.to_steps(p.steps_per_epoch);
   // Larger effective batches may take a larger LR: linear (Goyal et al. 2017) or square-root scaling.
   const double k = static_cast<double>(p.accumulate * world);
-  const double factor = cfg.train.lr_scaling == "linear" ? k : cfg.train.lr_scaling == "sqrt" ? std::sqrt(k) : 1.0;
-  p.lr = std::make_unique<optim::Schedule>(cfg.schedule, cfg.optim.lr * factor, p.total_steps, p.steps_per_epoch);
+  const double factor = cfg.train.lr_scaling == "linear" ? k
+                        : cfg.train.lr_scaling == "sqrt" ? std::sqrt(k)
+                                                         : 1.0;
+  p.lr = std::make_unique<optim::Schedule>(cfg.schedule, cfg.optim.lr * factor, p.total_steps,
+                                           p.steps_per_epoch);
   return p;
 }
 
-Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
-                 data::Loader& eval, Distributed distributed)
-    : cfg_(cfg), model_(model), opt_(opt), train_(train), eval_(eval), comm_(distributed.comm), dp_(distributed.dp),
-      clipper_(cfg.clip), health_(cfg.grad_health), early_(cfg.early_stopping) {
+Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt,
+                 data::Loader& train, data::Loader& eval, Distributed distributed)
+    : cfg_(cfg),
+      model_(model),
+      opt_(opt),
+      train_(train),
+      eval_(eval),
+      comm_(distributed.comm),
+      dp_(distributed.dp),
+      clipper_(cfg.clip),
+      health_(cfg.grad_health),
+      early_(cfg.early_stopping) {
   const auto params = model_.named_parameters();
   device_ = params.empty() ? torch::Device(torch::kCPU) : params.front().second.device();
   const int64_t bpe = train_.batches_per_epoch();
   if (bpe == 0)
-    throw ConfigError("data.batch_size", "larger than the training set (" + std::to_string(train_.samples_per_epoch()) +
-                                             " samples): no full batch", "lower data.batch_size");
+    throw ConfigError("data.batch_size",
+                      "larger than the training set (" +
+                          std::to_string(train_.samples_per_epoch()) + " samples): no full batch",
+                      "lower data.batch_size");
   // Planned once, with the world: global_batch = batch_size x accumulate x world.
   StepPlan plan = plan_steps(cfg_, bpe, comm_ ? comm_->size() : 1);
   accumulate_ = plan.accumulate;
   steps_per_epoch_ = plan.steps_per_epoch;
   total_steps_ = plan.total_steps;
   schedule_ = std::move(plan.lr);
-  smoothing_ = std::make_unique<optim::Schedule>(cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_,
-                                                 steps_per_epoch_);
+  smoothing_ = std::make_unique<optim::Schedule>(
+      cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_, steps_per_epoch_);
   if (cfg.amp.enabled && cfg.amp.dtype == "fp16") {
     if (!device_.is_cuda())
-      throw ConfigError("amp.dtype", "fp16 autocast needs a CUDA device; this run trains on the CPU",
-                        "use amp.dtype=bf16 on CPU (AVX-512 BF16 runs it natively), or runtime.device=cuda on a GPU");
+      throw ConfigError("amp.dtype",
+                        "fp16 autocast needs a CUDA device; this run trains on the CPU",
+                        "use amp.dtype=bf16 on CPU (AVX-512 BF16 runs it natively), or "
+                        "runtime.device=cuda on a GPU");
     scaler_.emplace(cfg.amp);
   }
   if (cfg.ema.enabled) ema_ = std::make_unique<Ema>(cfg.ema, model_);
@@ -107,7 +131,8 @@ void Trainer::to_device(data::Batch& b) const {
 // The next batch on the training device. The fence first waits until the previous batch's async
 // copy has read its pinned slot, so the loader may refill it; phases (when profiling) are charged
 // with the wait for data and the copy separately.
-bool Trainer::next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence, PhaseClock* phases) const {
+bool Trainer::next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence,
+                             PhaseClock* phases) const {
   fence.wait();
   if (!loader.next(b)) return false;
   if (phases) phases->lap(Phase::kData);
@@ -135,16 +160,19 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
       logits = model_.forward(b.x);
     }
     logits = logits.to(torch::kFloat32);
-    loss_sum += F::cross_entropy(logits, b.y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+    loss_sum += F::cross_entropy(logits, b.y, F::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
     correct += logits.argmax(1).eq(b.y).sum().item<int64_t>();
     count += b.y.size(0);
   }
   model_.set_training(true);
   if (use_ema) ema_->swap();
   if (comm_ && comm_->size() > 1) {  // each rank evaluated its shard: sum over ranks
-    std::vector<torch::Tensor> sums = {torch::tensor({loss_sum, double(correct), double(count)}, torch::kDouble)};
+    std::vector<torch::Tensor> sums = {
+        torch::tensor({loss_sum, double(correct), double(count)}, torch::kDouble)};
     comm_->allreduce_sum(sums, "allreduce(eval metrics)");
-    loss_sum = sums[0][0].item<double>(), correct = int64_t(sums[0][1].item<double>()), count = int64_t(sums[0][2].item<double>());
+    loss_sum = sums[0][0].item<double>(), correct = int64_t(sums[0][1].item<double>()),
+    count = int64_t(sums[0][2].item<double>());
   }
   return {count ? loss_sum / count : 0, count ? double(correct) / count : 0, count, since(t0)};
 }
@@ -161,7 +189,8 @@ void Trainer::take_snapshot() {
 }
 
 // Returns whether the optimizer should still step (only for policy warn).
-bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params, double norm) {
+bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params,
+                               double norm) {
   const auto& g = cfg_.grad_health;
   std::string what = v == GradHealth::Verdict::kNonFinite
                          ? "non-finite gradient"
@@ -173,7 +202,8 @@ bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors&
   spdlog::warn("[grad_health] step {}: {} in {}; policy {}", progress_.step, what, who, g.policy);
   if (g.policy == "warn") return true;
   if (g.policy == "stop") {
-    failure_ = "gradient health: " + what + " at step " + std::to_string(progress_.step) + " in " + who;
+    failure_ =
+        "gradient health: " + what + " at step " + std::to_string(progress_.step) + " in " + who;
     return false;
   }
   if (g.policy == "rollback") {
@@ -186,10 +216,12 @@ bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors&
       size_t i = 0;
       for (auto& [n, p] : model_.named_parameters()) p.detach().copy_(pick->tensors[i++]);
       for (auto& [n, b] : model_.named_buffers()) b.detach().copy_(pick->tensors[i++]);
-      std::map<std::string, torch::Tensor> st(pick->optimizer_state.begin(), pick->optimizer_state.end());
+      std::map<std::string, torch::Tensor> st(pick->optimizer_state.begin(),
+                                              pick->optimizer_state.end());
       opt_.load_state(st);
       progress_.lr_scale *= g.rollback_lr_factor;
-      spdlog::warn("[grad_health] rolled back to optimizer step {}; LR now x{}", pick->step, progress_.lr_scale);
+      spdlog::warn("[grad_health] rolled back to optimizer step {}; LR now x{}", pick->step,
+                   progress_.lr_scale);
     } else {
       spdlog::warn("[grad_health] no snapshot yet: skipping the step instead");
     }
@@ -265,7 +297,8 @@ void Trainer::fit() {
       }
 
       // The optimizer step for the window.
-      if (window_samples != static_cast<int64_t>(full_window)) {  // a short window at the epoch's end
+      if (window_samples !=
+          static_cast<int64_t>(full_window)) {  // a short window at the epoch's end
         torch::NoGradGuard no_grad;
         for (const auto& [n, p] : params)
           if (p.grad().defined()) p.mutable_grad().mul_(full_window / window_samples);
@@ -277,7 +310,8 @@ void Trainer::fit() {
       if (scaler_ && found_inf) {  // fp16 overflow: normal for a loss scaler, skip and back off
         step_now = false;
         ++progress_.skipped_steps;
-      } else if (auto verdict = health_.check(info.grad_norm); verdict != GradHealth::Verdict::kOk) {
+      } else if (auto verdict = health_.check(info.grad_norm);
+                 verdict != GradHealth::Verdict::kOk) {
         step_now = handle_unhealthy(verdict, params, info.grad_norm);
       }
       schedule_->observe_grad_norm(info.grad_norm);
@@ -285,7 +319,9 @@ void Trainer::fit() {
         clipper_.clip(params, info.grad_norm);
         opt_.step(lr);
         if (ema_) ema_->update();
-        if (cfg_.grad_health.policy == "rollback" && opt_.steps() % cfg_.grad_health.rollback_steps == 0) take_snapshot();
+        if (cfg_.grad_health.policy == "rollback" &&
+            opt_.steps() % cfg_.grad_health.rollback_steps == 0)
+          take_snapshot();
       }
       if (scaler_) scaler_->update(found_inf);
       opt_.zero_grad();
@@ -309,16 +345,20 @@ void Trainer::fit() {
 
       if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_)) {
         last_eval_ = evaluate(eval_);
-        schedule_->observe(opt_.steps(), cfg_.schedule.monitor == "eval_loss" ? last_eval_->loss : last_eval_->accuracy);
+        schedule_->observe(opt_.steps(), cfg_.schedule.monitor == "eval_loss"
+                                             ? last_eval_->loss
+                                             : last_eval_->accuracy);
         if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
             last_eval_->accuracy >= cfg_.train.target_accuracy)
           progress_.time_to_target = seconds_before + since(fit_start);
-        const std::string why = early_.update(
-            {{"eval_loss", last_eval_->loss}, {"eval_accuracy", last_eval_->accuracy}, {"train_loss", info.loss}},
-            progress_.step);
+        const std::string why = early_.update({{"eval_loss", last_eval_->loss},
+                                               {"eval_accuracy", last_eval_->accuracy},
+                                               {"train_loss", info.loss}},
+                                              progress_.step);
         if (!why.empty()) stop_reason_ = why;
         if (auto* aug = train_.augmenter(); aug && since_eval_count_ > 0)
-          aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_, last_eval_->accuracy);
+          aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_,
+                     last_eval_->accuracy);
         since_eval_correct_ = since_eval_count_ = 0;
         for (auto& o : observers_) o->on_eval_end(*this, *last_eval_);
       }
@@ -344,11 +384,15 @@ void Trainer::fit() {
   progress_.train_seconds = seconds_before + since(fit_start);
   if (!stop_reason_.empty()) spdlog::info("[train] stopping early: {}", stop_reason_);
   for (auto& o : observers_) o->on_train_end(*this);  // checkpoints the last healthy weights
-  if (!failure_.empty()) throw RuntimeError("", failure_, "lower optim.lr, enable clip.mode, or use grad_health.policy=rollback");
+  if (!failure_.empty())
+    throw RuntimeError("", failure_,
+                       "lower optim.lr, enable clip.mode, or use grad_health.policy=rollback");
 }
 
 nlohmann::json Trainer::technique_state() const {
-  nlohmann::json j = {{"clip", clipper_.state()}, {"grad_health", health_.state()}, {"early_stopping", early_.state()}};
+  nlohmann::json j = {{"clip", clipper_.state()},
+                      {"grad_health", health_.state()},
+                      {"early_stopping", early_.state()}};
   if (scaler_) j["loss_scaler"] = scaler_->state();
   if (ema_) j["ema_updates"] = ema_->updates();
   j["schedule_gradnorm"] = schedule_->gradnorm_state();
@@ -363,10 +407,13 @@ void Trainer::load_technique_state(const nlohmann::json& j) {
   if (scaler_ && j.contains("loss_scaler")) scaler_->load(j["loss_scaler"]);
   if (ema_ && j.contains("ema_updates")) ema_->set_updates(j["ema_updates"]);
   if (j.contains("schedule_gradnorm")) schedule_->load_gradnorm_state(j["schedule_gradnorm"]);
-  if (auto* aug = train_.augmenter(); aug && j.contains("augment_strength")) aug->set_strength(j["augment_strength"]);
+  if (auto* aug = train_.augmenter(); aug && j.contains("augment_strength"))
+    aug->set_strength(j["augment_strength"]);
 }
 
-model::NamedTensors Trainer::technique_tensors() const { return ema_ ? ema_->state() : model::NamedTensors{}; }
+model::NamedTensors Trainer::technique_tensors() const {
+  return ema_ ? ema_->state() : model::NamedTensors{};
+}
 
 void Trainer::load_technique_tensors(const std::map<std::string, torch::Tensor>& t) {
   if (ema_) ema_->load(t);

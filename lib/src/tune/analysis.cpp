@@ -23,7 +23,9 @@ std::string csv_escape(const std::string& s) {
   return o + "\"";
 }
 
-std::string cell(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.is_null() ? "" : v.dump(); }
+std::string cell(const nlohmann::json& v) {
+  return v.is_string() ? v.get<std::string>() : v.is_null() ? "" : v.dump();
+}
 
 // Position of a parameter value in [0, 1] for plots and importance (categoricals: evenly spaced).
 double unit_of(const Param& p, double x) {
@@ -47,9 +49,12 @@ std::vector<double> ranks(const std::vector<double>& v) {  // average ranks for 
 
 double pearson(const std::vector<double>& a, const std::vector<double>& b) {
   const double n = double(a.size());
-  const double ma = std::accumulate(a.begin(), a.end(), 0.0) / n, mb = std::accumulate(b.begin(), b.end(), 0.0) / n;
+  const double ma = std::accumulate(a.begin(), a.end(), 0.0) / n,
+               mb = std::accumulate(b.begin(), b.end(), 0.0) / n;
   double sab = 0, saa = 0, sbb = 0;
-  for (size_t i = 0; i < a.size(); ++i) sab += (a[i] - ma) * (b[i] - mb), saa += (a[i] - ma) * (a[i] - ma), sbb += (b[i] - mb) * (b[i] - mb);
+  for (size_t i = 0; i < a.size(); ++i)
+    sab += (a[i] - ma) * (b[i] - mb), saa += (a[i] - ma) * (a[i] - ma),
+        sbb += (b[i] - mb) * (b[i] - mb);
   return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
 }
 
@@ -78,13 +83,16 @@ std::vector<double> density(const Param& p, const std::vector<double>& u) {
 
 }  // namespace
 
-nlohmann::json parameter_importance(const Space& space, const std::vector<TrialState>& trials, bool maximize) {
+nlohmann::json parameter_importance(const Space& space, const std::vector<TrialState>& trials,
+                                    bool maximize) {
   std::vector<const TrialState*> done;
   for (const auto& t : trials)
-    if (t.state == "COMPLETE" && std::isfinite(t.value) && t.x.size() == space.size()) done.push_back(&t);
+    if (t.state == "COMPLETE" && std::isfinite(t.value) && t.x.size() == space.size())
+      done.push_back(&t);
   nlohmann::json out = nlohmann::json::array();
   if (done.size() < 4) return out;
-  std::sort(done.begin(), done.end(), [&](auto a, auto b) { return maximize ? a->value > b->value : a->value < b->value; });
+  std::sort(done.begin(), done.end(),
+            [&](auto a, auto b) { return maximize ? a->value > b->value : a->value < b->value; });
   const size_t top = std::max<size_t>(2, size_t(std::ceil(0.2 * double(done.size()))));
   std::vector<double> values;
   for (const auto* t : done) values.push_back(t->value);
@@ -104,70 +112,99 @@ nlohmann::json parameter_importance(const Space& space, const std::vector<TrialS
     for (size_t g = 0; g < pa.size(); ++g) div += pa[g] * (pb[g] / pa[g] - 1) * (pb[g] / pa[g] - 1);
     raw.push_back(div);
     const double rho = space[d].numeric() ? pearson(ranks(all), rv) : NAN;
-    out.push_back({{"param", space[d].name}, {"spearman", std::isfinite(rho) ? nlohmann::json(rho) : nlohmann::json(nullptr)}});
+    out.push_back(
+        {{"param", space[d].name},
+         {"spearman", std::isfinite(rho) ? nlohmann::json(rho) : nlohmann::json(nullptr)}});
   }
   const double s = std::accumulate(raw.begin(), raw.end(), 0.0);
-  for (size_t d = 0; d < space.size(); ++d) out[d]["importance"] = s > 0 ? raw[d] / s : 1.0 / double(space.size());
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a["importance"].template get<double>() > b["importance"].template get<double>(); });
+  for (size_t d = 0; d < space.size(); ++d)
+    out[d]["importance"] = s > 0 ? raw[d] / s : 1.0 / double(space.size());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a["importance"].template get<double>() > b["importance"].template get<double>();
+  });
   return out;
 }
 
-std::string svg_bars(const std::string& title, const std::vector<std::string>& labels, const std::vector<double>& values) {
+std::string svg_bars(const std::string& title, const std::vector<std::string>& labels,
+                     const std::vector<double>& values) {
   const int W = 720, row = 26, T = 40, L = 220, R = 60;
   const int H = T + row * int(labels.size()) + 20;
   double mx = 0;
   for (double v : values) mx = std::max(mx, v);
   if (mx <= 0) mx = 1;
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << " " << H
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  o << "<text x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" viewBox=\"0 0 " << W << " " << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+       "fill=\"white\"/>\n";
+  o << "<text x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">"
+    << xml_escape(title) << "</text>\n";
   for (size_t i = 0; i < labels.size(); ++i) {
     const double y = T + row * double(i);
     const double w = (W - L - R) * values[i] / mx;
-    o << "<text x=\"" << L - 8 << "\" y=\"" << y + 16 << "\" text-anchor=\"end\">" << xml_escape(labels[i]) << "</text>\n";
-    o << "<rect x=\"" << L << "\" y=\"" << y + 4 << "\" width=\"" << w << "\" height=\"" << row - 8 << "\" fill=\"#1f77b4\"/>\n";
-    o << "<text x=\"" << L + w + 6 << "\" y=\"" << y + 16 << "\">" << config::format_fixed(values[i], 3) << "</text>\n";
+    o << "<text x=\"" << L - 8 << "\" y=\"" << y + 16 << "\" text-anchor=\"end\">"
+      << xml_escape(labels[i]) << "</text>\n";
+    o << "<rect x=\"" << L << "\" y=\"" << y + 4 << "\" width=\"" << w << "\" height=\"" << row - 8
+      << "\" fill=\"#1f77b4\"/>\n";
+    o << "<text x=\"" << L + w + 6 << "\" y=\"" << y + 16 << "\">"
+      << config::format_fixed(values[i], 3) << "</text>\n";
   }
   o << "</svg>\n";
   return o.str();
 }
 
-std::string svg_parallel(const std::string& title, const Space& space, const std::vector<TrialState>& trials, bool maximize,
+std::string svg_parallel(const std::string& title, const Space& space,
+                         const std::vector<TrialState>& trials, bool maximize,
                          const std::string& metric) {
   std::vector<const TrialState*> done;
   for (const auto& t : trials)
-    if (t.state == "COMPLETE" && std::isfinite(t.value) && t.x.size() == space.size()) done.push_back(&t);
+    if (t.state == "COMPLETE" && std::isfinite(t.value) && t.x.size() == space.size())
+      done.push_back(&t);
   const int W = 760, H = 420, L = 60, R = 60, T = 50, B = 60;
   const size_t axes = space.size() + 1;
   double lo = INFINITY, hi = -INFINITY;
   for (const auto* t : done) lo = std::min(lo, t->value), hi = std::max(hi, t->value);
   if (!(hi > lo)) hi = lo + 1;
-  auto ax = [&](size_t k) { return L + (W - L - R) * (axes > 1 ? double(k) / double(axes - 1) : 0.5); };
+  auto ax = [&](size_t k) {
+    return L + (W - L - R) * (axes > 1 ? double(k) / double(axes - 1) : 0.5);
+  };
   auto ay = [&](double u) { return T + (H - T - B) * (1 - u); };
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << " " << H
-    << "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  o << "<text x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" viewBox=\"0 0 " << W << " " << H
+    << "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" "
+       "fill=\"white\"/>\n";
+  o << "<text x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">"
+    << xml_escape(title) << "</text>\n";
   // Worse trials first, so the best are drawn on top; colour from grey (worst) to red (best).
-  std::sort(done.begin(), done.end(), [&](auto a, auto b) { return maximize ? a->value < b->value : a->value > b->value; });
+  std::sort(done.begin(), done.end(),
+            [&](auto a, auto b) { return maximize ? a->value < b->value : a->value > b->value; });
   for (const auto* t : done) {
     const double q = maximize ? (t->value - lo) / (hi - lo) : (hi - t->value) / (hi - lo);
     const int r = int(150 + 100 * q), g = int(150 - 120 * q), b = int(150 - 120 * q);
-    o << "<polyline fill=\"none\" stroke=\"rgb(" << r << "," << g << "," << b << ")\" stroke-width=\"" << (q > 0.9 ? 2.0 : 1.0) << "\" points=\"";
-    for (size_t d = 0; d < space.size(); ++d) o << ax(d) << "," << ay(unit_of(space[d], t->x[d])) << " ";
+    o << "<polyline fill=\"none\" stroke=\"rgb(" << r << "," << g << "," << b
+      << ")\" stroke-width=\"" << (q > 0.9 ? 2.0 : 1.0) << "\" points=\"";
+    for (size_t d = 0; d < space.size(); ++d)
+      o << ax(d) << "," << ay(unit_of(space[d], t->x[d])) << " ";
     o << ax(space.size()) << "," << ay((t->value - lo) / (hi - lo)) << "\"/>\n";
   }
   for (size_t k = 0; k < axes; ++k) {
     const std::string name = k < space.size() ? space[k].name : metric;
-    o << "<line x1=\"" << ax(k) << "\" x2=\"" << ax(k) << "\" y1=\"" << T << "\" y2=\"" << H - B << "\" stroke=\"#444\"/>\n";
-    o << "<text x=\"" << ax(k) << "\" y=\"" << H - B + 18 << "\" text-anchor=\"middle\">" << xml_escape(name) << "</text>\n";
+    o << "<line x1=\"" << ax(k) << "\" x2=\"" << ax(k) << "\" y1=\"" << T << "\" y2=\"" << H - B
+      << "\" stroke=\"#444\"/>\n";
+    o << "<text x=\"" << ax(k) << "\" y=\"" << H - B + 18 << "\" text-anchor=\"middle\">"
+      << xml_escape(name) << "</text>\n";
     std::string top, bottom;
-    if (k == space.size()) top = config::format_fixed(hi, 4), bottom = config::format_fixed(lo, 4);
-    else if (space[k].numeric()) top = cell(space[k].to_json(space[k].high)), bottom = cell(space[k].to_json(space[k].low));
-    else top = cell(space[k].choices.back()), bottom = cell(space[k].choices.front());
-    o << "<text x=\"" << ax(k) << "\" y=\"" << T - 6 << "\" text-anchor=\"middle\">" << xml_escape(top) << "</text>\n";
-    o << "<text x=\"" << ax(k) << "\" y=\"" << H - B + 32 << "\" text-anchor=\"middle\" fill=\"#666\">" << xml_escape(bottom) << "</text>\n";
+    if (k == space.size())
+      top = config::format_fixed(hi, 4), bottom = config::format_fixed(lo, 4);
+    else if (space[k].numeric())
+      top = cell(space[k].to_json(space[k].high)), bottom = cell(space[k].to_json(space[k].low));
+    else
+      top = cell(space[k].choices.back()), bottom = cell(space[k].choices.front());
+    o << "<text x=\"" << ax(k) << "\" y=\"" << T - 6 << "\" text-anchor=\"middle\">"
+      << xml_escape(top) << "</text>\n";
+    o << "<text x=\"" << ax(k) << "\" y=\"" << H - B + 32
+      << "\" text-anchor=\"middle\" fill=\"#666\">" << xml_escape(bottom) << "</text>\n";
   }
   o << "</svg>\n";
   return o.str();
@@ -183,15 +220,23 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
   const TrialState* best = nullptr;
   for (const auto& t : trials) {
     if (t.number < 0) continue;
-    complete += t.state == "COMPLETE", pruned += t.state == "PRUNED", failed += t.state == "FAIL", running += t.state == "RUNNING";
-    if (t.state == "COMPLETE" && std::isfinite(t.value) && (!best || (cfg.maximize ? t.value > best->value : t.value < best->value))) best = &t;
+    complete += t.state == "COMPLETE", pruned += t.state == "PRUNED", failed += t.state == "FAIL",
+        running += t.state == "RUNNING";
+    if (t.state == "COMPLETE" && std::isfinite(t.value) &&
+        (!best || (cfg.maximize ? t.value > best->value : t.value < best->value)))
+      best = &t;
     const double dur = t.attrs.value("duration_s", t.finished > 0 ? t.finished - t.started : 0.0);
-    csv << t.number << "," << t.state << "," << (std::isfinite(t.value) ? config::format_double(t.value) : "");
-    for (const auto& p : cfg.space) csv << "," << csv_escape(t.params.contains(p.name) ? cell(t.params[p.name]) : "");
-    csv << "," << t.intermediate.size() << "," << config::format_fixed(dur, 2) << "," << (t.retry_of >= 0 ? std::to_string(t.retry_of) : "") << ","
-        << csv_escape(t.reason) << "\n";
-    nlohmann::json row = {{"number", t.number}, {"state", t.state}, {"params", t.params}, {"reports", t.intermediate.size()},
-                          {"duration_s", dur}, {"reason", t.reason}, {"attrs", t.attrs}};
+    csv << t.number << "," << t.state << ","
+        << (std::isfinite(t.value) ? config::format_double(t.value) : "");
+    for (const auto& p : cfg.space)
+      csv << "," << csv_escape(t.params.contains(p.name) ? cell(t.params[p.name]) : "");
+    csv << "," << t.intermediate.size() << "," << config::format_fixed(dur, 2) << ","
+        << (t.retry_of >= 0 ? std::to_string(t.retry_of) : "") << "," << csv_escape(t.reason)
+        << "\n";
+    nlohmann::json row = {{"number", t.number}, {"state", t.state},
+                          {"params", t.params}, {"reports", t.intermediate.size()},
+                          {"duration_s", dur},  {"reason", t.reason},
+                          {"attrs", t.attrs}};
     row["value"] = std::isfinite(t.value) ? nlohmann::json(t.value) : nlohmann::json(nullptr);
     if (t.retry_of >= 0) row["retry_of"] = t.retry_of;
     jl << row.dump() << "\n";
@@ -199,23 +244,38 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
   write_file_atomic((sd / "trials.csv").string(), csv.str());
   write_file_atomic((sd / "trials.jsonl").string(), jl.str());
 
-  nlohmann::json s = {{"study", cfg.name}, {"dir", sd.string()}, {"sampler", cfg.sampler.name}, {"pruner", cfg.pruner.name},
-                      {"metric", cfg.metric}, {"direction", cfg.maximize ? "maximize" : "minimize"}, {"trials", complete + pruned + failed + running},
-                      {"complete", complete}, {"pruned", pruned}, {"failed", failed}, {"running", running}};
+  nlohmann::json s = {{"study", cfg.name},
+                      {"dir", sd.string()},
+                      {"sampler", cfg.sampler.name},
+                      {"pruner", cfg.pruner.name},
+                      {"metric", cfg.metric},
+                      {"direction", cfg.maximize ? "maximize" : "minimize"},
+                      {"trials", complete + pruned + failed + running},
+                      {"complete", complete},
+                      {"pruned", pruned},
+                      {"failed", failed},
+                      {"running", running}};
   if (best) {
-    s["best"] = {{"number", best->number}, {"value", best->value}, {"params", best->params}, {"attrs", best->attrs}};
+    s["best"] = {{"number", best->number},
+                 {"value", best->value},
+                 {"params", best->params},
+                 {"attrs", best->attrs}};
     std::string yaml;
     if (!cfg.train_config.empty()) {
       std::vector<std::string> ov = cfg.overrides;
       for (auto it = best->params.begin(); it != best->params.end(); ++it)
-        ov.push_back(it.key() + "=" + (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()));
+        ov.push_back(it.key() + "=" +
+                     (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()));
       ov.push_back("run.name=" + cfg.name + "_best");
-      yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name + " (" + cfg.metric + " " +
-             config::format_double(best->value) + "); run it with: mltrain train " + (sd / "best.yaml").string() + "\n" +
+      yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name + " (" +
+             cfg.metric + " " + config::format_double(best->value) +
+             "); run it with: mltrain train " + (sd / "best.yaml").string() + "\n" +
              config::to_yaml(config::load_experiment(cfg.train_config, ov));
     } else {
-      yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name + " (" + cfg.metric + " " + config::format_double(best->value) + ")\n";
-      for (auto it = best->params.begin(); it != best->params.end(); ++it) yaml += it.key() + ": " + it.value().dump() + "\n";
+      yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name + " (" +
+             cfg.metric + " " + config::format_double(best->value) + ")\n";
+      for (auto it = best->params.begin(); it != best->params.end(); ++it)
+        yaml += it.key() + ": " + it.value().dump() + "\n";
     }
     write_file_atomic((sd / "best.yaml").string(), yaml);
     s["best_yaml"] = (sd / "best.yaml").string();
@@ -230,7 +290,8 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
   for (const auto& t : trials) {
     if (t.state != "COMPLETE" || !std::isfinite(t.value)) continue;
     xs.push_back(t.number), ys.push_back(t.value);
-    if (!std::isfinite(run_best) || (cfg.maximize ? t.value > run_best : t.value < run_best)) run_best = t.value;
+    if (!std::isfinite(run_best) || (cfg.maximize ? t.value > run_best : t.value < run_best))
+      run_best = t.value;
     bx.push_back(t.number), by.push_back(run_best);
   }
   h.add_series("trial value", xs, ys);
@@ -239,29 +300,44 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
   std::vector<std::string> labels;
   std::vector<double> vals;
   for (const auto& r : imp) labels.push_back(r["param"]), vals.push_back(r["importance"]);
-  write_file_atomic((sd / "importance.svg").string(), svg_bars("parameter importance (PED-ANOVA style): " + cfg.name, labels, vals));
-  write_file_atomic((sd / "parallel.svg").string(), svg_parallel("parallel coordinates: " + cfg.name, cfg.space, trials, cfg.maximize, cfg.metric));
-  s["files"] = {"trials.csv", "trials.jsonl", "best.yaml", "importance.json", "history.svg", "importance.svg", "parallel.svg"};
+  write_file_atomic((sd / "importance.svg").string(),
+                    svg_bars("parameter importance (PED-ANOVA style): " + cfg.name, labels, vals));
+  write_file_atomic((sd / "parallel.svg").string(),
+                    svg_parallel("parallel coordinates: " + cfg.name, cfg.space, trials,
+                                 cfg.maximize, cfg.metric));
+  s["files"] = {"trials.csv",  "trials.jsonl",   "best.yaml",   "importance.json",
+                "history.svg", "importance.svg", "parallel.svg"};
   return s;
 }
 
 std::string study_text(const nlohmann::json& s) {
   std::ostringstream o;
-  o << "study " << s.value("study", "") << " (" << s.value("sampler", "") << " sampler, " << s.value("pruner", "") << " pruner): "
-    << s.value("trials", 0) << " trials: " << s.value("complete", 0) << " complete, " << s.value("pruned", 0) << " pruned, "
-    << s.value("failed", 0) << " failed" << (s.value("running", 0) ? ", " + std::to_string(s.value("running", 0)) + " running" : "") << "\n";
+  o << "study " << s.value("study", "") << " (" << s.value("sampler", "") << " sampler, "
+    << s.value("pruner", "") << " pruner): " << s.value("trials", 0)
+    << " trials: " << s.value("complete", 0) << " complete, " << s.value("pruned", 0) << " pruned, "
+    << s.value("failed", 0) << " failed"
+    << (s.value("running", 0) ? ", " + std::to_string(s.value("running", 0)) + " running" : "")
+    << "\n";
   if (s.contains("best")) {
-    o << "best: trial " << s["best"]["number"] << ", " << s.value("metric", "") << " = " << config::format_double(s["best"]["value"].get<double>())
-      << ", params " << s["best"]["params"].dump() << "\n";
+    o << "best: trial " << s["best"]["number"] << ", " << s.value("metric", "") << " = "
+      << config::format_double(s["best"]["value"].get<double>()) << ", params "
+      << s["best"]["params"].dump() << "\n";
     if (s.contains("best_yaml")) o << "best config: " << s["best_yaml"].get<std::string>() << "\n";
   }
   if (!s["importance"].empty()) {
-    o << "importance (PED-ANOVA style; Spearman correlation with " << s.value("metric", "") << "):\n";
+    o << "importance (PED-ANOVA style; Spearman correlation with " << s.value("metric", "")
+      << "):\n";
     for (const auto& r : s["importance"])
-      o << "  " << r["param"].get<std::string>() << "  " << config::format_fixed(r["importance"].get<double>(), 3)
-        << (r["spearman"].is_null() ? std::string() : "  (rho " + config::format_fixed(r["spearman"].get<double>(), 2) + ")") << "\n";
+      o << "  " << r["param"].get<std::string>() << "  "
+        << config::format_fixed(r["importance"].get<double>(), 3)
+        << (r["spearman"].is_null()
+                ? std::string()
+                : "  (rho " + config::format_fixed(r["spearman"].get<double>(), 2) + ")")
+        << "\n";
   }
-  o << "outputs in " << s.value("dir", "") << ": trials.csv trials.jsonl best.yaml importance.json history.svg importance.svg parallel.svg\n";
+  o << "outputs in " << s.value("dir", "")
+    << ": trials.csv trials.jsonl best.yaml importance.json history.svg importance.svg "
+       "parallel.svg\n";
   return o.str();
 }
 
@@ -270,22 +346,28 @@ std::string study_html(const std::string& dir) {
   const auto trials = read_trials(cfg.study_dir(), cfg.space);
   const auto s = write_study_outputs(cfg, trials);
   std::ostringstream h;
-  h << "<h2>Tuning study " << xml_escape(cfg.name) << "</h2>\n<p>" << s.value("trials", 0) << " trials (" << s.value("complete", 0)
-    << " complete, " << s.value("pruned", 0) << " pruned, " << s.value("failed", 0) << " failed); " << xml_escape(cfg.sampler.name)
-    << " sampler, " << xml_escape(cfg.pruner.name) << " pruner; objective: " << (cfg.maximize ? "maximize " : "minimize ")
+  h << "<h2>Tuning study " << xml_escape(cfg.name) << "</h2>\n<p>" << s.value("trials", 0)
+    << " trials (" << s.value("complete", 0) << " complete, " << s.value("pruned", 0) << " pruned, "
+    << s.value("failed", 0) << " failed); " << xml_escape(cfg.sampler.name) << " sampler, "
+    << xml_escape(cfg.pruner.name)
+    << " pruner; objective: " << (cfg.maximize ? "maximize " : "minimize ")
     << xml_escape(cfg.metric) << ".";
   if (s.contains("best"))
-    h << " Best: trial " << s["best"]["number"].get<int>() << ", " << xml_escape(cfg.metric) << " " << config::format_double(s["best"]["value"].get<double>())
-      << ", " << xml_escape(s["best"]["params"].dump()) << ".";
+    h << " Best: trial " << s["best"]["number"].get<int>() << ", " << xml_escape(cfg.metric) << " "
+      << config::format_double(s["best"]["value"].get<double>()) << ", "
+      << xml_escape(s["best"]["params"].dump()) << ".";
   h << "</p>\n<div class=\"grid\">\n";
   for (const char* f : {"history.svg", "importance.svg", "parallel.svg"})
     h << "<figure>" << read_file((cfg.study_dir() / f).string()) << "</figure>\n";
   h << "</div>\n";
   if (!s["importance"].empty()) {
-    h << "<table><tr><th>parameter</th><th>importance</th><th>Spearman rho with " << xml_escape(cfg.metric) << "</th></tr>\n";
+    h << "<table><tr><th>parameter</th><th>importance</th><th>Spearman rho with "
+      << xml_escape(cfg.metric) << "</th></tr>\n";
     for (const auto& r : s["importance"])
-      h << "<tr><td>" << xml_escape(r["param"].get<std::string>()) << "</td><td>" << config::format_fixed(r["importance"].get<double>(), 3)
-        << "</td><td>" << (r["spearman"].is_null() ? "-" : config::format_fixed(r["spearman"].get<double>(), 2)) << "</td></tr>\n";
+      h << "<tr><td>" << xml_escape(r["param"].get<std::string>()) << "</td><td>"
+        << config::format_fixed(r["importance"].get<double>(), 3) << "</td><td>"
+        << (r["spearman"].is_null() ? "-" : config::format_fixed(r["spearman"].get<double>(), 2))
+        << "</td></tr>\n";
     h << "</table>\n";
   }
   return h.str();

@@ -13,7 +13,10 @@ double branin(const std::vector<double>& x) {
 
 double hartmann6(const std::vector<double>& x) {
   static const double alpha[4] = {1.0, 1.2, 3.0, 3.2};
-  static const double A[4][6] = {{10, 3, 17, 3.5, 1.7, 8}, {0.05, 10, 17, 0.1, 8, 14}, {3, 3.5, 1.7, 10, 17, 8}, {17, 8, 0.05, 10, 0.1, 14}};
+  static const double A[4][6] = {{10, 3, 17, 3.5, 1.7, 8},
+                                 {0.05, 10, 17, 0.1, 8, 14},
+                                 {3, 3.5, 1.7, 10, 17, 8},
+                                 {17, 8, 0.05, 10, 0.1, 14}};
   static const double P[4][6] = {{1312, 1696, 5569, 124, 8283, 5886},
                                  {2329, 4135, 8307, 3736, 1004, 9991},
                                  {2348, 1451, 3522, 2883, 3047, 6650},
@@ -21,7 +24,8 @@ double hartmann6(const std::vector<double>& x) {
   double s = 0;
   for (int i = 0; i < 4; ++i) {
     double e = 0;
-    for (int j = 0; j < 6; ++j) e += A[i][j] * (x[size_t(j)] - P[i][j] * 1e-4) * (x[size_t(j)] - P[i][j] * 1e-4);
+    for (int j = 0; j < 6; ++j)
+      e += A[i][j] * (x[size_t(j)] - P[i][j] * 1e-4) * (x[size_t(j)] - P[i][j] * 1e-4);
     s += alpha[i] * std::exp(-e);
   }
   return -s;
@@ -29,13 +33,17 @@ double hartmann6(const std::vector<double>& x) {
 
 double rosenbrock(const std::vector<double>& x) {
   double s = 0;
-  for (size_t i = 0; i + 1 < x.size(); ++i) s += 100 * (x[i + 1] - x[i] * x[i]) * (x[i + 1] - x[i] * x[i]) + (1 - x[i]) * (1 - x[i]);
+  for (size_t i = 0; i + 1 < x.size(); ++i)
+    s += 100 * (x[i + 1] - x[i] * x[i]) * (x[i + 1] - x[i] * x[i]) + (1 - x[i]) * (1 - x[i]);
   return s;
 }
 
 std::vector<TestFunction> make_all() {
   std::vector<TestFunction> v;
-  v.push_back({"branin", {Param::floating("x1", -5, 10), Param::floating("x2", 0, 15)}, 0.397887357729739, branin});
+  v.push_back({"branin",
+               {Param::floating("x1", -5, 10), Param::floating("x2", 0, 15)},
+               0.397887357729739,
+               branin});
   Space h;
   for (int i = 1; i <= 6; ++i) h.push_back(Param::floating("x" + std::to_string(i), 0, 1));
   v.push_back({"hartmann6", h, -3.32236801141551, hartmann6});

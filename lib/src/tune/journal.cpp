@@ -14,7 +14,9 @@ namespace mltrain::tune {
 Journal::Journal(std::filesystem::path p) : path_(std::move(p)) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw RuntimeError(path_.string(), std::string("cannot open the study journal: ") + std::strerror(errno), "check the study folder's permissions");
+    throw RuntimeError(path_.string(),
+                       std::string("cannot open the study journal: ") + std::strerror(errno),
+                       "check the study folder's permissions");
 }
 
 Journal::~Journal() {
@@ -34,8 +36,11 @@ void Journal::append(const std::vector<nlohmann::json>& recs) {
 const std::vector<nlohmann::json>& Journal::read_unlocked() {
   struct stat st {};
   if (::fstat(fd_, &st) != 0)
-    throw RuntimeError(path_.string(), std::string("cannot stat the study journal: ") + std::strerror(errno), "check the study folder");
-  if (st.st_size < parsed_) parsed_ = 0, recs_.clear();  // replaced or truncated by hand: start over
+    throw RuntimeError(path_.string(),
+                       std::string("cannot stat the study journal: ") + std::strerror(errno),
+                       "check the study folder");
+  if (st.st_size < parsed_)
+    parsed_ = 0, recs_.clear();  // replaced or truncated by hand: start over
   std::string buf(size_t(st.st_size - parsed_), '\0');
   size_t got = 0;
   while (got < buf.size()) {
@@ -45,7 +50,8 @@ const std::vector<nlohmann::json>& Journal::read_unlocked() {
     got += size_t(k);
   }
   size_t at = 0, nl;
-  while ((nl = buf.find('\n', at)) != std::string::npos && nl < got) {  // complete lines only: a line without its newline is torn
+  while ((nl = buf.find('\n', at)) != std::string::npos &&
+         nl < got) {  // complete lines only: a line without its newline is torn
     try {
       recs_.push_back(nlohmann::json::parse(buf.begin() + long(at), buf.begin() + long(nl)));
     } catch (const std::exception&) {
@@ -70,7 +76,10 @@ void Journal::append_unlocked(const std::vector<nlohmann::json>& recs) {
   while (off < s.size()) {
     const ssize_t w = ::write(fd_, s.data() + off, s.size() - off);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) throw RuntimeError(path_.string(), std::string("journal write failed: ") + std::strerror(errno), "free disk space");
+    if (w < 0)
+      throw RuntimeError(path_.string(),
+                         std::string("journal write failed: ") + std::strerror(errno),
+                         "free disk space");
     off += size_t(w);
   }
   ::fdatasync(fd_);

@@ -16,7 +16,9 @@ double percentile_of(std::vector<double> v, double p) {  // linear interpolation
 
 class NoPruner : public Pruner {
  public:
-  bool should_prune(const TrialCurve&, const std::vector<TrialCurve>&) const override { return false; }
+  bool should_prune(const TrialCurve&, const std::vector<TrialCurve>&) const override {
+    return false;
+  }
 };
 
 class PercentilePruner : public Pruner {
@@ -30,7 +32,8 @@ class PercentilePruner : public Pruner {
     for (const auto& t : others) {
       if (t.number == me.number) continue;
       finished += t.finished;
-      if (t.finished && t.values.size() >= k && std::isfinite(t.values[k - 1])) at.push_back(t.values[k - 1]);
+      if (t.finished && t.values.size() >= k && std::isfinite(t.values[k - 1]))
+        at.push_back(t.values[k - 1]);
     }
     if (finished < o_.n_startup_trials || at.empty()) return false;
     double best = INFINITY;
@@ -51,7 +54,8 @@ class AshaPruner : public Pruner {
   AshaPruner(PrunerOptions o, int bracket = -1) : o_(std::move(o)), bracket_(bracket) {}
   bool should_prune(const TrialCurve& me, const std::vector<TrialCurve>& others) const override {
     const int eta = std::max(2, o_.reduction_factor);
-    const int b = bracket_ >= 0 ? bracket_ : (o_.name == "hyperband" ? hyperband_bracket(o_, me.number) : 0);
+    const int b =
+        bracket_ >= 0 ? bracket_ : (o_.name == "hyperband" ? hyperband_bracket(o_, me.number) : 0);
     const int64_t r0 = int64_t(o_.min_resource) * int64_t(std::pow(eta, b));
     const int64_t k = int64_t(me.values.size());
     if (k < r0) return false;
@@ -112,7 +116,8 @@ std::unique_ptr<Pruner> make_pruner(const PrunerOptions& o) {
   if (o.name == "percentile") return std::make_unique<PercentilePruner>(o);
   if (o.name == "asha") return std::make_unique<AshaPruner>(o, 0);
   if (o.name == "hyperband") return std::make_unique<AshaPruner>(o);
-  throw std::invalid_argument("unknown pruner '" + o.name + "' (use none, median, percentile, asha or hyperband)");
+  throw std::invalid_argument("unknown pruner '" + o.name +
+                              "' (use none, median, percentile, asha or hyperband)");
 }
 
 }  // namespace mltrain::tune

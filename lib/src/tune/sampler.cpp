@@ -37,7 +37,8 @@ double logsumexp(const std::vector<double>& v) {
 
 class RandomSampler : public Sampler {
  public:
-  std::optional<std::vector<double>> sample(const Space& space, const std::vector<Observation>&, uint64_t seed, int number) override {
+  std::optional<std::vector<double>> sample(const Space& space, const std::vector<Observation>&,
+                                            uint64_t seed, int number) override {
     std::mt19937_64 rng(detail::seed_for(seed, number));
     std::vector<double> x;
     for (const auto& p : space) x.push_back(p.sample(rng));
@@ -54,12 +55,17 @@ class GridSampler : public Sampler {
     for (const auto& p : space) {
       values_.push_back(p.grid_values());
       if (values_.back().empty())
-        throw std::invalid_argument("the grid sampler needs `grid: [...]` or a `step` for continuous parameter '" + p.name + "'");
+        throw std::invalid_argument(
+            "the grid sampler needs `grid: [...]` or a `step` for continuous parameter '" + p.name +
+            "'");
       total_ *= values_.back().size();
-      if (total_ > 10'000'000) throw std::invalid_argument("the grid has more than 10 million points; use tpe, gp or random");
+      if (total_ > 10'000'000)
+        throw std::invalid_argument(
+            "the grid has more than 10 million points; use tpe, gp or random");
     }
   }
-  std::optional<std::vector<double>> sample(const Space&, const std::vector<Observation>&, uint64_t seed, int number) override {
+  std::optional<std::vector<double>> sample(const Space&, const std::vector<Observation>&,
+                                            uint64_t seed, int number) override {
     if (size_t(number) >= total_) return std::nullopt;
     if (order_.empty()) {
       order_.resize(total_);
@@ -89,8 +95,8 @@ class GridSampler : public Sampler {
 // component (centre, width 1). Numeric dimensions: Gaussians truncated to [0, 1]; categorical:
 // per-component distributions over the choices.
 struct Parzen {
-  std::vector<double> logw;                     // mixture log weights, prior last
-  std::vector<std::vector<double>> mu, sigma;   // [dim][component], numeric dims
+  std::vector<double> logw;                                // mixture log weights, prior last
+  std::vector<std::vector<double>> mu, sigma;              // [dim][component], numeric dims
   std::vector<std::vector<std::vector<double>>> cat_logp;  // [dim][component][choice]
 
   static double trunc_logpdf(double u, double m, double s) {
@@ -102,14 +108,20 @@ struct Parzen {
 class TpeSampler : public Sampler {
  public:
   explicit TpeSampler(SamplerOptions o) : o_(std::move(o)) {}
-  std::string name() const override { return o_.multivariate ? "tpe (multivariate)" : "tpe (independent)"; }
+  std::string name() const override {
+    return o_.multivariate ? "tpe (multivariate)" : "tpe (independent)";
+  }
 
-  std::optional<std::vector<double>> sample(const Space& space, const std::vector<Observation>& hist, uint64_t seed, int number) override {
+  std::optional<std::vector<double>> sample(const Space& space,
+                                            const std::vector<Observation>& hist, uint64_t seed,
+                                            int number) override {
     std::mt19937_64 rng(detail::seed_for(seed, number));
     std::vector<const Observation*> complete, pruned;
     for (const auto& h : hist)
-      if (!h.pruned && std::isfinite(h.value)) complete.push_back(&h);
-      else if (h.pruned) pruned.push_back(&h);
+      if (!h.pruned && std::isfinite(h.value))
+        complete.push_back(&h);
+      else if (h.pruned)
+        pruned.push_back(&h);
     if (int(complete.size()) < o_.n_startup) {
       std::vector<double> x;
       for (const auto& p : space) x.push_back(p.sample(rng));
@@ -117,9 +129,12 @@ class TpeSampler : public Sampler {
     }
     // Good group: the best ceil(gamma * n) complete trials (at most 25); everything else is bad,
     // pruned trials included (ranked after every complete one).
-    std::sort(complete.begin(), complete.end(), [](auto a, auto b) { return a->value < b->value || (a->value == b->value && a->number < b->number); });
+    std::sort(complete.begin(), complete.end(), [](auto a, auto b) {
+      return a->value < b->value || (a->value == b->value && a->number < b->number);
+    });
     const size_t n = complete.size() + pruned.size();
-    const size_t n_below = std::clamp<size_t>(size_t(std::ceil(o_.gamma * double(n))), 1, std::min<size_t>(25, complete.size()));
+    const size_t n_below = std::clamp<size_t>(size_t(std::ceil(o_.gamma * double(n))), 1,
+                                              std::min<size_t>(25, complete.size()));
     std::vector<const Observation*> below(complete.begin(), complete.begin() + long(n_below));
     std::vector<const Observation*> above(complete.begin() + long(n_below), complete.end());
     above.insert(above.end(), pruned.begin(), pruned.end());
@@ -133,7 +148,8 @@ class TpeSampler : public Sampler {
       if (score > best_score || best.empty()) best_score = score, best = u;
     }
     std::vector<double> x;
-    for (size_t d = 0; d < space.size(); ++d) x.push_back(space[d].numeric() ? space[d].from_unit(best[d]) : best[d]);
+    for (size_t d = 0; d < space.size(); ++d)
+      x.push_back(space[d].numeric() ? space[d].from_unit(best[d]) : best[d]);
     return x;
   }
 
@@ -145,7 +161,9 @@ class TpeSampler : public Sampler {
     std::vector<double> w(n, 1.0);
     if (n >= 25) {
       const size_t ramp = n - 25;
-      for (size_t i = 0; i < ramp; ++i) w[i] = ramp == 1 ? 1.0 / double(n) : 1.0 / double(n) + (1.0 - 1.0 / double(n)) * double(i) / double(ramp - 1);
+      for (size_t i = 0; i < ramp; ++i)
+        w[i] = ramp == 1 ? 1.0 / double(n)
+                         : 1.0 / double(n) + (1.0 - 1.0 / double(n)) * double(i) / double(ramp - 1);
     }
     return w;
   }
@@ -175,7 +193,8 @@ class TpeSampler : public Sampler {
           m /= double(std::max<size_t>(n, 1));
           for (size_t i = 0; i < n; ++i) v += (mu[i] - m) * (mu[i] - m);
           const double spread = n > 1 ? std::sqrt(v / double(n - 1)) : 0.2;
-          const double s = std::max(spread, 0.1) * std::pow(double(std::max<size_t>(n, 1)), -1.0 / (numeric_dims + 4));
+          const double s = std::max(spread, 0.1) *
+                           std::pow(double(std::max<size_t>(n, 1)), -1.0 / (numeric_dims + 4));
           for (size_t i = 0; i < n; ++i) sg[i] = s;
         } else {  // distance to the farther neighbour among the sorted centres (prior included)
           std::vector<size_t> idx(K);
@@ -235,7 +254,8 @@ class TpeSampler : public Sampler {
   double logpdf(const Space& space, const Parzen& p, const std::vector<double>& u) const {
     const size_t K = p.logw.size();
     auto comp = [&](size_t d, size_t k) {
-      return space[d].numeric() ? Parzen::trunc_logpdf(u[d], p.mu[d][k], p.sigma[d][k]) : p.cat_logp[d][k][size_t(u[d])];
+      return space[d].numeric() ? Parzen::trunc_logpdf(u[d], p.mu[d][k], p.sigma[d][k])
+                                : p.cat_logp[d][k][size_t(u[d])];
     };
     if (o_.multivariate) {
       std::vector<double> terms(K);
@@ -262,8 +282,10 @@ class TpeSampler : public Sampler {
 // ---- GP-EI ----------------------------------------------------------------------------------
 
 // Minimises f (value and gradient) from x within [lo, hi] by L-BFGS with projected backtracking steps.
-double minimize_box(const std::function<double(const std::vector<double>&, std::vector<double>&)>& f, std::vector<double>& x,
-                    const std::vector<double>& lo, const std::vector<double>& hi, int iters) {
+double minimize_box(
+    const std::function<double(const std::vector<double>&, std::vector<double>&)>& f,
+    std::vector<double>& x, const std::vector<double>& lo, const std::vector<double>& hi,
+    int iters) {
   const size_t D = x.size();
   const int M = 8;
   std::vector<double> g(D), gn(D), xn(D), d(D);
@@ -275,13 +297,15 @@ double minimize_box(const std::function<double(const std::vector<double>&, std::
     d = g;
     std::vector<double> a(S.size());
     for (int i = int(S.size()) - 1; i >= 0; --i) {
-      a[size_t(i)] = rho[size_t(i)] * std::inner_product(S[size_t(i)].begin(), S[size_t(i)].end(), d.begin(), 0.0);
+      a[size_t(i)] = rho[size_t(i)] *
+                     std::inner_product(S[size_t(i)].begin(), S[size_t(i)].end(), d.begin(), 0.0);
       for (size_t j = 0; j < D; ++j) d[j] -= a[size_t(i)] * Y[size_t(i)][j];
     }
     if (!S.empty()) {
       const auto& s = S.back();
       const auto& y = Y.back();
-      const double gamma = std::inner_product(s.begin(), s.end(), y.begin(), 0.0) / std::inner_product(y.begin(), y.end(), y.begin(), 0.0);
+      const double gamma = std::inner_product(s.begin(), s.end(), y.begin(), 0.0) /
+                           std::inner_product(y.begin(), y.end(), y.begin(), 0.0);
       for (auto& v : d) v *= gamma;
     }
     for (size_t i = 0; i < S.size(); ++i) {
@@ -295,7 +319,8 @@ double minimize_box(const std::function<double(const std::vector<double>&, std::
     double slope = std::inner_product(g.begin(), g.end(), d.begin(), 0.0);
     if (slope >= 0) {  // not a descent direction: steepest descent, memory reset
       S.clear(), Y.clear(), rho.clear();
-      for (size_t j = 0; j < D; ++j) d[j] = ((x[j] <= lo[j] && g[j] > 0) || (x[j] >= hi[j] && g[j] < 0)) ? 0 : -g[j];
+      for (size_t j = 0; j < D; ++j)
+        d[j] = ((x[j] <= lo[j] && g[j] > 0) || (x[j] >= hi[j] && g[j] < 0)) ? 0 : -g[j];
       slope = std::inner_product(g.begin(), g.end(), d.begin(), 0.0);
       if (slope >= -1e-16) break;
       // Scale a steepest-descent step to at most a unit-cube-sized move.
@@ -445,7 +470,8 @@ double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
   return lml;
 }
 
-void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector<double>& yin, uint64_t seed) {
+void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector<double>& yin,
+                  uint64_t seed) {
   X = Xin, y = yin;
   const size_t D = X.empty() ? 0 : X[0].size();
   std::vector<double> lo(D + 2), hi(D + 2);
@@ -523,7 +549,8 @@ double expected_improvement(double mean, double sd, double best, double xi) {
 // log EI, accurate far into the tail (where EI itself underflows and gives no gradient).
 static double log_ei(double mean, double sd, double best, double xi) {
   const double z = (best - mean - xi) / sd;
-  if (z > -6) return std::log(std::max(z * norm_cdf(z) + std::exp(norm_logpdf(z)), 1e-300)) + std::log(sd);
+  if (z > -6)
+    return std::log(std::max(z * norm_cdf(z) + std::exp(norm_logpdf(z)), 1e-300)) + std::log(sd);
   // phi(z) + z Phi(z) ~ phi(z) / z^2 (1 - 3 / z^2) for z -> -inf (Mills ratio)
   return norm_logpdf(z) - 2 * std::log(-z) + std::log1p(-3.0 / (z * z)) + std::log(sd);
 }
@@ -542,7 +569,9 @@ class GpSampler : public Sampler {
   }
   std::string name() const override { return "gp"; }
 
-  std::optional<std::vector<double>> sample(const Space& space, const std::vector<Observation>& hist, uint64_t seed, int number) override {
+  std::optional<std::vector<double>> sample(const Space& space,
+                                            const std::vector<Observation>& hist, uint64_t seed,
+                                            int number) override {
     std::mt19937_64 rng(detail::seed_for(seed, number));
     std::vector<const Observation*> obs;
     for (const auto& h : hist)
@@ -556,7 +585,8 @@ class GpSampler : public Sampler {
     const double mean = std::accumulate(y.begin(), y.end(), 0.0) / double(y.size());
     double var = 0;
     for (double v : y) var += (v - mean) * (v - mean);
-    const double sdv = std::sqrt(var / double(y.size())) > 0 ? std::sqrt(var / double(y.size())) : 1.0;
+    const double sdv =
+        std::sqrt(var / double(y.size())) > 0 ? std::sqrt(var / double(y.size())) : 1.0;
     for (auto& v : y) v = (v - mean) / sdv;
     detail::GpModel gp;
     gp.fit(X, y, detail::seed_for(seed, number) ^ 0x5bd1e995);
@@ -586,10 +616,12 @@ class GpSampler : public Sampler {
         for (auto& v : z) v = std::clamp(v + s * N(rng), 0.0, 1.0);
         cand.emplace_back(acq(z), z);
       }
-    std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::sort(cand.begin(), cand.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<bool> cont(width_, false);
     for (size_t d = 0; d < space.size(); ++d)
-      if (space[d].kind == Param::Kind::Float && space[d].step == 0) cont[size_t(offset_[d])] = true;
+      if (space[d].kind == Param::Kind::Float && space[d].step == 0)
+        cont[size_t(offset_[d])] = true;
     std::vector<double> lo(width_, 0.0), hi(width_, 1.0);
     for (size_t j = 0; j < width_; ++j)
       if (!cont[j]) lo[j] = hi[j] = 0;  // fixed below by freezing
@@ -600,7 +632,8 @@ class GpSampler : public Sampler {
       std::vector<double> free_lo, free_hi, u;
       std::vector<size_t> idx;
       for (size_t j = 0; j < width_; ++j)
-        if (cont[j]) idx.push_back(j), u.push_back(z[j]), free_lo.push_back(0.0), free_hi.push_back(1.0);
+        if (cont[j])
+          idx.push_back(j), u.push_back(z[j]), free_lo.push_back(0.0), free_hi.push_back(1.0);
       if (idx.empty()) break;
       auto f = [&](const std::vector<double>& uu, std::vector<double>& g) {
         auto zz = z;
@@ -629,8 +662,10 @@ class GpSampler : public Sampler {
   std::vector<double> encode(const Space& space, const std::vector<double>& x) const {
     std::vector<double> z(width_, 0.0);
     for (size_t d = 0; d < space.size(); ++d)
-      if (space[d].numeric()) z[size_t(offset_[d])] = space[d].to_unit(x[d]);
-      else z[size_t(offset_[d]) + size_t(x[d])] = 1.0;
+      if (space[d].numeric())
+        z[size_t(offset_[d])] = space[d].to_unit(x[d]);
+      else
+        z[size_t(offset_[d]) + size_t(x[d])] = 1.0;
     return z;
   }
   std::vector<double> decode(const Space& space, const std::vector<double>& z) const {
@@ -649,7 +684,9 @@ class GpSampler : public Sampler {
     return x;
   }
   // What the objective will actually see: integers and steps snapped, one-hot categoricals.
-  std::vector<double> round_trip(const Space& space, const std::vector<double>& z) const { return encode(space, decode(space, z)); }
+  std::vector<double> round_trip(const Space& space, const std::vector<double>& z) const {
+    return encode(space, decode(space, z));
+  }
 
   // Trial `number` (< n) of an n-point Latin hypercube drawn from the study seed.
   std::vector<double> latin_hypercube(const Space& space, uint64_t seed, int number, int n) const {
@@ -663,7 +700,9 @@ class GpSampler : public Sampler {
       std::vector<double> jit(static_cast<size_t>(n));
       for (auto& j : jit) j = U(rng);
       const double u = (perm[size_t(number % n)] + jit[size_t(number % n)]) / n;
-      x.push_back(p.numeric() ? p.from_unit(u) : std::min(std::floor(u * double(p.n_choices())), double(p.n_choices() - 1)));
+      x.push_back(p.numeric()
+                      ? p.from_unit(u)
+                      : std::min(std::floor(u * double(p.n_choices())), double(p.n_choices() - 1)));
     }
     return x;
   }

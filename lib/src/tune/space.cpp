@@ -8,12 +8,14 @@ namespace mltrain::tune {
 
 Param Param::floating(std::string name, double low, double high, bool log, double step) {
   Param p;
-  p.kind = Kind::Float, p.name = std::move(name), p.low = low, p.high = high, p.log = log, p.step = step;
+  p.kind = Kind::Float, p.name = std::move(name), p.low = low, p.high = high, p.log = log,
+  p.step = step;
   return p;
 }
 Param Param::integer(std::string name, int64_t low, int64_t high, bool log, int64_t step) {
   Param p;
-  p.kind = Kind::Int, p.name = std::move(name), p.low = double(low), p.high = double(high), p.log = log, p.step = double(step);
+  p.kind = Kind::Int, p.name = std::move(name), p.low = double(low), p.high = double(high),
+  p.log = log, p.step = double(step);
   return p;
 }
 Param Param::categorical(std::string name, std::vector<nlohmann::json> choices) {
@@ -43,7 +45,8 @@ double Param::snap(double x) const {
 
 double Param::from_unit(double u) const {
   u = std::clamp(u, 0.0, 1.0);
-  const double x = log ? std::exp(std::log(low) + u * (std::log(high) - std::log(low))) : low + u * (high - low);
+  const double x =
+      log ? std::exp(std::log(low) + u * (std::log(high) - std::log(low))) : low + u * (high - low);
   return snap(x);
 }
 
@@ -54,7 +57,9 @@ double Param::sample(std::mt19937_64& rng) const {
     const int64_t n = int64_t(std::floor((high - low) / step + 1e-9)) + 1;
     return low + double(std::min<int64_t>(int64_t(U(rng) * double(n)), n - 1)) * step;
   }
-  if (kind == Kind::Int) {  // log-uniform over [low - 0.5, high + 0.5], rounded (each integer its log share)
+  if (kind ==
+      Kind::
+          Int) {  // log-uniform over [low - 0.5, high + 0.5], rounded (each integer its log share)
     const double a = std::log(std::max(low - 0.5, 1e-12)), b = std::log(high + 0.5);
     return snap(std::exp(a + U(rng) * (b - a)));
   }
@@ -63,9 +68,12 @@ double Param::sample(std::mt19937_64& rng) const {
 
 nlohmann::json Param::to_json(double x) const {
   switch (kind) {
-    case Kind::Categorical: return choices.at(size_t(std::clamp(std::round(x), 0.0, high)));
-    case Kind::Int: return int64_t(std::llround(x));
-    default: return x;
+    case Kind::Categorical:
+      return choices.at(size_t(std::clamp(std::round(x), 0.0, high)));
+    case Kind::Int:
+      return int64_t(std::llround(x));
+    default:
+      return x;
   }
 }
 
@@ -78,7 +86,8 @@ double Param::from_json(const nlohmann::json& v) const {
   if (!v.is_number()) throw std::invalid_argument(name + ": " + v.dump() + " is not a number");
   const double x = v.get<double>();
   if (x < low - 1e-12 * std::fabs(low) || x > high + 1e-12 * std::fabs(high))
-    throw std::invalid_argument(name + ": " + v.dump() + " is outside [" + std::to_string(low) + ", " + std::to_string(high) + "]");
+    throw std::invalid_argument(name + ": " + v.dump() + " is outside [" + std::to_string(low) +
+                                ", " + std::to_string(high) + "]");
   return x;
 }
 
@@ -88,7 +97,8 @@ std::vector<double> Param::grid_values() const {
   if (kind == Kind::Categorical) {
     for (size_t i = 0; i < choices.size(); ++i) v.push_back(double(i));
   } else if (step > 0) {
-    for (double x = low; x <= high + 1e-9 * std::max(1.0, std::fabs(high)); x += step) v.push_back(snap(x));
+    for (double x = low; x <= high + 1e-9 * std::max(1.0, std::fabs(high)); x += step)
+      v.push_back(snap(x));
   }
   return v;  // empty: a continuous parameter without a grid (the grid sampler rejects it)
 }

@@ -75,8 +75,12 @@ Replay replay(const std::vector<nlohmann::json>& recs, const Space& space) {
     if (size_t(n) >= r.trials.size() || r.trials[size_t(n)].number < 0) continue;
     auto& t = r.trials[size_t(n)];
     if (op == "report") {
-      const double v = j.contains("value") && j["value"].is_number() ? j["value"].get<double>() : NAN;  // NaN is stored as null
-      const int64_t step = j.contains("step") && j["step"].is_number() ? j["step"].get<int64_t>() : int64_t(t.intermediate.size());
+      const double v = j.contains("value") && j["value"].is_number()
+                           ? j["value"].get<double>()
+                           : NAN;  // NaN is stored as null
+      const int64_t step = j.contains("step") && j["step"].is_number()
+                               ? j["step"].get<int64_t>()
+                               : int64_t(t.intermediate.size());
       t.intermediate.emplace_back(step, v);
     } else if (op == "finish" && t.state == "RUNNING") {
       t.state = j.value("state", "FAIL");
@@ -92,7 +96,10 @@ Replay replay(const std::vector<nlohmann::json>& recs, const Space& space) {
 bool pid_alive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 // worker id: host:pid:start-time
-std::string make_worker_id() { return hostname() + ":" + std::to_string(::getpid()) + ":" + std::to_string(int64_t(now_s() * 1000)); }
+std::string make_worker_id() {
+  return hostname() + ":" + std::to_string(::getpid()) + ":" +
+         std::to_string(int64_t(now_s() * 1000));
+}
 
 bool worker_dead_here(const std::string& w) {
   const auto a = w.find(':'), b = w.find(':', a + 1);
@@ -119,11 +126,16 @@ struct Child {
 
 std::string env_name(const std::string& p) {
   std::string s = "MLTRAIN_PARAM_";
-  for (char c : p) s += std::isalnum(static_cast<unsigned char>(c)) ? char(std::toupper(static_cast<unsigned char>(c))) : '_';
+  for (char c : p)
+    s += std::isalnum(static_cast<unsigned char>(c))
+             ? char(std::toupper(static_cast<unsigned char>(c)))
+             : '_';
   return s;
 }
 
-std::string value_text(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+std::string value_text(const nlohmann::json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
 
 Child spawn(const StudyConfig& cfg, const RunStudyOptions& opt, const TrialState& t) {
   const fs::path dir = cfg.study_dir() / "trials";
@@ -134,17 +146,20 @@ Child spawn(const StudyConfig& cfg, const RunStudyOptions& opt, const TrialState
   if (!cfg.train_config.empty()) {
     argv = {opt.self_exe, "train", cfg.train_config};
     argv.insert(argv.end(), cfg.overrides.begin(), cfg.overrides.end());
-    for (auto it = t.params.begin(); it != t.params.end(); ++it) argv.push_back(it.key() + "=" + value_text(it.value()));
+    for (auto it = t.params.begin(); it != t.params.end(); ++it)
+      argv.push_back(it.key() + "=" + value_text(it.value()));
     argv.push_back("run.dir=" + dir.string());
     argv.push_back("run.name=" + std::string(name));
     argv.push_back("runtime.threads=" + std::to_string(cfg.threads));
     argv.push_back("--jsonl");
   } else {
     argv = cfg.command;
-    for (auto it = t.params.begin(); it != t.params.end(); ++it) argv.push_back("--" + it.key() + "=" + value_text(it.value()));
+    for (auto it = t.params.begin(); it != t.params.end(); ++it)
+      argv.push_back("--" + it.key() + "=" + value_text(it.value()));
   }
   std::vector<std::string> set;
-  for (auto it = t.params.begin(); it != t.params.end(); ++it) set.push_back(env_name(it.key()) + "=" + value_text(it.value()));
+  for (auto it = t.params.begin(); it != t.params.end(); ++it)
+    set.push_back(env_name(it.key()) + "=" + value_text(it.value()));
   set.push_back("MLTRAIN_TRIAL_NUMBER=" + std::to_string(t.number));
   set.push_back("MLTRAIN_TRIAL_DIR=" + (dir / name).string());
   set.push_back("OMP_NUM_THREADS=" + std::to_string(cfg.threads));
@@ -169,7 +184,8 @@ std::string last_line(const fs::path& log) {
 
 std::vector<TrialState> read_trials(const fs::path& study_dir, const Space& space) {
   if (!fs::exists(study_dir / "journal.jsonl"))
-    throw DataError(study_dir.string(), "is not a study folder (no journal.jsonl)", "pass the folder `mltrain tune` printed, e.g. runs/tune/<name>");
+    throw DataError(study_dir.string(), "is not a study folder (no journal.jsonl)",
+                    "pass the folder `mltrain tune` printed, e.g. runs/tune/<name>");
   Journal j(study_dir / "journal.jsonl");
   return replay(j.read(), space).trials;
 }
@@ -188,7 +204,9 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
     };
     const auto prev = config::load_study_file(saved.string(), {}, nullptr, /*in_folder=*/true);
     if (what_trials_mean(prev) != what_trials_mean(cfg.file))
-      throw ConfigError(cfg.source, "study '" + cfg.name + "' in " + sd.string() + " was created with another space or objective",
+      throw ConfigError(cfg.source,
+                        "study '" + cfg.name + "' in " + sd.string() +
+                            " was created with another space or objective",
                         "use a new study.name, or delete " + sd.string());
   }
   write_file_atomic(saved.string(), config::to_yaml(cfg.file));
@@ -210,8 +228,10 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
     std::vector<Observation> obs;
     for (const auto& t : ts) {
       if (t.x.empty()) continue;
-      if (t.state == "COMPLETE" && std::isfinite(t.value)) obs.push_back({t.number, t.x, sign * t.value, false});
-      else if (t.state == "PRUNED" && !t.intermediate.empty()) obs.push_back({t.number, t.x, sign * t.intermediate.back().second, true});
+      if (t.state == "COMPLETE" && std::isfinite(t.value))
+        obs.push_back({t.number, t.x, sign * t.value, false});
+      else if (t.state == "PRUNED" && !t.intermediate.empty())
+        obs.push_back({t.number, t.x, sign * t.intermediate.back().second, true});
     }
     return obs;
   };
@@ -250,7 +270,8 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
   };
 
   auto finish = [&](Child& c, const std::string& state, double value, const std::string& reason) {
-    nlohmann::json r = {{"op", "finish"}, {"trial", c.number}, {"state", state}, {"t", now_s()}, {"reason", reason}, {"attrs", c.attrs}};
+    nlohmann::json r = {{"op", "finish"}, {"trial", c.number}, {"state", state},
+                        {"t", now_s()},   {"reason", reason},  {"attrs", c.attrs}};
     if (std::isfinite(value)) r["value"] = value;
     journal.append({r});
     if (!opt.quiet) {
@@ -279,7 +300,8 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
       return;
     }
     if (!j.contains(cfg.metric) || !(j[cfg.metric].is_number() || j[cfg.metric].is_null())) return;
-    const double v = j[cfg.metric].is_null() ? NAN : j[cfg.metric].get<double>();  // JSON has no NaN: null
+    const double v =
+        j[cfg.metric].is_null() ? NAN : j[cfg.metric].get<double>();  // JSON has no NaN: null
     c.last_value = v, c.has_value = true;
     if (!j.contains("step") || c.pruned) return;
     c.values.push_back(v);
@@ -304,8 +326,12 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
         auto rp = replay(recs, cfg.space);
         for (auto& t : rp.trials)  // stale: RUNNING under a driver that is gone
           if (t.number >= 0 && t.state == "RUNNING" && t.worker != me &&
-              (worker_dead_here(t.worker) || now_s() - rp.heartbeat[t.worker] > cfg.stale_after_s)) {
-            add.push_back({{"op", "finish"}, {"trial", t.number}, {"state", "FAIL"}, {"t", now_s()},
+              (worker_dead_here(t.worker) ||
+               now_s() - rp.heartbeat[t.worker] > cfg.stale_after_s)) {
+            add.push_back({{"op", "finish"},
+                           {"trial", t.number},
+                           {"state", "FAIL"},
+                           {"t", now_s()},
                            {"reason", "stale: driver " + t.worker + " stopped"}});
             t.state = "FAIL", t.reason = "stale";
           }
@@ -334,19 +360,28 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
           next.x = *x;
           next.params = params_json(cfg.space, *x);
         }
-        nlohmann::json cr = {{"op", "create"}, {"trial", next.number}, {"params", next.params}, {"worker", me}, {"t", now_s()}};
+        nlohmann::json cr = {{"op", "create"},
+                             {"trial", next.number},
+                             {"params", next.params},
+                             {"worker", me},
+                             {"t", now_s()}};
         if (next.retry_of >= 0) cr["retry_of"] = next.retry_of;
         add.push_back(cr);
         started = true;
         return add;
       });
       if (started) {
-        if (!opt.quiet) std::cerr << "[tune] trial " << next.number << " " << next.params.dump() << (next.retry_of >= 0 ? " (retry of " + std::to_string(next.retry_of) + ")" : "") << "\n";
+        if (!opt.quiet)
+          std::cerr << "[tune] trial " << next.number << " " << next.params.dump()
+                    << (next.retry_of >= 0 ? " (retry of " + std::to_string(next.retry_of) + ")"
+                                           : "")
+                    << "\n";
         if (fn) {  // in-process test function
           Child c;
           c.number = next.number;
           const double v = fn->f(next.x);
-          finish(c, std::isfinite(v) ? "COMPLETE" : "FAIL", v, std::isfinite(v) ? "" : "diverged (value not finite)");
+          finish(c, std::isfinite(v) ? "COMPLETE" : "FAIL", v,
+                 std::isfinite(v) ? "" : "diverged (value not finite)");
         } else {
           running[next.number] = spawn(cfg, opt, next);
         }
@@ -396,19 +431,27 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
       while ((k = ::read(c.out_fd, buf, sizeof buf)) > 0) c.buf.append(buf, size_t(k));
       std::istringstream rest(c.buf);
       std::string line;
-      while (std::getline(rest, line)) handle_line(c, line, /*judge=*/false);  // exited: nothing left to prune
+      while (std::getline(rest, line))
+        handle_line(c, line, /*judge=*/false);  // exited: nothing left to prune
       ::close(c.out_fd);
       c.attrs["duration_s"] = now_s() - c.started;
       if (c.pruned) {
-        finish(c, "PRUNED", c.has_value ? c.last_value : NAN, "pruned by " + cfg.pruner.name + " at report " + std::to_string(c.values.size()));
+        finish(c, "PRUNED", c.has_value ? c.last_value : NAN,
+               "pruned by " + cfg.pruner.name + " at report " + std::to_string(c.values.size()));
       } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-        if (!c.has_value) finish(c, "FAIL", NAN, "exited 0 without reporting '" + cfg.metric + "' on stdout (JSON lines); log: " + c.log.string());
-        else if (!std::isfinite(c.last_value)) finish(c, "FAIL", NAN, "diverged (" + cfg.metric + " not finite)");
-        else finish(c, "COMPLETE", c.last_value, "");
+        if (!c.has_value)
+          finish(c, "FAIL", NAN,
+                 "exited 0 without reporting '" + cfg.metric +
+                     "' on stdout (JSON lines); log: " + c.log.string());
+        else if (!std::isfinite(c.last_value))
+          finish(c, "FAIL", NAN, "diverged (" + cfg.metric + " not finite)");
+        else
+          finish(c, "COMPLETE", c.last_value, "");
       } else {
-        std::string why = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status)) +
-                                                    (WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "")
-                                              : "exit status " + std::to_string(WEXITSTATUS(status));
+        std::string why = WIFSIGNALED(status)
+                              ? "killed by signal " + std::to_string(WTERMSIG(status)) +
+                                    (WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "")
+                              : "exit status " + std::to_string(WEXITSTATUS(status));
         const auto tail = last_line(c.log);
         if (!tail.empty()) why += ": " + tail;
         finish(c, "FAIL", NAN, why);
@@ -424,7 +467,9 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
   const auto trials = replay(journal.read(), cfg.space).trials;
   auto summary = write_study_outputs(cfg, trials);
   summary["sampler_ms_per_trial_this_run"] = sampled ? 1000.0 * sampler_s / sampled : 0.0;
-  summary["stopped_by"] = exhausted ? "grid exhausted" : (cfg.timeout_s > 0 && now_s() - t0 >= cfg.timeout_s) ? "timeout" : "n_trials";
+  summary["stopped_by"] = exhausted                                              ? "grid exhausted"
+                          : (cfg.timeout_s > 0 && now_s() - t0 >= cfg.timeout_s) ? "timeout"
+                                                                                 : "n_trials";
   write_file_atomic((sd / "summary.json").string(), summary.dump(2) + "\n");
   return summary;
 }

@@ -28,7 +28,8 @@ nlohmann::json scalar_json(const config::Scalar& c) {
   if (s == "true" || s == "True") return true;
   if (s == "false" || s == "False") return false;
   const bool numeric_start = !s.empty() &&
-                             (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '+' || s[0] == '.') &&
+                             (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' ||
+                              s[0] == '+' || s[0] == '.') &&
                              s.find_first_of("nNiI") == std::string::npos;
   if (!numeric_start) return s;
   try {
@@ -52,7 +53,8 @@ Param to_param(const std::string& name, const config::ParamSettings& p) {
     for (const auto& c : p.choices) choices.push_back(scalar_json(c));
     return Param::categorical(name, choices);
   }
-  Param q = p.type == "int" ? Param::integer(name, int64_t(p.low), int64_t(p.high), p.log, p.step > 0 ? int64_t(p.step) : 1)
+  Param q = p.type == "int" ? Param::integer(name, int64_t(p.low), int64_t(p.high), p.log,
+                                             p.step > 0 ? int64_t(p.step) : 1)
                             : Param::floating(name, p.low, p.high, p.log, p.step);
   q.grid = p.grid;
   return q;
@@ -61,11 +63,14 @@ Param to_param(const std::string& name, const config::ParamSettings& p) {
 // The schema's form of a space the tuner holds (a test function's), for the resolved study.yaml.
 config::ParamSettings to_settings(const Param& p) {
   config::ParamSettings s;
-  s.type = p.kind == Param::Kind::Float ? "float" : p.kind == Param::Kind::Int ? "int" : "categorical";
+  s.type = p.kind == Param::Kind::Float ? "float"
+           : p.kind == Param::Kind::Int ? "int"
+                                        : "categorical";
   if (p.numeric()) {
     s.low = p.low, s.high = p.high, s.log = p.log, s.step = p.step, s.grid = p.grid;
   } else {
-    for (const auto& c : p.choices) s.choices.push_back({c.is_string() ? c.get<std::string>() : c.dump(), c.is_string()});
+    for (const auto& c : p.choices)
+      s.choices.push_back({c.is_string() ? c.get<std::string>() : c.dump(), c.is_string()});
   }
   return s;
 }
@@ -75,13 +80,16 @@ void tuner_checks(const config::StudyFile& f, config::Issues& issues) {
   if (!f.objective.function.empty() && !find_test_function(f.objective.function)) {
     std::string all;
     for (const auto& n : test_function_names()) all += (all.empty() ? "" : ", ") + n;
-    issues.add_at("objective.function", "unknown test function '" + f.objective.function + "' (have: " + all + ")", "");
+    issues.add_at("objective.function",
+                  "unknown test function '" + f.objective.function + "' (have: " + all + ")", "");
     return;
   }
-  if (issues.any_under("space") || issues.any_under("sampler")) return;  // a broken space fits no sampler
+  if (issues.any_under("space") || issues.any_under("sampler"))
+    return;  // a broken space fits no sampler
   Space space;
   for (const auto& [name, p] : f.space) space.push_back(to_param(name, p));
-  if (space.empty() && !f.objective.function.empty()) space = find_test_function(f.objective.function)->space;
+  if (space.empty() && !f.objective.function.empty())
+    space = find_test_function(f.objective.function)->space;
   SamplerOptions so;
   so.name = f.sampler.name;
   try {
@@ -125,7 +133,8 @@ StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
   c.threads = int(f.trial.threads);
   c.file = f;
   for (const auto& [name, p] : f.space) c.space.push_back(to_param(name, p));
-  if (!c.function.empty()) {  // a test function is minimised, over its own space unless one is given
+  if (!c.function
+           .empty()) {  // a test function is minimised, over its own space unless one is given
     c.maximize = false;
     c.metric = "value";
     c.file.objective.direction = "minimize";
@@ -142,7 +151,8 @@ StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
 
 StudyConfig load_study_config(const std::string& path, const std::vector<std::string>& overrides) {
   StudyConfig c = from_file(config::load_study_file(path, overrides, tuner_checks), path);
-  if (c.threads == 0) c.threads = std::max(1, int(std::thread::hardware_concurrency()) / c.max_concurrent);
+  if (c.threads == 0)
+    c.threads = std::max(1, int(std::thread::hardware_concurrency()) / c.max_concurrent);
   c.file.trial.threads = c.threads;
   return c;
 }
@@ -151,10 +161,14 @@ StudyConfig study_config_from_folder(const std::string& dir) {
   const fs::path p = fs::path(dir) / "study.yaml";
   if (!fs::exists(p)) {
     const bool old = fs::exists(fs::path(dir) / "study.json");
-    throw DataError(dir, old ? "was written by an older mltrain (study.json, no study.yaml)" : "is not a study folder (no study.yaml)",
-                    old ? "rerun the study's `mltrain tune` command in a new study.dir" : "pass the folder `mltrain tune` wrote, e.g. runs/tune/<name>");
+    throw DataError(dir,
+                    old ? "was written by an older mltrain (study.json, no study.yaml)"
+                        : "is not a study folder (no study.yaml)",
+                    old ? "rerun the study's `mltrain tune` command in a new study.dir"
+                        : "pass the folder `mltrain tune` wrote, e.g. runs/tune/<name>");
   }
-  return from_file(config::load_study_file(p.string(), {}, nullptr, /*in_folder=*/true), p.string());
+  return from_file(config::load_study_file(p.string(), {}, nullptr, /*in_folder=*/true),
+                   p.string());
 }
 
 }  // namespace mltrain::tune

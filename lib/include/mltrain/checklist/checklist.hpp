@@ -15,8 +15,8 @@
 namespace mltrain::checklist {
 
 struct ChecklistOptions {
-  std::string level = "quick";                      // quick (< 30 s) | full
-  const config::ExperimentConfig* cfg = nullptr;    // the pipeline to check; null: node only
+  std::string level = "quick";                    // quick (< 30 s) | full
+  const config::ExperimentConfig* cfg = nullptr;  // the pipeline to check; null: node only
   std::string config_path;
 };
 

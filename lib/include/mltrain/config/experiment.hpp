@@ -18,7 +18,8 @@ struct RunConfig {
   std::string name = "";  // empty: the config file's stem
   std::string dir = "runs";
   int64_t seed = 0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.field("name", name, "run name; the run lives in <dir>/<name>/v<N> (empty: config file stem)");
     v.field("dir", dir, "root folder for runs");
     v.field("seed", seed, "seed for init, shuffling and dropout", non_negative<int64_t>());
@@ -31,15 +32,21 @@ struct RuntimeConfig {
   std::string allocator = "retain";
   std::string device = "auto";
   bool cudnn_benchmark = true;
-  template <class V> void visit(V& v) {
-    v.field("device", device, "where the model trains: auto (cuda when this build and machine have it, else cpu) | cpu | cuda",
+  template <class V>
+  void visit(V& v) {
+    v.field("device", device,
+            "where the model trains: auto (cuda when this build and machine have it, else cpu) | "
+            "cpu | cuda",
             one_of({"auto", "cpu", "cuda"}));
     v.field("cudnn_benchmark", cudnn_benchmark,
-            "CUDA: let cuDNN time its algorithms per input shape (fast when shapes are fixed, as with drop_last)");
+            "CUDA: let cuDNN time its algorithms per input shape (fast when shapes are fixed, as "
+            "with drop_last)");
     v.field("threads", threads, "intra-op threads (auto: all usable cores)");
-    v.field("kernel_route", kernel_route, "kernel for fp32 Linear/matmul: oneDNN sgemm or LibTorch's BLAS call",
+    v.field("kernel_route", kernel_route,
+            "kernel for fp32 Linear/matmul: oneDNN sgemm or LibTorch's BLAS call",
             one_of({"onednn", "native"}));
-    v.field("allocator", allocator, "retain: keep freed memory (no page faults per step); system: glibc defaults",
+    v.field("allocator", allocator,
+            "retain: keep freed memory (no page faults per step); system: glibc defaults",
             one_of({"retain", "system"}));
   }
 };
@@ -48,9 +55,12 @@ struct RuntimeConfig {
 struct AugOpConfig {
   double p = 0.0;
   std::vector<double> window = {0.0, 1.0};
-  template <class V> void visit(V& v) {
-    v.field("p", p, "probability per sample (mixup/cutmix: per batch); 0 = off", in_range(0.0, 1.0));
-    v.field("window", window, "[start, end] as fractions of training, e.g. [0.7, 1.0] = only the last 30%");
+  template <class V>
+  void visit(V& v) {
+    v.field("p", p, "probability per sample (mixup/cutmix: per batch); 0 = off",
+            in_range(0.0, 1.0));
+    v.field("window", window,
+            "[start, end] as fractions of training, e.g. [0.7, 1.0] = only the last 30%");
   }
 };
 
@@ -63,25 +73,33 @@ struct AugmentConfig {
   double mix_alpha = 0.2;
   bool adaptive = false;
   double adaptive_gap = 0.02, adaptive_step = 0.1;
-  template <class V> void visit(V& v) {
-    v.section("crop", crop, "random resized crop (scale and aspect-ratio ranges), bilinear, back to the input size");
+  template <class V>
+  void visit(V& v) {
+    v.section(
+        "crop", crop,
+        "random resized crop (scale and aspect-ratio ranges), bilinear, back to the input size");
     v.field("crop_scale", crop_scale, "crop: area fraction range");
     v.field("crop_ratio", crop_ratio, "crop: aspect ratio range (log-uniform)");
     v.section("flip", flip, "horizontal flip");
     v.section("rotate", rotate, "rotation by up to rotate_degrees, bilinear, background fill");
     v.field("rotate_degrees", rotate_degrees, "rotate: largest angle", in_range(0.0, 180.0));
     v.section("color", color, "brightness and contrast jitter");
-    v.field("brightness", brightness, "color: largest brightness shift (pixel units, [0,1] scale)", in_range(0.0, 1.0));
+    v.field("brightness", brightness, "color: largest brightness shift (pixel units, [0,1] scale)",
+            in_range(0.0, 1.0));
     v.field("contrast", contrast, "color: largest relative contrast change", in_range(0.0, 1.0));
     v.section("erase", erase, "random erasing / cutout of one rectangle");
     v.field("erase_scale", erase_scale, "erase: area fraction range");
     v.section("mixup", mixup, "mixup of whole batches (Zhang et al. 2018)");
     v.section("cutmix", cutmix, "cutmix of whole batches (Yun et al. 2019)");
-    v.field("mix_alpha", mix_alpha, "mixup/cutmix: Beta(alpha, alpha) mixing weight", positive<double>());
-    v.field("adaptive", adaptive, "scale magnitudes by a strength that follows the train/eval accuracy gap");
-    v.field("adaptive_gap", adaptive_gap, "adaptive: raise strength while train acc - eval acc exceeds this",
+    v.field("mix_alpha", mix_alpha, "mixup/cutmix: Beta(alpha, alpha) mixing weight",
+            positive<double>());
+    v.field("adaptive", adaptive,
+            "scale magnitudes by a strength that follows the train/eval accuracy gap");
+    v.field("adaptive_gap", adaptive_gap,
+            "adaptive: raise strength while train acc - eval acc exceeds this",
             non_negative<double>());
-    v.field("adaptive_step", adaptive_step, "adaptive: strength change per evaluation", in_range(0.0, 1.0));
+    v.field("adaptive_step", adaptive_step, "adaptive: strength change per evaluation",
+            in_range(0.0, 1.0));
   }
 };
 
@@ -102,25 +120,32 @@ struct DataConfig {
   double mean = 0.2860;  // Fashion-MNIST training-set pixel mean / std, in [0, 1] units
   double std = 0.3530;
   AugmentConfig augment;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.field("dataset", dataset, "fashion_mnist (files under root) or files (the four paths below)",
             one_of({"fashion_mnist", "files"}));
     v.field("root", root, "folder holding the fashion_mnist IDX files");
-    v.field("train_images", train_images, "training images: IDX (.gz ok), .npy or .shard (dataset: files)");
-    v.field("train_labels", train_labels, "training labels (unused for .shard, which holds labels)");
+    v.field("train_images", train_images,
+            "training images: IDX (.gz ok), .npy or .shard (dataset: files)");
+    v.field("train_labels", train_labels,
+            "training labels (unused for .shard, which holds labels)");
     v.field("test_images", test_images, "test images (dataset: files)");
     v.field("test_labels", test_labels, "test labels");
     v.field("num_classes", num_classes, "labels must lie in [0, num_classes)", positive<int64_t>());
-    v.field("limit_train", limit_train, "use only the first N training samples (0: all)", non_negative<int64_t>());
-    v.field("val_fraction", val_fraction, "hold out this fraction of training samples for validation",
-            in_range(0.0, 0.5));
+    v.field("limit_train", limit_train, "use only the first N training samples (0: all)",
+            non_negative<int64_t>());
+    v.field("val_fraction", val_fraction,
+            "hold out this fraction of training samples for validation", in_range(0.0, 0.5));
     v.field("batch_size", batch_size, "samples per optimizer step (per rank)", positive<int64_t>());
-    v.field("eval_batch_size", eval_batch_size, "samples per evaluation batch", positive<int64_t>());
-    v.field("workers", workers, "loader threads (auto: from cores; 0: load on the training thread)");
+    v.field("eval_batch_size", eval_batch_size, "samples per evaluation batch",
+            positive<int64_t>());
+    v.field("workers", workers,
+            "loader threads (auto: from cores; 0: load on the training thread)");
     v.field("prefetch", prefetch, "batches prepared ahead (bounded queue)", positive<int64_t>());
     v.field("shuffle", shuffle, "seeded shuffle, a pure function of (seed, epoch, rank, world)");
     v.field("drop_last", drop_last, "drop the last incomplete training batch");
-    v.field("pin_memory", pin_memory, "CUDA: batches in page-locked memory, copied to the GPU asynchronously");
+    v.field("pin_memory", pin_memory,
+            "CUDA: batches in page-locked memory, copied to the GPU asynchronously");
     v.field("mean", mean, "normalisation mean (pixels scaled to [0,1] first)");
     v.field("std", std, "normalisation std", positive<double>());
     v.section("augment", augment, "augmentation in the loader workers (training split only)");
@@ -139,19 +164,23 @@ struct ModelConfig {
   double dropout = 0.25;
   std::string init = "default";
   std::string path = "";
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.field("name", name, "architecture", one_of({"mlp", "cnn", "resnet", "torchscript"}));
     v.field("hidden", hidden, "mlp: hidden layer widths", each_positive());
     v.field("channels", channels, "cnn: channels of its two 5x5 conv layers", each_positive());
     v.field("fc", fc, "cnn: width of the hidden fully connected layer", positive<int64_t>());
     v.field("widths", widths, "resnet: channels per stage", each_positive());
     v.field("depths", depths, "resnet: basic blocks per stage", each_positive());
-    v.field("batchnorm", batchnorm, "BatchNorm after each conv/hidden layer (false: biased layers instead; what `mltrain fuse` writes)");
+    v.field("batchnorm", batchnorm,
+            "BatchNorm after each conv/hidden layer (false: biased layers instead; what `mltrain "
+            "fuse` writes)");
     v.field("channels_last", channels_last,
             "cnn/resnet: NHWC activations and weights (oneDNN convolutions skip layout reorders)");
     v.field("dropout", dropout, "dropout before the classifier", in_range(0.0, 0.95));
     v.field("init", init, "weight init",
-            one_of({"default", "kaiming_normal", "kaiming_uniform", "xavier_normal", "xavier_uniform", "orthogonal"}));
+            one_of({"default", "kaiming_normal", "kaiming_uniform", "xavier_normal",
+                    "xavier_uniform", "orthogonal"}));
     v.field("path", path, "torchscript: the .pt file (torch.jit.save) to train");
   }
 };
@@ -160,7 +189,8 @@ struct ParamGroupConfig {
   std::string pattern = "*";
   double lr_mult = 1.0;
   double weight_decay = -1.0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.field("pattern", pattern, "glob over parameter names (e.g. *.bias, fc*.weight)");
     v.field("lr_mult", lr_mult, "multiplies the learning rate", non_negative<double>());
     v.field("weight_decay", weight_decay, "weight decay for this group (-1: optim.weight_decay)");
@@ -176,18 +206,23 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t freeze_step = 100;
   std::vector<ParamGroupConfig> param_groups;
-  template <class V> void visit(V& v) {
-    v.field("name", name, "optimizer (onebit_adam: 1-bit Adam for data-parallel runs)", one_of({"sgd", "adam", "adamw", "onebit_adam"}));
+  template <class V>
+  void visit(V& v) {
+    v.field("name", name, "optimizer (onebit_adam: 1-bit Adam for data-parallel runs)",
+            one_of({"sgd", "adam", "adamw", "onebit_adam"}));
     v.field("lr", lr, "base learning rate", positive<double>());
     v.field("momentum", momentum, "sgd: momentum (0: none)", in_range(0.0, 1.0));
     v.field("nesterov", nesterov, "sgd: Nesterov momentum");
-    v.field("weight_decay", weight_decay, "L2 (sgd, adam) or decoupled (adamw) weight decay", non_negative<double>());
+    v.field("weight_decay", weight_decay, "L2 (sgd, adam) or decoupled (adamw) weight decay",
+            non_negative<double>());
     v.field("beta1", beta1, "adam/adamw: first-moment decay", in_range(0.0, 0.999999));
     v.field("beta2", beta2, "adam/adamw: second-moment decay", in_range(0.0, 0.999999));
     v.field("eps", eps, "adam/adamw: denominator epsilon", positive<double>());
-    v.field("freeze_step", freeze_step, "onebit_adam: exact Adam steps before the variance freezes and momenta go 1-bit",
+    v.field("freeze_step", freeze_step,
+            "onebit_adam: exact Adam steps before the variance freezes and momenta go 1-bit",
             non_negative<int64_t>());
-    v.list("param_groups", param_groups, "per-parameter-group overrides; the first matching pattern wins");
+    v.list("param_groups", param_groups,
+           "per-parameter-group overrides; the first matching pattern wins");
   }
 };
 
@@ -217,38 +252,57 @@ struct ScheduleConfig {
   double gn_beta = 0.98;
   Period gn_reference = Period::steps(100);
   double gn_min_factor = 0.1;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.field("name", name, "schedule",
-            one_of({"constant", "step", "multistep", "exponential", "cosine", "cosine_restarts", "onecycle", "plateau",
-                    "gradnorm", "cyclic", "polynomial"}));
+            one_of({"constant", "step", "multistep", "exponential", "cosine", "cosine_restarts",
+                    "onecycle", "plateau", "gradnorm", "cyclic", "polynomial"}));
     v.field("warmup", warmup, "linear warm-up in front of any schedule (never, 500u, 1ep)");
-    v.field("warmup_start", warmup_start, "warm-up starts at this fraction of the LR", in_range(0.0, 1.0));
-    v.field("gamma", gamma, "step/multistep: factor per drop; exponential: factor per step; plateau: factor",
+    v.field("warmup_start", warmup_start, "warm-up starts at this fraction of the LR",
             in_range(0.0, 1.0));
-    v.field("step_size", step_size, "step: drop every period; cyclic: rising half-cycle", period_enabled());
+    v.field("gamma", gamma,
+            "step/multistep: factor per drop; exponential: factor per step; plateau: factor",
+            in_range(0.0, 1.0));
+    v.field("step_size", step_size, "step: drop every period; cyclic: rising half-cycle",
+            period_enabled());
     v.field("milestones", milestones, "multistep: drop at these periods (after warm-up)");
-    v.field("eta_min", eta_min, "cosine, cosine_restarts: the lowest LR; cyclic: the base of each cycle (optim.lr is the peak)",
+    v.field("eta_min", eta_min,
+            "cosine, cosine_restarts: the lowest LR; cyclic: the base of each cycle (optim.lr is "
+            "the peak)",
             non_negative<double>());
     v.field("t0", t0, "cosine_restarts: length of the first cycle", period_enabled());
-    v.field("t_mult", t_mult, "cosine_restarts: each cycle is t_mult times longer", positive<int64_t>());
-    v.field("pct_start", pct_start, "onecycle: share of steps spent rising to the LR", in_range(0.0, 1.0));
+    v.field("t_mult", t_mult, "cosine_restarts: each cycle is t_mult times longer",
+            positive<int64_t>());
+    v.field("pct_start", pct_start, "onecycle: share of steps spent rising to the LR",
+            in_range(0.0, 1.0));
     v.field("div_factor", div_factor, "onecycle: initial LR = lr / div_factor", positive<double>());
-    v.field("final_div_factor", final_div_factor, "onecycle: final LR = initial / final_div_factor", positive<double>());
+    v.field("final_div_factor", final_div_factor, "onecycle: final LR = initial / final_div_factor",
+            positive<double>());
     v.field("anneal", anneal, "onecycle: annealing shape", one_of({"cos", "linear"}));
-    v.field("monitor", monitor, "plateau: metric watched at each evaluation", one_of({"eval_loss", "eval_accuracy"}));
-    v.field("mode", mode, "plateau: whether the metric should go down or up", one_of({"min", "max"}));
-    v.field("patience", patience, "plateau: evaluations without improvement before a drop", non_negative<int64_t>());
-    v.field("threshold", threshold, "plateau: relative improvement that counts", non_negative<double>());
-    v.field("cooldown", cooldown, "plateau: evaluations to wait after a drop", non_negative<int64_t>());
+    v.field("monitor", monitor, "plateau: metric watched at each evaluation",
+            one_of({"eval_loss", "eval_accuracy"}));
+    v.field("mode", mode, "plateau: whether the metric should go down or up",
+            one_of({"min", "max"}));
+    v.field("patience", patience, "plateau: evaluations without improvement before a drop",
+            non_negative<int64_t>());
+    v.field("threshold", threshold, "plateau: relative improvement that counts",
+            non_negative<double>());
+    v.field("cooldown", cooldown, "plateau: evaluations to wait after a drop",
+            non_negative<int64_t>());
     v.field("min_lr", min_lr, "plateau: lower bound", non_negative<double>());
-    v.field("step_size_down", step_size_down, "cyclic: falling half-cycle (never: same as step_size)");
-    v.field("cyclic_mode", cyclic_mode, "cyclic: triangular | triangular2 (halve each cycle) | exp_range (gamma^step)",
+    v.field("step_size_down", step_size_down,
+            "cyclic: falling half-cycle (never: same as step_size)");
+    v.field("cyclic_mode", cyclic_mode,
+            "cyclic: triangular | triangular2 (halve each cycle) | exp_range (gamma^step)",
             one_of({"triangular", "triangular2", "exp_range"}));
-    v.field("power", power, "polynomial: lr * (1 - t/T)^power over the schedule", positive<double>());
-    v.field("gn_beta", gn_beta, "gradnorm: smoothing of the gradient-norm average", in_range(0.0, 0.9999));
-    v.field("gn_reference", gn_reference, "gradnorm: the mean norm over this first period is the reference",
-            period_enabled());
-    v.field("gn_min_factor", gn_min_factor, "gradnorm: the LR never falls below this fraction", in_range(0.0, 1.0));
+    v.field("power", power, "polynomial: lr * (1 - t/T)^power over the schedule",
+            positive<double>());
+    v.field("gn_beta", gn_beta, "gradnorm: smoothing of the gradient-norm average",
+            in_range(0.0, 0.9999));
+    v.field("gn_reference", gn_reference,
+            "gradnorm: the mean norm over this first period is the reference", period_enabled());
+    v.field("gn_min_factor", gn_min_factor, "gradnorm: the LR never falls below this fraction",
+            in_range(0.0, 1.0));
   }
 };
 
@@ -258,16 +312,22 @@ struct AmpConfig {
   double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
   int64_t growth_interval = 2000;
   double min_scale = 1.0;
-  template <class V> void visit(V& v) {
-    v.field("enabled", enabled, "autocast the forward pass to dtype (the loss and optimizer stay fp32)");
-    v.field("dtype", dtype, "bf16 (CPU with AVX-512 BF16, or CUDA) or fp16 (CUDA; uses the loss scaler)",
+  template <class V>
+  void visit(V& v) {
+    v.field("enabled", enabled,
+            "autocast the forward pass to dtype (the loss and optimizer stay fp32)");
+    v.field("dtype", dtype,
+            "bf16 (CPU with AVX-512 BF16, or CUDA) or fp16 (CUDA; uses the loss scaler)",
             one_of({"bf16", "fp16"}));
     v.field("init_scale", init_scale, "fp16 loss scaler: first scale", positive<double>());
-    v.field("growth_factor", growth_factor, "fp16 loss scaler: multiply after growth_interval clean steps",
-            positive<double>());
-    v.field("backoff_factor", backoff_factor, "fp16 loss scaler: multiply on inf/nan", in_range(0.0, 1.0));
-    v.field("growth_interval", growth_interval, "fp16 loss scaler: clean steps before growing", positive<int64_t>());
-    v.field("min_scale", min_scale, "fp16 loss scaler: never below this (PyTorch's GradScaler has no floor)",
+    v.field("growth_factor", growth_factor,
+            "fp16 loss scaler: multiply after growth_interval clean steps", positive<double>());
+    v.field("backoff_factor", backoff_factor, "fp16 loss scaler: multiply on inf/nan",
+            in_range(0.0, 1.0));
+    v.field("growth_interval", growth_interval, "fp16 loss scaler: clean steps before growing",
+            positive<int64_t>());
+    v.field("min_scale", min_scale,
+            "fp16 loss scaler: never below this (PyTorch's GradScaler has no floor)",
             positive<double>());
   }
 };
@@ -279,14 +339,19 @@ struct ClipConfig {
   double percentile = 10.0;
   int64_t window = 1000;
   int64_t warmup = 100;
-  template <class V> void visit(V& v) {
-    v.field("mode", mode, "none | norm (global L2) | value (elementwise) | adaptive (AutoClip percentile)",
+  template <class V>
+  void visit(V& v) {
+    v.field("mode", mode,
+            "none | norm (global L2) | value (elementwise) | adaptive (AutoClip percentile)",
             one_of({"none", "norm", "value", "adaptive"}));
     v.field("max_norm", max_norm, "norm: largest global gradient L2 norm", positive<double>());
-    v.field("value", value, "value: clamp every gradient element to [-value, value]", positive<double>());
-    v.field("percentile", percentile, "adaptive: clip at this percentile of recent norms", in_range(0.0, 100.0));
+    v.field("value", value, "value: clamp every gradient element to [-value, value]",
+            positive<double>());
+    v.field("percentile", percentile, "adaptive: clip at this percentile of recent norms",
+            in_range(0.0, 100.0));
     v.field("window", window, "adaptive: how many recent norms", positive<int64_t>());
-    v.field("warmup", warmup, "adaptive: steps that only record norms before clipping starts", non_negative<int64_t>());
+    v.field("warmup", warmup, "adaptive: steps that only record norms before clipping starts",
+            non_negative<int64_t>());
   }
 };
 
@@ -296,17 +361,22 @@ struct GradHealthConfig {
   int64_t warmup = 50;
   int64_t rollback_steps = 50;
   double rollback_lr_factor = 0.5;
-  template <class V> void visit(V& v) {
-    v.field("policy", policy, "on a non-finite or exploding gradient: warn | skip_step | rollback | stop",
+  template <class V>
+  void visit(V& v) {
+    v.field("policy", policy,
+            "on a non-finite or exploding gradient: warn | skip_step | rollback | stop",
             one_of({"warn", "skip_step", "rollback", "stop"}));
-    v.field("explosion_factor", explosion_factor,
-            "a norm above this many times its running mean is an explosion (0: only non-finite counts)",
-            non_negative<double>());
-    v.field("warmup", warmup, "steps that build the running mean before explosions are judged", non_negative<int64_t>());
-    v.field("rollback_steps", rollback_steps, "rollback: restore the in-memory snapshot at least this many steps old",
+    v.field(
+        "explosion_factor", explosion_factor,
+        "a norm above this many times its running mean is an explosion (0: only non-finite counts)",
+        non_negative<double>());
+    v.field("warmup", warmup, "steps that build the running mean before explosions are judged",
+            non_negative<int64_t>());
+    v.field("rollback_steps", rollback_steps,
+            "rollback: restore the in-memory snapshot at least this many steps old",
             positive<int64_t>());
-    v.field("rollback_lr_factor", rollback_lr_factor, "rollback: multiply the LR by this after restoring",
-            in_range(0.0, 1.0));
+    v.field("rollback_lr_factor", rollback_lr_factor,
+            "rollback: multiply the LR by this after restoring", in_range(0.0, 1.0));
   }
 };
 
@@ -314,9 +384,11 @@ struct EmaConfig {
   bool enabled = false;
   double decay = 0.999;
   bool evaluate = true;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.field("enabled", enabled, "keep an exponential moving average of the weights (checkpointed)");
-    v.field("decay", decay, "ema = decay * ema + (1 - decay) * weights, every optimizer step", in_range(0.0, 1.0));
+    v.field("decay", decay, "ema = decay * ema + (1 - decay) * weights, every optimizer step",
+            in_range(0.0, 1.0));
     v.field("evaluate", evaluate, "evaluate (and pick best checkpoints) with the averaged weights");
   }
 };
@@ -329,13 +401,18 @@ struct StopMetricConfig {
   double stopping_threshold = NAN;
   double divergence_threshold = NAN;
   bool check_finite = true;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.field("monitor", monitor, "metric", one_of({"eval_loss", "eval_accuracy", "train_loss"}));
     v.field("mode", mode, "min or max is better", one_of({"min", "max"}));
-    v.field("min_delta", min_delta, "an improvement smaller than this does not count", non_negative<double>());
-    v.field("patience", patience, "evaluations without improvement before this metric says stop", non_negative<int64_t>());
-    v.field("stopping_threshold", stopping_threshold, "stop at once when the metric reaches this (.nan: off)");
-    v.field("divergence_threshold", divergence_threshold, "stop at once when the metric is worse than this (.nan: off)");
+    v.field("min_delta", min_delta, "an improvement smaller than this does not count",
+            non_negative<double>());
+    v.field("patience", patience, "evaluations without improvement before this metric says stop",
+            non_negative<int64_t>());
+    v.field("stopping_threshold", stopping_threshold,
+            "stop at once when the metric reaches this (.nan: off)");
+    v.field("divergence_threshold", divergence_threshold,
+            "stop at once when the metric is worse than this (.nan: off)");
     v.field("check_finite", check_finite, "stop when the metric is NaN or infinite");
   }
 };
@@ -343,8 +420,10 @@ struct StopMetricConfig {
 struct EarlyStoppingConfig {
   std::string combine = "any";
   std::vector<StopMetricConfig> metrics;
-  template <class V> void visit(V& v) {
-    v.field("combine", combine, "first: the first metric decides; any: any one stalling; all: all stalled",
+  template <class V>
+  void visit(V& v) {
+    v.field("combine", combine,
+            "first: the first metric decides; any: any one stalling; all: all stalled",
             one_of({"first", "any", "all"}));
     v.list("metrics", metrics, "monitored metrics (empty: no early stopping)");
   }
@@ -353,9 +432,12 @@ struct EarlyStoppingConfig {
 struct LabelSmoothingConfig {
   double value = 0.0;
   ScheduleConfig schedule;
-  template <class V> void visit(V& v) {
-    v.field("value", value, "label smoothing epsilon (start value when scheduled)", in_range(0.0, 1.0));
-    v.section("schedule", schedule, "how epsilon changes over training (any LR schedule shape; default constant)");
+  template <class V>
+  void visit(V& v) {
+    v.field("value", value, "label smoothing epsilon (start value when scheduled)",
+            in_range(0.0, 1.0));
+    v.section("schedule", schedule,
+              "how epsilon changes over training (any LR schedule shape; default constant)");
   }
 };
 
@@ -369,20 +451,28 @@ struct TrainConfig {
   Count accumulate = Count::of(1);
   int64_t global_batch = 0;
   std::string lr_scaling = "none";
-  template <class V> void visit(V& v) {
-    v.field("duration", duration, "how long to train (10ep, 5000u optimizer steps)", period_enabled());
+  template <class V>
+  void visit(V& v) {
+    v.field("duration", duration, "how long to train (10ep, 5000u optimizer steps)",
+            period_enabled());
     v.field("accumulate", accumulate, "micro-batches per optimizer step (auto: from global_batch)");
     v.field("global_batch", global_batch,
-            "samples per optimizer step over all ranks (0: off); accumulate: auto derives accumulate from it, "
-            "otherwise batch_size x accumulate x world must equal it", non_negative<int64_t>());
-    v.field("lr_scaling", lr_scaling, "scale optim.lr by (accumulate x world): none | linear | sqrt",
+            "samples per optimizer step over all ranks (0: off); accumulate: auto derives "
+            "accumulate from it, "
+            "otherwise batch_size x accumulate x world must equal it",
+            non_negative<int64_t>());
+    v.field("lr_scaling", lr_scaling,
+            "scale optim.lr by (accumulate x world): none | linear | sqrt",
             one_of({"none", "linear", "sqrt"}));
     v.field("eval_every", eval_every, "evaluate on the held-out split every period");
     v.field("log_every", log_every, "log training metrics every period (non-terminal output)");
-    v.field("target_accuracy", target_accuracy, "report time-to-accuracy for this test accuracy (0: off)",
-            in_range(0.0, 1.0));
-    v.field("tensorboard", tensorboard, "also write every metrics record as TensorBoard scalars (events.out.tfevents.* in the run folder)");
-    v.field("histograms_every", histograms_every, "TensorBoard histograms of every parameter every period (never: off)");
+    v.field("target_accuracy", target_accuracy,
+            "report time-to-accuracy for this test accuracy (0: off)", in_range(0.0, 1.0));
+    v.field("tensorboard", tensorboard,
+            "also write every metrics record as TensorBoard scalars (events.out.tfevents.* in the "
+            "run folder)");
+    v.field("histograms_every", histograms_every,
+            "TensorBoard histograms of every parameter every period (never: off)");
   }
 };
 
@@ -393,12 +483,15 @@ struct CheckpointConfig {
   std::string monitor = "eval_accuracy";
   std::string mode = "max";
   std::string resume = "auto";
-  template <class V> void visit(V& v) {
-    v.field("every", every, "save a checkpoint every period (also at the end and on SIGTERM/SIGINT)");
+  template <class V>
+  void visit(V& v) {
+    v.field("every", every,
+            "save a checkpoint every period (also at the end and on SIGTERM/SIGINT)");
     v.field("keep_last", keep_last, "keep the newest N checkpoints", non_negative<int64_t>());
     v.field("keep_best", keep_best, "also keep the best N by monitor", non_negative<int64_t>());
     v.field("monitor", monitor, "metric for best-k", one_of({"eval_accuracy", "eval_loss"}));
-    v.field("mode", mode, "whether larger or smaller monitor values are better", one_of({"max", "min"}));
+    v.field("mode", mode, "whether larger or smaller monitor values are better",
+            one_of({"max", "min"}));
     v.field("resume", resume,
             "auto: continue the newest unfinished run of this name; never; or a checkpoint folder");
   }
@@ -413,20 +506,33 @@ struct DistributedConfig {
   int64_t nproc_per_node = 0;
   int64_t max_restarts = 0;
   int64_t max_requeues = 3;
-  template <class V> void visit(V& v) {
-    v.field("backend", backend, "process group: gloo (CPU; NCCL builds: nccl)", one_of({"gloo", "nccl"}));
-    v.field("timeout_s", timeout_s, "a collective that takes longer fails every rank instead of hanging", positive<double>());
-    v.field("bucket_mb", bucket_mb, "gradient all-reduce bucket size (MB), launched from autograd hooks", positive<double>());
-    v.field("overlap", overlap, "launch each bucket's all-reduce during backward (false: all after backward, to measure the overlap)");
+  template <class V>
+  void visit(V& v) {
+    v.field("backend", backend, "process group: gloo (CPU; NCCL builds: nccl)",
+            one_of({"gloo", "nccl"}));
+    v.field("timeout_s", timeout_s,
+            "a collective that takes longer fails every rank instead of hanging",
+            positive<double>());
+    v.field("bucket_mb", bucket_mb,
+            "gradient all-reduce bucket size (MB), launched from autograd hooks",
+            positive<double>());
+    v.field("overlap", overlap,
+            "launch each bucket's all-reduce during backward (false: all after backward, to "
+            "measure the overlap)");
     v.field("compress", compress,
-            "gradients on the wire: none (fp32) | fp16 | bf16, pre-divided by the world size (PyTorch DDP's fp16/bf16 compress hooks); "
+            "gradients on the wire: none (fp32) | fp16 | bf16, pre-divided by the world size "
+            "(PyTorch DDP's fp16/bf16 compress hooks); "
             "half the bytes, parameters still bitwise equal across ranks",
             one_of({"none", "fp16", "bf16"}));
-    v.field("nproc_per_node", nproc_per_node, "> 1: `mltrain train` launches this many local ranks itself (as `mltrain launch`)",
+    v.field("nproc_per_node", nproc_per_node,
+            "> 1: `mltrain train` launches this many local ranks itself (as `mltrain launch`)",
             non_negative<int64_t>());
-    v.field("max_restarts", max_restarts, "with nproc_per_node: restart the group from the latest checkpoint this many times",
+    v.field("max_restarts", max_restarts,
+            "with nproc_per_node: restart the group from the latest checkpoint this many times",
             non_negative<int64_t>());
-    v.field("max_requeues", max_requeues, "Slurm (mltrain slurm): on SIGUSR1/SIGTERM checkpoint and requeue the job at most this often",
+    v.field("max_requeues", max_requeues,
+            "Slurm (mltrain slurm): on SIGUSR1/SIGTERM checkpoint and requeue the job at most this "
+            "often",
             non_negative<int64_t>());
   }
 };
@@ -447,7 +553,8 @@ struct ExperimentConfig {
   LabelSmoothingConfig label_smoothing;
   CheckpointConfig checkpoint;
   DistributedConfig distributed;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.section("run", run, "naming, output folder and seed");
     v.section("runtime", runtime, "threads, kernel route and allocator policy");
     v.section("data", data, "data set and loader");
@@ -462,13 +569,15 @@ struct ExperimentConfig {
     v.section("early_stopping", early_stopping, "stop when monitored metrics stall or diverge");
     v.section("label_smoothing", label_smoothing, "label smoothing, fixed or scheduled");
     v.section("checkpoint", checkpoint, "checkpoints and resume");
-    v.section("distributed", distributed, "data-parallel ranks (world from torchrun/Slurm variables or mltrain launch)");
+    v.section("distributed", distributed,
+              "data-parallel ranks (world from torchrun/Slurm variables or mltrain launch)");
   }
 };
 
 // Loads, applies overrides, validates (field checks and cross-field rules); throws one
 // ConfigError listing every problem. An empty path means defaults + overrides only.
-ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides);
+ExperimentConfig load_experiment(const std::string& path,
+                                 const std::vector<std::string>& overrides);
 std::string to_yaml(const ExperimentConfig& cfg);
 std::string schema_text();
 

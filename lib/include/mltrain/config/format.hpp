@@ -6,5 +6,8 @@
 namespace mltrain::config {
 std::string format_double(double v);
 std::string yaml_quote(const std::string& s);
-std::string format_fixed(double v, int decimals = 1);  // "%.<decimals>f", for reports: format_fixed(2.345, 2) == "2.35"  // always double-quoted, JSON-style escapes
+std::string format_fixed(
+    double v,
+    int decimals =
+        1);  // "%.<decimals>f", for reports: format_fixed(2.345, 2) == "2.35"  // always double-quoted, JSON-style escapes
 }  // namespace mltrain::config

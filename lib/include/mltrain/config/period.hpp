@@ -28,7 +28,7 @@ struct Period {
 
   bool enabled() const { return unit != Unit::kNever; }
   int64_t to_steps(int64_t steps_per_epoch) const;  // at least 1 when enabled
-  std::string str() const;  // canonical text; parse(str()) == *this
+  std::string str() const;                          // canonical text; parse(str()) == *this
   bool operator==(const Period& o) const { return unit == o.unit && value == o.value; }
 };
 

@@ -33,7 +33,9 @@ class Issues {
   }
   // Where each setting was read (path -> "file:line:col"), so checks across settings made after
   // reading still point at the line: add_at("space.lr.low", ...) names the line of space.lr.low.
-  void note_origin(const std::string& path, std::string origin) { origins_[path] = std::move(origin); }
+  void note_origin(const std::string& path, std::string origin) {
+    origins_[path] = std::move(origin);
+  }
   void add_at(const std::string& path, std::string message, const std::string& fallback_origin) {
     auto it = origins_.find(path);
     add(it != origins_.end() ? it->second : fallback_origin, path, std::move(message));
@@ -88,8 +90,12 @@ class Reader {
  public:
   Reader(YAML::Node node, std::string file, std::string prefix, Overrides& ov, Issues& issues,
          std::vector<std::string>& declared)
-      : node_(std::move(node)), file_(std::move(file)), prefix_(std::move(prefix)), ov_(ov),
-        issues_(issues), declared_(declared) {}
+      : node_(std::move(node)),
+        file_(std::move(file)),
+        prefix_(std::move(prefix)),
+        ov_(ov),
+        issues_(issues),
+        declared_(declared) {}
 
   template <class T>
   void field(const char* key, T& value, const char* /*doc*/, const Check<T>& check = {}) {
@@ -171,14 +177,16 @@ class Reader {
   // A mapping of user-chosen names to settings structs (tune's `space: {optim.lr: {...}}`), in
   // file order. Names may contain dots, so entries take no key=value overrides.
   template <class S>
-  void entries(const char* key, std::vector<std::pair<std::string, S>>& items, const char* /*doc*/) {
+  void entries(const char* key, std::vector<std::pair<std::string, S>>& items,
+               const char* /*doc*/) {
     const std::string path = prefix_ + key;
     declared_.push_back(path);
     keys_.push_back(key);
     if (!node_.IsMap() || !node_[key]) return;
     const YAML::Node n = node_[key];
     if (!n.IsMap()) {
-      issues_.add(mark_text(file_, n.Mark()), path, "expected a mapping of names to settings (name: {key: value, ...})");
+      issues_.add(mark_text(file_, n.Mark()), path,
+                  "expected a mapping of names to settings (name: {key: value, ...})");
       return;
     }
     items.clear();
@@ -187,7 +195,8 @@ class Reader {
       const std::string name = it->first.Scalar();
       const std::string at = path + "." + name;
       if (std::find(names.begin(), names.end(), name) != names.end()) {
-        issues_.add(mark_text(file_, it->first.Mark()), at, "duplicate name; YAML would silently keep one of them");
+        issues_.add(mark_text(file_, it->first.Mark()), at,
+                    "duplicate name; YAML would silently keep one of them");
         continue;
       }
       names.push_back(name);
@@ -197,7 +206,8 @@ class Reader {
       std::vector<std::string> sink;
       if (!it->second.IsMap())
         issues_.add(mark_text(file_, it->second.Mark()), at, "expected a mapping of settings");
-      Reader r(it->second.IsMap() ? it->second : YAML::Node(), file_, at + ".", none, issues_, sink);
+      Reader r(it->second.IsMap() ? it->second : YAML::Node(), file_, at + ".", none, issues_,
+               sink);
       item.visit(r);
       r.finish();
       items.emplace_back(name, item);

@@ -51,7 +51,9 @@ struct Check {
 };
 
 template <class T>
-Check<T> any() { return {"", nullptr}; }
+Check<T> any() {
+  return {"", nullptr};
+}
 
 template <class T>
 Check<T> positive() {
@@ -64,8 +66,10 @@ Check<T> non_negative() {
 template <class T>
 Check<T> in_range(T lo, T hi) {
   auto s = [](T x) {
-    if constexpr (std::is_floating_point_v<T>) return format_double(x);
-    else return std::to_string(x);
+    if constexpr (std::is_floating_point_v<T>)
+      return format_double(x);
+    else
+      return std::to_string(x);
   };
   std::string d = "in [" + s(lo) + ", " + s(hi) + "]";
   return {d, [lo, hi, d](const T& v) { return (v >= lo && v <= hi) ? "" : "must be " + d; }};
@@ -94,20 +98,60 @@ inline Check<Period> period_enabled() {
 }
 
 // Type names shown in the schema and in type errors.
-template <class T> const char* type_name();
-template <> inline const char* type_name<bool>() { return "bool"; }
-template <> inline const char* type_name<int64_t>() { return "int"; }
-template <> inline const char* type_name<double>() { return "float"; }
-template <> inline const char* type_name<std::string>() { return "string"; }
-template <> inline const char* type_name<std::vector<int64_t>>() { return "list of int"; }
-template <> inline const char* type_name<std::vector<double>>() { return "list of float"; }
-template <> inline const char* type_name<Period>() { return "period (10ep | 500u | never)"; }
-template <> inline const char* type_name<Count>() { return "int | auto"; }
-template <> inline const char* type_name<std::vector<Period>>() { return "list of period"; }
-template <> inline const char* type_name<Duration>() { return "duration (90s | 30m | 2h | never)"; }
-template <> inline const char* type_name<Scalar>() { return "scalar"; }
-template <> inline const char* type_name<std::vector<std::string>>() { return "list of string"; }
-template <> inline const char* type_name<std::vector<Scalar>>() { return "list of scalar"; }
+template <class T>
+const char* type_name();
+template <>
+inline const char* type_name<bool>() {
+  return "bool";
+}
+template <>
+inline const char* type_name<int64_t>() {
+  return "int";
+}
+template <>
+inline const char* type_name<double>() {
+  return "float";
+}
+template <>
+inline const char* type_name<std::string>() {
+  return "string";
+}
+template <>
+inline const char* type_name<std::vector<int64_t>>() {
+  return "list of int";
+}
+template <>
+inline const char* type_name<std::vector<double>>() {
+  return "list of float";
+}
+template <>
+inline const char* type_name<Period>() {
+  return "period (10ep | 500u | never)";
+}
+template <>
+inline const char* type_name<Count>() {
+  return "int | auto";
+}
+template <>
+inline const char* type_name<std::vector<Period>>() {
+  return "list of period";
+}
+template <>
+inline const char* type_name<Duration>() {
+  return "duration (90s | 30m | 2h | never)";
+}
+template <>
+inline const char* type_name<Scalar>() {
+  return "scalar";
+}
+template <>
+inline const char* type_name<std::vector<std::string>>() {
+  return "list of string";
+}
+template <>
+inline const char* type_name<std::vector<Scalar>>() {
+  return "list of scalar";
+}
 
 // Text form of a value, as print-config writes it and the schema shows it.
 inline std::string to_text(bool v) { return v ? "true" : "false"; }

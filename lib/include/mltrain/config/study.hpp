@@ -29,18 +29,25 @@ struct StudySettings {
   double stale_after_s = 30;
   template <class V>
   void visit(V& v) {
-    v.field("name", name, "the study's folder name under dir (and its journal's)", Check<std::string>{
-        "non-empty, no '/'", [](const std::string& s) {
-          return s.empty() || s.find('/') != std::string::npos ? "must be a non-empty name without '/'" : "";
-        }});
+    v.field("name", name, "the study's folder name under dir (and its journal's)",
+            Check<std::string>{"non-empty, no '/'", [](const std::string& s) {
+                                 return s.empty() || s.find('/') != std::string::npos
+                                            ? "must be a non-empty name without '/'"
+                                            : "";
+                               }});
     v.field("dir", dir, "folder holding studies", any<std::string>());
-    v.field("seed", seed, "sampler seed (trial k's parameters are a pure function of it)", non_negative<int64_t>());
+    v.field("seed", seed, "sampler seed (trial k's parameters are a pure function of it)",
+            non_negative<int64_t>());
     v.field("n_trials", n_trials, "trials to finish", positive<int64_t>());
     v.field("timeout", timeout, "stop starting trials after this long");
-    v.field("max_concurrent", max_concurrent, "trials run at once by this driver", positive<int64_t>());
-    v.field("max_retry", max_retry, "retries of a trial whose driver died (stale heartbeat)", non_negative<int64_t>());
-    v.field("heartbeat_s", heartbeat_s, "seconds between a driver's heartbeats", positive<double>());
-    v.field("stale_after_s", stale_after_s, "a driver silent this many seconds (or dead on this host) owns stale trials",
+    v.field("max_concurrent", max_concurrent, "trials run at once by this driver",
+            positive<int64_t>());
+    v.field("max_retry", max_retry, "retries of a trial whose driver died (stale heartbeat)",
+            non_negative<int64_t>());
+    v.field("heartbeat_s", heartbeat_s, "seconds between a driver's heartbeats",
+            positive<double>());
+    v.field("stale_after_s", stale_after_s,
+            "a driver silent this many seconds (or dead on this host) owns stale trials",
             positive<double>());
   }
 };
@@ -55,14 +62,19 @@ struct SamplerSettings {
   template <class V>
   void visit(V& v) {
     v.field("name", name, "sampler", one_of({"grid", "random", "tpe", "gp"}));
-    v.field("n_startup", n_startup, "random (tpe) or Latin-hypercube (gp) trials before the model is used",
+    v.field("n_startup", n_startup,
+            "random (tpe) or Latin-hypercube (gp) trials before the model is used",
             non_negative<int64_t>());
-    v.field("multivariate", multivariate, "tpe: one joint Parzen estimator (else one per parameter)");
-    v.field("n_candidates", n_candidates, "tpe: candidates drawn from the good trials' estimator", positive<int64_t>());
-    v.field("gamma", gamma, "tpe: share of trials in the good group", Check<double>{"in (0, 1)", [](const double& g) {
-              return g > 0 && g < 1 ? "" : "must be in (0, 1)";
-            }});
-    v.field("xi", xi, "gp: expected improvement's exploration offset (standardised units)", any<double>());
+    v.field("multivariate", multivariate,
+            "tpe: one joint Parzen estimator (else one per parameter)");
+    v.field("n_candidates", n_candidates, "tpe: candidates drawn from the good trials' estimator",
+            positive<int64_t>());
+    v.field("gamma", gamma, "tpe: share of trials in the good group",
+            Check<double>{"in (0, 1)", [](const double& g) {
+                            return g > 0 && g < 1 ? "" : "must be in (0, 1)";
+                          }});
+    v.field("xi", xi, "gp: expected improvement's exploration offset (standardised units)",
+            any<double>());
   }
 };
 
@@ -77,15 +89,19 @@ struct PrunerSettings {
   template <class V>
   void visit(V& v) {
     v.field("name", name, "pruner", one_of({"none", "median", "percentile", "asha", "hyperband"}));
-    v.field("n_startup_trials", n_startup_trials, "median/percentile: trials finished before pruning starts",
+    v.field("n_startup_trials", n_startup_trials,
+            "median/percentile: trials finished before pruning starts", non_negative<int64_t>());
+    v.field("n_warmup_steps", n_warmup_steps,
+            "median/percentile: reports of a trial before it can be pruned",
             non_negative<int64_t>());
-    v.field("n_warmup_steps", n_warmup_steps, "median/percentile: reports of a trial before it can be pruned",
-            non_negative<int64_t>());
-    v.field("percentile", percentile, "percentile: keep trials above this percentile", in_range<double>(0, 100));
-    v.field("min_resource", min_resource, "asha/hyperband: reports at the first rung", positive<int64_t>());
+    v.field("percentile", percentile, "percentile: keep trials above this percentile",
+            in_range<double>(0, 100));
+    v.field("min_resource", min_resource, "asha/hyperband: reports at the first rung",
+            positive<int64_t>());
     v.field("max_resource", max_resource, "hyperband: the largest resource (0: 27 x min_resource)",
             non_negative<int64_t>());
-    v.field("reduction_factor", reduction_factor, "asha/hyperband: 1/eta of the trials go on at each rung",
+    v.field("reduction_factor", reduction_factor,
+            "asha/hyperband: 1/eta of the trials go on at each rung",
             Check<int64_t>{">= 2", [](const int64_t& x) { return x >= 2 ? "" : "must be >= 2"; }});
   }
 };
@@ -96,9 +112,12 @@ struct ObjectiveSettings {
   std::string function;
   template <class V>
   void visit(V& v) {
-    v.field("metric", metric, "the reported value to optimise (a trial's evaluation field)", any<std::string>());
-    v.field("direction", direction, "maximize or minimize the metric", one_of({"maximize", "minimize"}));
-    v.field("function", function, "a built-in test function instead of trials (branin, hartmann6, rosenbrock4, ...)",
+    v.field("metric", metric, "the reported value to optimise (a trial's evaluation field)",
+            any<std::string>());
+    v.field("direction", direction, "maximize or minimize the metric",
+            one_of({"maximize", "minimize"}));
+    v.field("function", function,
+            "a built-in test function instead of trials (branin, hartmann6, rosenbrock4, ...)",
             any<std::string>());
   }
 };
@@ -110,11 +129,15 @@ struct TrialSettings {
   int64_t threads = 0;
   template <class V>
   void visit(V& v) {
-    v.field("train", train, "experiment config each trial trains (`mltrain train --jsonl`)", any<std::string>());
-    v.field("overrides", overrides, "key=value overrides applied before the sampled ones", any<std::vector<std::string>>());
-    v.field("command", command, "or any command: parameters as --name=value and MLTRAIN_PARAM_*, JSON lines out",
+    v.field("train", train, "experiment config each trial trains (`mltrain train --jsonl`)",
+            any<std::string>());
+    v.field("overrides", overrides, "key=value overrides applied before the sampled ones",
             any<std::vector<std::string>>());
-    v.field("threads", threads, "threads per trial (0: cores / max_concurrent)", non_negative<int64_t>());
+    v.field("command", command,
+            "or any command: parameters as --name=value and MLTRAIN_PARAM_*, JSON lines out",
+            any<std::vector<std::string>>());
+    v.field("threads", threads, "threads per trial (0: cores / max_concurrent)",
+            non_negative<int64_t>());
   }
 };
 
@@ -131,9 +154,11 @@ struct ParamSettings {
     v.field("low", low, "float/int: lower bound", any<double>());
     v.field("high", high, "float/int: upper bound", any<double>());
     v.field("log", log, "float/int: sample on a log scale (low > 0)");
-    v.field("step", step, "float: grid step (0: continuous); int: step (0: 1)", non_negative<double>());
+    v.field("step", step, "float: grid step (0: continuous); int: step (0: 1)",
+            non_negative<double>());
     v.field("choices", choices, "categorical: the values", any<std::vector<Scalar>>());
-    v.field("grid", grid, "float/int: explicit values for the grid sampler", any<std::vector<double>>());
+    v.field("grid", grid, "float/int: explicit values for the grid sampler",
+            any<std::vector<double>>());
   }
 };
 
@@ -151,7 +176,8 @@ struct StudyFile {
     v.section("pruner", pruner, "how unpromising trials are stopped early");
     v.section("objective", objective, "what is optimised");
     v.section("trial", trial, "what a trial runs");
-    v.entries("space", space, "parameter name (an experiment key path for trial.train) -> its range");
+    v.entries("space", space,
+              "parameter name (an experiment key path for trial.train) -> its range");
   }
 };
 

@@ -14,7 +14,8 @@ namespace mltrain::config {
 
 class YamlWriter {
  public:
-  explicit YamlWriter(int indent = 0, bool first_dash = false) : indent_(indent), dash_(first_dash) {}
+  explicit YamlWriter(int indent = 0, bool first_dash = false)
+      : indent_(indent), dash_(first_dash) {}
 
   template <class T>
   void field(const char* key, T& value, const char*, const Check<T>& = {}) {
@@ -49,8 +50,10 @@ class YamlWriter {
     line(std::string(key) + ":");
     for (auto& [name, item] : items) {
       YamlWriter w(indent_ + 2);
-      const bool plain = !name.empty() && name.find_first_not_of(
-          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == std::string::npos;
+      const bool plain = !name.empty() &&
+                         name.find_first_not_of(
+                             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") ==
+                             std::string::npos;
       w.line((plain ? name : yaml_quote(name)) + ":");
       YamlWriter inner(indent_ + 4);
       item.visit(inner);

@@ -57,7 +57,8 @@ inline bool mkldnn_available() { return at::hasMKLDNN(); }
 // the GPU (a data-parallel rank's LOCAL_RANK).
 inline torch::Device resolve_device(const std::string& name, int index = 0) {
   if (name == "cpu") return torch::kCPU;
-  if (name == "cuda" || (name == "auto" && cuda_available())) return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  if (name == "cuda" || (name == "auto" && cuda_available()))
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
   return torch::kCPU;
 }
 
@@ -210,7 +211,8 @@ class AutocastGuard {
     at::autocast::set_autocast_enabled(dev, true);
 #else
     prev_on_ = cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-    prev_dtype_ = cuda ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+    prev_dtype_ =
+        cuda ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
     if (cuda) {
       at::autocast::set_autocast_gpu_dtype(dtype);
       at::autocast::set_enabled(true);

@@ -11,9 +11,9 @@ namespace mltrain {
 
 enum ExitCode : int {
   kExitOk = 0,
-  kExitRuntime = 1,    // anything unexpected while running
-  kExitUsage = 2,      // command line or config error
-  kExitBadInput = 3,   // bad data file or checkpoint
+  kExitRuntime = 1,      // anything unexpected while running
+  kExitUsage = 2,        // command line or config error
+  kExitBadInput = 3,     // bad data file or checkpoint
   kExitCheckFailed = 4,  // `mltrain checklist` found a FAIL item
   kExitSignalBase = 128  // 128 + N: stopped cleanly (after a checkpoint) on signal N
 };
@@ -23,7 +23,9 @@ class Error : public std::runtime_error {
  public:
   Error(std::string where, std::string message, std::string fix = "")
       : std::runtime_error(compose(where, message, fix)),
-        where_(std::move(where)), message_(std::move(message)), fix_(std::move(fix)) {}
+        where_(std::move(where)),
+        message_(std::move(message)),
+        fix_(std::move(fix)) {}
   virtual int exit_code() const { return kExitRuntime; }
   const std::string& where() const { return where_; }
   const std::string& message() const { return message_; }
@@ -57,7 +59,8 @@ struct RuntimeError : Error {
 // Thrown by the trainer after it has written a checkpoint in response to a stop signal.
 class Interrupted : public std::exception {
  public:
-  explicit Interrupted(int signal) : signal_(signal), text_("stopped by signal " + std::to_string(signal)) {}
+  explicit Interrupted(int signal)
+      : signal_(signal), text_("stopped by signal " + std::to_string(signal)) {}
   int signal() const { return signal_; }
   const char* what() const noexcept override { return text_.c_str(); }
 

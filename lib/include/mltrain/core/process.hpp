@@ -21,7 +21,7 @@ std::vector<std::string> environment_with(const std::vector<std::string>& set);
 // parent, even a SIGKILLed one. The child's stdout goes to a pipe whose read end is returned in
 // *stdout_fd; its stderr to stderr_path (truncated first), or to the same pipe when empty.
 // own_group: the child leads a new process group (signal it and its children with kill(-pid)).
-pid_t spawn_child(const std::vector<std::string>& argv, const std::vector<std::string>& env, int* stdout_fd,
-                  const std::string& stderr_path, bool own_group);
+pid_t spawn_child(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                  int* stdout_fd, const std::string& stderr_path, bool own_group);
 
 }  // namespace mltrain

@@ -45,7 +45,8 @@ struct SplitMix {
       } while (v <= 0);
       v = v * v * v;
       const double u = uniform();
-      if (u < 1 - 0.0331 * x * x * x * x || std::log(u) < 0.5 * x * x + d * (1 - v + std::log(v))) return d * v;
+      if (u < 1 - 0.0331 * x * x * x * x || std::log(u) < 0.5 * x * x + d * (1 - v + std::log(v)))
+        return d * v;
     }
   }
   double beta(double a, double b) {

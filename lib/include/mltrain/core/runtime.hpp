@@ -14,7 +14,7 @@
 namespace mltrain::runtime {
 
 struct RuntimeOptions {
-  int threads = 0;                    // intra-op threads; 0 = every core this process may use
+  int threads = 0;                      // intra-op threads; 0 = every core this process may use
   std::string kernel_route = "onednn";  // onednn | native
   std::string allocator = "retain";     // retain | system
 };
@@ -31,7 +31,7 @@ std::string kernel_route();
 // the training loop stops page-faulting; "system": glibc's defaults.
 void set_allocator_policy(const std::string& policy);
 
-int usable_cores();  // sched_getaffinity count
+int usable_cores();         // sched_getaffinity count
 nlohmann::json describe();  // threads, route, allocator, versions, CPU flags
 
 // Minor page faults of this process so far (getrusage), and peak RSS in KiB.

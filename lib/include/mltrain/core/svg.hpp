@@ -27,8 +27,9 @@ class SvgChart {
 };
 
 // A heat map of values[row][col] over the axes, colour from low (dark blue) to high (yellow).
-std::string svg_heatmap(const std::string& title, const std::vector<double>& x_axis, const std::vector<double>& y_axis,
-                        const std::vector<double>& values, const std::string& x_label, const std::string& y_label);
+std::string svg_heatmap(const std::string& title, const std::vector<double>& x_axis,
+                        const std::vector<double>& y_axis, const std::vector<double>& values,
+                        const std::string& x_label, const std::string& y_label);
 
 std::string xml_escape(const std::string& s);
 

@@ -20,8 +20,8 @@ namespace mltrain::data {
 
 struct MixResult {
   bool mixed = false;
-  double lam = 1.0;    // weight of the original labels
-  torch::Tensor y2;    // partner labels
+  double lam = 1.0;  // weight of the original labels
+  torch::Tensor y2;  // partner labels
 };
 
 class Augmenter {

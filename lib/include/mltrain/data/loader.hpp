@@ -34,17 +34,17 @@ struct LoaderOptions {
 
 // Indices this rank visits in `epoch`. Every rank gets floor(N / world) samples of one global
 // permutation (strided by rank), so the union over ranks is a permutation without repeats.
-std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
-                                 bool shuffle);
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank,
+                                 int64_t world, bool shuffle);
 
 // Workers for `auto`: enough to keep one consumer fed without starving the compute threads.
 int64_t auto_workers(int64_t cores);
 
 struct Batch {
-  torch::Tensor x, y;  // x: float [B, sample_shape...], y: int64 [B]
-  torch::Tensor y2;    // mixup/cutmix partner labels (undefined when not mixed)
-  double lam = 1.0;    // weight of y in the loss; 1 - lam for y2
-  int64_t index = -1;  // batch number within the epoch
+  torch::Tensor x, y;           // x: float [B, sample_shape...], y: int64 [B]
+  torch::Tensor y2;             // mixup/cutmix partner labels (undefined when not mixed)
+  double lam = 1.0;             // weight of y in the loss; 1 - lam for y2
+  int64_t index = -1;           // batch number within the epoch
   std::shared_ptr<void> lease;  // releases the slot when the last copy goes away
 };
 
@@ -75,7 +75,8 @@ class Loader {
   struct State;
   void stop_workers();
   void fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& y2, double& lam);
-  template <class Slot> void timed_fill(int64_t b, Slot& slot);
+  template <class Slot>
+  void timed_fill(int64_t b, Slot& slot);
   Dataset ds_;
   LoaderOptions opt_;
   std::shared_ptr<State> st_;

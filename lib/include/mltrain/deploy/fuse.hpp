@@ -18,19 +18,20 @@
 namespace mltrain::deploy {
 
 struct FuseOptions {
-  std::string out_dir;     // default: <run>/fused
-  int64_t batches = 8;     // test batches of 128 compared
-  double tolerance = 1e-4; // max |logit difference| allowed, relative to max(1, max |logit|)
+  std::string out_dir;      // default: <run>/fused
+  int64_t batches = 8;      // test batches of 128 compared
+  double tolerance = 1e-4;  // max |logit difference| allowed, relative to max(1, max |logit|)
 };
 
 // The folding algebra for one layer (weight [O, ...], bias [O] or undefined).
-std::pair<torch::Tensor, torch::Tensor> fold_batchnorm(const torch::Tensor& weight, const torch::Tensor& bias,
-                                                       const torch::Tensor& gamma, const torch::Tensor& beta,
-                                                       const torch::Tensor& mean, const torch::Tensor& var, double eps);
+std::pair<torch::Tensor, torch::Tensor> fold_batchnorm(
+    const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& gamma,
+    const torch::Tensor& beta, const torch::Tensor& mean, const torch::Tensor& var, double eps);
 
 // Inference samples/s of f on one batch: 5 warm-up calls, then the best of 3 blocks of 10 (this
 // VM's timing noise is about 10 %). Shared by fuse and quantize so their ratios mean the same.
-double batch_throughput(const std::function<torch::Tensor(const torch::Tensor&)>& f, const torch::Tensor& batch);
+double batch_throughput(const std::function<torch::Tensor(const torch::Tensor&)>& f,
+                        const torch::Tensor& batch);
 
 nlohmann::json fuse_run(const std::string& run_or_checkpoint, const FuseOptions& opt);
 std::string fuse_text(const nlohmann::json& report);

@@ -28,7 +28,8 @@ QParams affine_qparams(float min, float max, int64_t qmin, int64_t qmax);
 // scale = max(|min|, |max|) / ((qmax - qmin) / 2); zero_point 0 (signed) or (qmin + qmax + 1) / 2 (unsigned).
 QParams symmetric_qparams(float min, float max, int64_t qmin, int64_t qmax);
 // One QParams per slice along `axis` (output channels of a conv/linear weight).
-std::vector<QParams> per_channel_symmetric(const torch::Tensor& w, int64_t qmin, int64_t qmax, int64_t axis = 0);
+std::vector<QParams> per_channel_symmetric(const torch::Tensor& w, int64_t qmin, int64_t qmax,
+                                           int64_t axis = 0);
 
 // x (float) to per-tensor affine quint8 with q, the same integers as torch::quantize_per_tensor
 // (nearbyint(x / scale) + zero_point, clamped) in four vectorised passes: LibTorch 1.13's own
@@ -70,7 +71,8 @@ class MovingAverageMinMaxObserver : public RangeObserver {
 // sampling beyond), with linear interpolation between order statistics (numpy's default).
 class PercentileObserver : public RangeObserver {
  public:
-  explicit PercentileObserver(double p = 99.99, size_t max_values = 1 << 22) : p_(p), cap_(max_values) {}
+  explicit PercentileObserver(double p = 99.99, size_t max_values = 1 << 22)
+      : p_(p), cap_(max_values) {}
   void observe(const torch::Tensor& x) override;
   std::pair<float, float> range() const override;
   std::string name() const override { return "percentile"; }
@@ -102,6 +104,7 @@ class EntropyObserver : public RangeObserver {
   PercentileObserver keep_;
 };
 
-std::unique_ptr<RangeObserver> make_observer(const std::string& name);  // minmax | moving_average_minmax | percentile | entropy
+std::unique_ptr<RangeObserver> make_observer(
+    const std::string& name);  // minmax | moving_average_minmax | percentile | entropy
 
 }  // namespace mltrain::deploy

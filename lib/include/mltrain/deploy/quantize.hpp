@@ -24,16 +24,18 @@
 namespace mltrain::deploy {
 
 struct QuantizeOptions {
-  int64_t calib_batches = 16;         // training batches of 128 seen by the observers
-  std::string observer = "minmax";    // minmax | moving_average_minmax | percentile | entropy
-  std::string mode = "static";        // static | dynamic
-  std::vector<std::string> exclude;   // layer names kept fp32 (see the report's "layers")
-  bool sensitivity = false;           // quantize one layer at a time on the eval split
-  int64_t sensitivity_samples = 10000; // eval samples per sensitivity pass (one sample = 0.01 points at 10 000)
-  double sensitivity_threshold = 0.2; // points of accuracy; layers that lose more are proposed for exclusion
-  std::string out_dir;                // default <run>/quantized
-  std::string cache_dir;              // default <out>/calib_cache; "off" disables the cache
-  std::string engine = "auto";        // auto | onednn | qnnpack
+  int64_t calib_batches = 16;        // training batches of 128 seen by the observers
+  std::string observer = "minmax";   // minmax | moving_average_minmax | percentile | entropy
+  std::string mode = "static";       // static | dynamic
+  std::vector<std::string> exclude;  // layer names kept fp32 (see the report's "layers")
+  bool sensitivity = false;          // quantize one layer at a time on the eval split
+  int64_t sensitivity_samples =
+      10000;  // eval samples per sensitivity pass (one sample = 0.01 points at 10 000)
+  double sensitivity_threshold =
+      0.2;                // points of accuracy; layers that lose more are proposed for exclusion
+  std::string out_dir;    // default <run>/quantized
+  std::string cache_dir;  // default <out>/calib_cache; "off" disables the cache
+  std::string engine = "auto";  // auto | onednn | qnnpack
 };
 
 nlohmann::json quantize_run(const std::string& run_or_checkpoint, const QuantizeOptions& opt);

@@ -36,8 +36,9 @@ bool nccl_group_compiled();  // distributed.backend=nccl available (a CUDA LibTo
 struct CommOptions {
   std::string backend = "gloo";  // gloo | nccl
   double timeout_s = 300;
-  std::string store_dir;                 // FileStore folder (default: $TMPDIR)
-  torch::Device device = torch::kCPU;    // nccl: this rank's GPU; CPU tensors handed to Comm are staged through it
+  std::string store_dir;  // FileStore folder (default: $TMPDIR)
+  torch::Device device =
+      torch::kCPU;  // nccl: this rank's GPU; CPU tensors handed to Comm are staged through it
 };
 
 class Comm {
@@ -83,11 +84,12 @@ class DataParallel {
  public:
   // compress: "none", or "fp16"/"bf16": each bucket is divided by the world size and sent in that
   // type (every rank decodes the same reduced bytes, so parameters stay bitwise equal).
-  DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers, int64_t bucket_bytes,
-               bool overlap = true, const std::string& compress = "none");
+  DataParallel(Comm& comm, const model::NamedTensors& params, const model::NamedTensors& buffers,
+               int64_t bucket_bytes, bool overlap = true, const std::string& compress = "none");
   ~DataParallel();
   void broadcast_initial();
-  void broadcast_buffers();  // rank 0's BatchNorm statistics to every rank (PyTorch DDP's broadcast_buffers)
+  void
+  broadcast_buffers();  // rank 0's BatchNorm statistics to every rank (PyTorch DDP's broadcast_buffers)
   void begin_backward(bool final_micro_step);
   void finish_backward();
   double comm_wait_seconds() const { return wait_s_; }

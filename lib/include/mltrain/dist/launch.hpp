@@ -32,7 +32,7 @@ struct LaunchOptions {
 };
 
 struct LaunchResult {
-  int exit_code = 0;   // 0, or the failing worker's status (1 when it died of a signal)
+  int exit_code = 0;  // 0, or the failing worker's status (1 when it died of a signal)
   int failed_rank = -1;
   std::string failure;  // "rank 1 killed by signal 9" ...
   int restarts = 0;
@@ -44,6 +44,7 @@ LaunchResult launch(const LaunchOptions& o);
 // launcher around (neither RANK nor SLURM_PROCID set), this process becomes the launcher of
 // nproc_per_node copies of `command` and the launch's exit code is returned (its failure printed);
 // nullopt means: train in this process.
-std::optional<int> launch_if_configured(const config::DistributedConfig& cfg, const std::vector<std::string>& command);
+std::optional<int> launch_if_configured(const config::DistributedConfig& cfg,
+                                        const std::vector<std::string>& command);
 
 }  // namespace mltrain::dist

@@ -27,9 +27,10 @@ struct World {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "single";  // single | torchrun | slurm
-  std::string run_id;             // names the rendezvous (FileStore path) so a stale store is never reused
-  int restart = 0;                // TORCHELASTIC_RESTART_COUNT (mltrain launch sets it too)
-  bool agent_store = false;       // torchrun hosts the TCPStore at MASTER_ADDR:MASTER_PORT; every rank is a client
+  std::string run_id;  // names the rendezvous (FileStore path) so a stale store is never reused
+  int restart = 0;     // TORCHELASTIC_RESTART_COUNT (mltrain launch sets it too)
+  bool agent_store =
+      false;  // torchrun hosts the TCPStore at MASTER_ADDR:MASTER_PORT; every rank is a client
   bool single_node() const { return nodes <= 1; }
 };
 

@@ -13,9 +13,10 @@
 
 namespace mltrain::formats {
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
-std::map<std::string, torch::Tensor> load_safetensors(const std::string& path,
-                                                      std::map<std::string, std::string>* metadata = nullptr);
+std::map<std::string, torch::Tensor> load_safetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 }  // namespace mltrain::formats

@@ -24,7 +24,8 @@ class TbWriter {
  public:
   explicit TbWriter(const std::string& dir);
   void scalar(const std::string& tag, int64_t step, double value);
-  void histogram(const std::string& tag, int64_t step, const std::vector<double>& values, int buckets = 30);
+  void histogram(const std::string& tag, int64_t step, const std::vector<double>& values,
+                 int buckets = 30);
   void flush() { out_.flush(); }
   const std::string& path() const { return path_; }
 

@@ -14,8 +14,8 @@
 namespace mltrain::landscape {
 
 struct LandscapeOptions {
-  int64_t points = 21;      // 1-D slice samples over [-range, range]
-  int64_t grid = 11;        // 2-D slice: grid x grid samples
+  int64_t points = 21;  // 1-D slice samples over [-range, range]
+  int64_t grid = 11;    // 2-D slice: grid x grid samples
   double range = 1.0;
   int64_t batches = 4, batch_size = 256;
   uint64_t seed = 0;
@@ -25,14 +25,16 @@ struct LandscapeOptions {
 struct LandscapeResult {
   std::string checkpoint;
   std::vector<double> alphas, loss_1d, acc_1d;
-  std::vector<double> grid_axis;         // the same axis for alpha and beta
-  std::vector<double> loss_2d;           // row-major [beta][alpha]
+  std::vector<double> grid_axis;  // the same axis for alpha and beta
+  std::vector<double> loss_2d;    // row-major [beta][alpha]
   double center_loss = 0;
-  double sharpness = 0;   // Keskar et al. 2017: 100 * (max loss within radius - center) / (1 + center)
-  double curvature = 0;   // second derivative of the 1-D slice at 0 (central difference)
+  double sharpness =
+      0;  // Keskar et al. 2017: 100 * (max loss within radius - center) / (1 + center)
+  double curvature = 0;  // second derivative of the 1-D slice at 0 (central difference)
 };
 
-LandscapeResult compute_landscape(const std::filesystem::path& run_or_checkpoint, const LandscapeOptions& opt);
+LandscapeResult compute_landscape(const std::filesystem::path& run_or_checkpoint,
+                                  const LandscapeOptions& opt);
 void write_landscape(const LandscapeResult& r, const std::filesystem::path& out_dir);
 
 }  // namespace mltrain::landscape

@@ -31,8 +31,9 @@ class Model {
 };
 
 // Seeds LibTorch's generator with `seed` before building, so init is reproducible.
-std::unique_ptr<Model> build_model(const config::ModelConfig& cfg, const std::vector<int64_t>& sample_shape,
-                                   int64_t num_classes, uint64_t seed);
+std::unique_ptr<Model> build_model(const config::ModelConfig& cfg,
+                                   const std::vector<int64_t>& sample_shape, int64_t num_classes,
+                                   uint64_t seed);
 
 // Applies cfg.init to every conv/linear weight (biases -> 0). "default" keeps LibTorch's init.
 void init_weights(const NamedTensors& params, const std::string& scheme);

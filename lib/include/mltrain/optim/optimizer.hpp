@@ -27,11 +27,12 @@ struct ParamSlot {
 
 class Optimizer {
  public:
-  static std::unique_ptr<Optimizer> create(const config::OptimConfig& cfg, const model::NamedTensors& params);
+  static std::unique_ptr<Optimizer> create(const config::OptimConfig& cfg,
+                                           const model::NamedTensors& params);
   virtual ~Optimizer() = default;
 
   virtual void step(double lr);  // one update of every parameter that has a gradient
-  void zero_grad();      // sets gradients to None (saves a memset; PyTorch's default since 2.0)
+  void zero_grad();  // sets gradients to None (saves a memset; PyTorch's default since 2.0)
   int64_t steps() const { return steps_; }
   const std::vector<ParamSlot>& slots() const { return slots_; }
 

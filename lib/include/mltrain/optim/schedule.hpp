@@ -23,14 +23,17 @@ namespace mltrain::optim {
 
 class Schedule {
  public:
-  Schedule(const config::ScheduleConfig& cfg, double base_lr, int64_t total_steps, int64_t steps_per_epoch);
+  Schedule(const config::ScheduleConfig& cfg, double base_lr, int64_t total_steps,
+           int64_t steps_per_epoch);
   double lr(int64_t step) const;
   void observe(int64_t step, double metric);  // plateau: an evaluation result at `step`
   // gradnorm: lr = base * clamp(reference / average norm, gn_min_factor, 1), where the reference is
   // the mean pre-clip norm over the first gn_reference steps and the average an EMA (gn_beta); the
   // LR backs off while gradients grow and returns as they settle. State: {reference, ema, count}.
   void observe_grad_norm(double norm);
-  nlohmann::json gradnorm_state() const { return {{"reference", gn_ref_}, {"ema", gn_ema_}, {"count", gn_count_}}; }
+  nlohmann::json gradnorm_state() const {
+    return {{"reference", gn_ref_}, {"ema", gn_ema_}, {"count", gn_count_}};
+  }
   void load_gradnorm_state(const nlohmann::json& j);
   const std::vector<std::pair<int64_t, double>>& history() const { return history_; }
   void set_history(std::vector<std::pair<int64_t, double>> h) { history_ = std::move(h); }

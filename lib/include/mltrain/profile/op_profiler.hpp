@@ -28,8 +28,8 @@ struct OpStat {
 class OpProfiler {
  public:
   struct Options {
-    bool record_dtypes = false;    // note the floating dtypes of each op's tensor inputs
-    size_t max_events = 500000;    // trace events kept (stats continue past it)
+    bool record_dtypes = false;  // note the floating dtypes of each op's tensor inputs
+    size_t max_events = 500000;  // trace events kept (stats continue past it)
   };
   explicit OpProfiler(Options o);
   ~OpProfiler();

@@ -21,10 +21,10 @@ struct ProfileOptions {
   int64_t wait = 5, warmup = 10, active = 30;  // steps: skipped, profiled then discarded, measured
   size_t top = 15;                             // operators in the table
   bool ops = true;                             // second pass with the operator profiler
-  std::string out_dir;                         // profile.json, phases.svg, trace.json.gz, report.txt
-  size_t trace_cap_bytes = 32u << 20;          // uncompressed Chrome trace cap
-  std::string sweep;                           // "data.workers=0,1,2": one phase pass per value
-  std::vector<std::string> overrides;          // the command line's, re-applied per sweep value
+  std::string out_dir;                 // profile.json, phases.svg, trace.json.gz, report.txt
+  size_t trace_cap_bytes = 32u << 20;  // uncompressed Chrome trace cap
+  std::string sweep;                   // "data.workers=0,1,2": one phase pass per value
+  std::vector<std::string> overrides;  // the command line's, re-applied per sweep value
   std::string config_path;
 };
 

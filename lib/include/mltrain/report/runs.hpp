@@ -13,13 +13,13 @@ namespace mltrain::report {
 
 struct RunInfo {
   std::filesystem::path dir;
-  std::string name;              // <name>/v<N>
-  std::string state;             // running | finished | failed | interrupted | stale | unknown
-  std::string detail;            // "interrupted at step 120 (signal 15)", failure message, ...
+  std::string name;    // <name>/v<N>
+  std::string state;   // running | finished | failed | interrupted | stale | unknown
+  std::string detail;  // "interrupted at step 120 (signal 15)", failure message, ...
   int64_t step = 0;
   double best_eval_accuracy = -1;  // -1: no evaluation yet
   int64_t best_step = -1;
-  double seconds = 0;            // training time so far
+  double seconds = 0;  // training time so far
   int checkpoints = 0;
 };
 
@@ -29,6 +29,7 @@ std::vector<RunInfo> find_runs(const std::filesystem::path& root);
 std::string runs_table(const std::vector<RunInfo>& runs);
 // sections: extra HTML fragments placed after the runs table (`mltrain report` passes one per
 // tune study: its summary and history / importance / parallel-coordinates plots).
-std::string html_report(const std::vector<std::filesystem::path>& run_dirs, const std::vector<std::string>& sections = {});
+std::string html_report(const std::vector<std::filesystem::path>& run_dirs,
+                        const std::vector<std::string>& sections = {});
 
 }  // namespace mltrain::report

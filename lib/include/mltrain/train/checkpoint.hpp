@@ -37,7 +37,8 @@ class CheckpointStore {
   CheckpointStore(std::filesystem::path root, CheckpointPolicy policy);
 
   // write_files(dir) writes the payload files into dir; returns the final checkpoint folder.
-  std::filesystem::path save(int64_t step, const std::function<void(const std::filesystem::path&)>& write_files,
+  std::filesystem::path save(int64_t step,
+                             const std::function<void(const std::filesystem::path&)>& write_files,
                              const nlohmann::json& trainer_state, std::optional<double> monitor);
 
   // Newest complete and intact checkpoint; warnings go to `warnings`. nullopt when there is none.
@@ -46,7 +47,9 @@ class CheckpointStore {
   static LoadedCheckpoint load_dir(const std::filesystem::path& dir);
   static std::string verify(const std::filesystem::path& dir);  // "" when intact, else the reason
 
-  std::vector<std::filesystem::path> complete() const { return list_complete(root_); }  // sorted by step, ascending
+  std::vector<std::filesystem::path> complete() const {
+    return list_complete(root_);
+  }  // sorted by step, ascending
   // The same listing for any folder, creating nothing (for read-only viewers: runs, report).
   static std::vector<std::filesystem::path> list_complete(const std::filesystem::path& root);
   const std::filesystem::path& root() const { return root_; }

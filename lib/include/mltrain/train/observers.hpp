@@ -19,7 +19,12 @@ struct Window {
   double loss = 0, step_s = 0, data_s = 0, grad_norm = 0, grad_norm_max = 0;
   int64_t correct = 0, count = 0, steps = 0;
   void add(const StepInfo& s) {
-    loss += s.loss; correct += s.correct; count += s.count; steps += 1; step_s += s.step_seconds; data_s += s.data_seconds;
+    loss += s.loss;
+    correct += s.correct;
+    count += s.count;
+    steps += 1;
+    step_s += s.step_seconds;
+    data_s += s.data_seconds;
     grad_norm += s.grad_norm;
     grad_norm_max = std::max(grad_norm_max, s.grad_norm);
   }
@@ -29,7 +34,8 @@ class MetricsWriter : public Observer {
  public:
   // tensorboard: also write each record as scalars "<event>/<field>" into an event file.
   // eval_to_stdout: also print each eval record as a JSON line on stdout (`train --jsonl`).
-  explicit MetricsWriter(const std::filesystem::path& run_dir, bool tensorboard = false, bool eval_to_stdout = false);
+  explicit MetricsWriter(const std::filesystem::path& run_dir, bool tensorboard = false,
+                         bool eval_to_stdout = false);
   void on_step_end(Trainer& t, const StepInfo& s) override;
   void on_eval_end(Trainer& t, const EvalResult& r) override;
   static const char* csv_header();

@@ -40,7 +40,7 @@ enum class Stage {
 struct PipelineOptions {
   Stage until = Stage::kTrainer;
   const Splits* splits = nullptr;  // reuse splits already loaded (profile's passes); else cfg.data
-  int64_t eval_limit = 0;          // > 0: the eval loader sees only the eval split's first N samples
+  int64_t eval_limit = 0;  // > 0: the eval loader sees only the eval split's first N samples
 };
 inline PipelineOptions model_only(const Splits* splits = nullptr) {
   PipelineOptions o;
@@ -71,8 +71,8 @@ struct Pipeline {
   data::LoaderOptions eval_options;
 };
 
-std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& cfg, const dist::World& world,
-                                         const PipelineOptions& opt = {});
+std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& cfg,
+                                         const dist::World& world, const PipelineOptions& opt = {});
 
 // Intra-op threads for this world: runtime.threads when set; else OMP_NUM_THREADS when the
 // environment sets it (torchrun sets 1 unless told otherwise), as PyTorch does; else ranks on one
@@ -86,17 +86,19 @@ torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu = 0);
 
 // The training loader's options from the config (workers resolved against this machine's cores;
 // pinned memory only when training on CUDA).
-data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg, const torch::Device& device);
+data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg,
+                                         const torch::Device& device);
 
 // A loader over `ds` with the training loader's options and the run's augmentation sized to one
 // epoch: what `profile` and `checklist` measure the loader's supply rate with.
-std::unique_ptr<data::Loader> augmented_loader(const config::ExperimentConfig& cfg, const data::Dataset& ds,
+std::unique_ptr<data::Loader> augmented_loader(const config::ExperimentConfig& cfg,
+                                               const data::Dataset& ds,
                                                const data::LoaderOptions& lo);
 
 // A plain loader over real samples for commands that evaluate or calibrate (fuse, quantize,
 // landscape): the config's normalisation and seed, no augmentation, no worker threads.
-data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, int64_t batch_size, bool shuffle,
-                                         bool drop_last);
+data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, int64_t batch_size,
+                                         bool shuffle, bool drop_last);
 
 // A trained model back from disk, for the commands that work on finished runs (landscape, fuse,
 // quantize): RUN_DIR (its latest intact checkpoint) or a checkpoint folder; the manifest is
@@ -111,6 +113,7 @@ struct TrainedModel {
   std::filesystem::path checkpoint, run_dir;
   Splits splits;
 };
-TrainedModel load_trained_model(const std::filesystem::path& run_or_checkpoint, const std::string& who);
+TrainedModel load_trained_model(const std::filesystem::path& run_or_checkpoint,
+                                const std::string& who);
 
 }  // namespace mltrain::train

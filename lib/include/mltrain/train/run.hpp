@@ -18,7 +18,8 @@ struct RunOptions {
   std::string config_path;
   std::vector<std::string> command_line;
   bool tty = false;  // progress bar instead of log lines
-  bool jsonl_stdout = false;  // eval records and the summary as JSON lines on stdout (for `mltrain tune`)
+  bool jsonl_stdout =
+      false;  // eval records and the summary as JSON lines on stdout (for `mltrain tune`)
 };
 
 struct RunResult {

@@ -28,11 +28,14 @@ class LossScaler {
  public:
   explicit LossScaler(const config::AmpConfig& cfg);
   torch::Tensor scale(const torch::Tensor& loss) const { return loss * scale_; }
-  bool unscale(const model::NamedTensors& params) const;  // divides grads by the scale; true if any inf/nan
+  bool unscale(
+      const model::NamedTensors& params) const;  // divides grads by the scale; true if any inf/nan
   void update(bool found_inf);
   double value() const { return scale_; }
   int64_t skipped() const { return skipped_; }
-  nlohmann::json state() const { return {{"scale", scale_}, {"tracker", tracker_}, {"skipped", skipped_}}; }
+  nlohmann::json state() const {
+    return {{"scale", scale_}, {"tracker", tracker_}, {"skipped", skipped_}};
+  }
   void load(const nlohmann::json& j);
 
  private:
@@ -52,7 +55,9 @@ class GradClipper {
   explicit GradClipper(const config::ClipConfig& cfg) : cfg_(cfg) {}
   // Clips in place given the pre-clip norm; returns the threshold applied (0: none).
   double clip(const model::NamedTensors& params, double norm);
-  nlohmann::json state() const { return {{"history", std::vector<double>(history_.begin(), history_.end())}}; }
+  nlohmann::json state() const {
+    return {{"history", std::vector<double>(history_.begin(), history_.end())}};
+  }
   void load(const nlohmann::json& j);
 
  private:
@@ -90,8 +95,8 @@ class Ema {
   void update();
   int64_t updates() const { return updates_; }
   void set_updates(int64_t n) { updates_ = n; }
-  void swap();                           // exchange live and averaged weights (call twice to undo)
-  model::NamedTensors state() const;     // "ema/<name>"
+  void swap();                        // exchange live and averaged weights (call twice to undo)
+  model::NamedTensors state() const;  // "ema/<name>"
   void load(const std::map<std::string, torch::Tensor>& state);
 
  private:

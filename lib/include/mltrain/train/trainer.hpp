@@ -46,9 +46,9 @@ struct StepInfo {
   int64_t correct = 0, count = 0;
   double lr = 0;
   double step_seconds = 0, data_seconds = 0;
-  double grad_norm = 0;       // before clipping
+  double grad_norm = 0;  // before clipping
   double label_smoothing = 0;
-  double loss_scale = 0;      // fp16 only
+  double loss_scale = 0;  // fp16 only
   bool skipped = false;
 };
 
@@ -63,7 +63,16 @@ class Trainer;
 // Where a training step's wall time goes (`mltrain profile`). The trainer laps the clock at each
 // phase boundary when one is attached; on CUDA the clock can synchronise first, so each phase is
 // charged with its own kernels (that synchronisation is part of the profiler's overhead).
-enum class Phase : int { kData, kCopy, kForward, kBackward, kOptimizer, kAllreduce, kOther, kCount };
+enum class Phase : int {
+  kData,
+  kCopy,
+  kForward,
+  kBackward,
+  kOptimizer,
+  kAllreduce,
+  kOther,
+  kCount
+};
 const char* phase_name(Phase p);
 struct PhaseClock {
   bool sync_cuda = false;
@@ -105,8 +114,8 @@ struct Distributed {
 class Trainer {
  public:
   // Built by train::build_pipeline (pipeline.hpp), which owns everything it refers to.
-  Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt, data::Loader& train,
-          data::Loader& eval, Distributed distributed = {});
+  Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt,
+          data::Loader& train, data::Loader& eval, Distributed distributed = {});
   void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
   void set_phase_clock(PhaseClock* clock) { phases_ = clock; }
   void fit();
@@ -119,7 +128,9 @@ class Trainer {
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
   int64_t accumulate() const { return accumulate_; }
-  double lr_at(int64_t optimizer_step) const { return schedule_->lr(optimizer_step) * progress_.lr_scale; }
+  double lr_at(int64_t optimizer_step) const {
+    return schedule_->lr(optimizer_step) * progress_.lr_scale;
+  }
   optim::Schedule& schedule() { return *schedule_; }
   std::optional<EvalResult> last_eval() const { return last_eval_; }
   double data_wait_seconds() const { return train_.wait_seconds(); }
@@ -137,7 +148,8 @@ class Trainer {
  private:
   bool handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params, double norm);
   void to_device(data::Batch& b) const;
-  bool next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence, PhaseClock* phases = nullptr) const;
+  bool next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence,
+                      PhaseClock* phases = nullptr) const;
   void take_snapshot();
 
   const config::ExperimentConfig& cfg_;
@@ -161,7 +173,8 @@ class Trainer {
   EarlyStopping early_;
   std::deque<Snapshot> snapshots_;
   std::string stop_reason_, failure_;
-  int64_t since_eval_correct_ = 0, since_eval_count_ = 0;  // train accuracy for adaptive augmentation
+  int64_t since_eval_correct_ = 0,
+          since_eval_count_ = 0;  // train accuracy for adaptive augmentation
 };
 
 }  // namespace mltrain::train

@@ -20,7 +20,8 @@ namespace mltrain::tune {
 
 nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<TrialState>& trials);
 // The importance table alone (exposed for tests): values as reported, complete trials only.
-nlohmann::json parameter_importance(const Space& space, const std::vector<TrialState>& trials, bool maximize);
+nlohmann::json parameter_importance(const Space& space, const std::vector<TrialState>& trials,
+                                    bool maximize);
 // Rebuilds the settings a study folder was run with (its study.yaml, read through the schema).
 StudyConfig study_config_from_folder(const std::string& study_dir);
 std::string study_text(const nlohmann::json& summary);
@@ -28,8 +29,10 @@ std::string study_text(const nlohmann::json& summary);
 // history, importance and parallel-coordinates SVGs (regenerated from the journal).
 std::string study_html(const std::string& study_dir);
 
-std::string svg_bars(const std::string& title, const std::vector<std::string>& labels, const std::vector<double>& values);
-std::string svg_parallel(const std::string& title, const Space& space, const std::vector<TrialState>& trials, bool maximize,
+std::string svg_bars(const std::string& title, const std::vector<std::string>& labels,
+                     const std::vector<double>& values);
+std::string svg_parallel(const std::string& title, const Space& space,
+                         const std::vector<TrialState>& trials, bool maximize,
                          const std::string& metric);
 
 }  // namespace mltrain::tune

@@ -23,14 +23,15 @@ struct PrunerOptions {
   int n_warmup_steps = 0;
   double percentile = 50;
   int min_resource = 1;
-  int max_resource = 0;  // hyperband: the largest resource (reports) a trial can use; 0: 27 * min_resource
+  int max_resource =
+      0;  // hyperband: the largest resource (reports) a trial can use; 0: 27 * min_resource
   int reduction_factor = 3;
 };
 
 struct TrialCurve {
   int number = 0;
-  bool finished = false;        // COMPLETE or PRUNED
-  std::vector<double> values;   // minimisation sense, one per report
+  bool finished = false;       // COMPLETE or PRUNED
+  std::vector<double> values;  // minimisation sense, one per report
 };
 
 class Pruner {
@@ -39,7 +40,8 @@ class Pruner {
   virtual bool should_prune(const TrialCurve& me, const std::vector<TrialCurve>& others) const = 0;
 };
 
-std::unique_ptr<Pruner> make_pruner(const PrunerOptions& o);  // std::invalid_argument for an unknown name
+std::unique_ptr<Pruner> make_pruner(
+    const PrunerOptions& o);  // std::invalid_argument for an unknown name
 int hyperband_bracket(const PrunerOptions& o, int trial_number);
 
 }  // namespace mltrain::tune

@@ -35,16 +35,17 @@ struct SamplerOptions {
   bool multivariate = true;  // one joint Parzen estimator (else one per parameter)
   int n_candidates = 32;
   double prior_weight = 1.0;
-  double gamma = 0.1;        // share of trials in the "good" group (capped at 25 trials)
+  double gamma = 0.1;  // share of trials in the "good" group (capped at 25 trials)
   // GP-EI: Matern-5/2 ARD kernel, hyperparameters by marginal likelihood.
-  double xi = 0.0;           // EI's exploration offset, in standardised units
+  double xi = 0.0;  // EI's exploration offset, in standardised units
 };
 
 class Sampler {
  public:
   virtual ~Sampler() = default;
-  virtual std::optional<std::vector<double>> sample(const Space& space, const std::vector<Observation>& history, uint64_t seed,
-                                                    int number) = 0;
+  virtual std::optional<std::vector<double>> sample(const Space& space,
+                                                    const std::vector<Observation>& history,
+                                                    uint64_t seed, int number) = 0;
   virtual std::string name() const = 0;
 };
 
@@ -62,8 +63,9 @@ struct GpModel {
   std::vector<double> log_ls;
   double log_amp = 0, log_noise = -9;
   std::vector<double> L, alpha;  // Cholesky factor (row-major n x n) and K^-1 y
-  double log_marginal_likelihood(std::vector<double>* grad) const;  // at the current hyperparameters
-  bool factor();                                                    // false when K is not positive definite
+  double log_marginal_likelihood(
+      std::vector<double>* grad) const;  // at the current hyperparameters
+  bool factor();                         // false when K is not positive definite
   void fit(const std::vector<std::vector<double>>& X, const std::vector<double>& y, uint64_t seed);
   void predict(const std::vector<double>& x, double& mean, double& sd) const;
 };

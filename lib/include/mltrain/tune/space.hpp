@@ -22,12 +22,14 @@ struct Param {
   std::string name;
   double low = 0, high = 1;
   bool log = false;
-  double step = 0;                     // float: 0 (continuous) or a grid step; int: >= 1
-  std::vector<nlohmann::json> choices; // categorical
-  std::vector<double> grid;            // explicit values for the grid sampler (float/int; optional)
+  double step = 0;                      // float: 0 (continuous) or a grid step; int: >= 1
+  std::vector<nlohmann::json> choices;  // categorical
+  std::vector<double> grid;  // explicit values for the grid sampler (float/int; optional)
 
-  static Param floating(std::string name, double low, double high, bool log = false, double step = 0);
-  static Param integer(std::string name, int64_t low, int64_t high, bool log = false, int64_t step = 1);
+  static Param floating(std::string name, double low, double high, bool log = false,
+                        double step = 0);
+  static Param integer(std::string name, int64_t low, int64_t high, bool log = false,
+                       int64_t step = 1);
   static Param categorical(std::string name, std::vector<nlohmann::json> choices);
 
   bool numeric() const { return kind != Kind::Categorical; }
@@ -35,10 +37,11 @@ struct Param {
   double to_unit(double x) const;    // numeric only
   double from_unit(double u) const;  // clamps, then snaps to step / integers
   double snap(double x) const;       // to the nearest legal value
-  double sample(std::mt19937_64& rng) const;  // uniform (log-uniform when log) over the legal values
+  double sample(
+      std::mt19937_64& rng) const;  // uniform (log-uniform when log) over the legal values
   nlohmann::json to_json(double x) const;
   double from_json(const nlohmann::json& v) const;  // throws std::invalid_argument when not legal
-  std::vector<double> grid_values() const;           // for the grid sampler
+  std::vector<double> grid_values() const;          // for the grid sampler
 };
 
 using Space = std::vector<Param>;

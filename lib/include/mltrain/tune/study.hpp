@@ -30,7 +30,8 @@ struct StudyConfig {
   int max_concurrent = 1;
   int max_retry = 1;
   double heartbeat_s = 2;
-  double stale_after_s = 30;  // a RUNNING trial whose driver was silent this long (or is dead on this host) is stale
+  double stale_after_s =
+      30;  // a RUNNING trial whose driver was silent this long (or is dead on this host) is stale
   SamplerOptions sampler;
   PrunerOptions pruner;
   std::string metric = "accuracy";
@@ -38,10 +39,11 @@ struct StudyConfig {
   std::string function;                // builtin test function (in-process; no trial processes)
   std::string train_config;            // trials run `mltrain train` on this config ...
   std::vector<std::string> overrides;  // ... with these overrides before the sampled ones
-  std::vector<std::string> command;    // ... or this command (params as --name=value and MLTRAIN_PARAM_*)
-  int threads = 0;                     // per trial (0: cores / max_concurrent)
+  std::vector<std::string>
+      command;      // ... or this command (params as --name=value and MLTRAIN_PARAM_*)
+  int threads = 0;  // per trial (0: cores / max_concurrent)
   Space space;
-  config::StudyFile file;              // the resolved study, as <study dir>/study.yaml holds it
+  config::StudyFile file;  // the resolved study, as <study dir>/study.yaml holds it
   std::filesystem::path study_dir() const { return std::filesystem::path(dir) / name; }
 };
 
@@ -51,8 +53,8 @@ struct StudyConfig {
 StudyConfig load_study_config(const std::string& path, const std::vector<std::string>& overrides);
 
 struct RunStudyOptions {
-  std::string self_exe;   // the mltrain binary, for `trial.train`
-  bool quiet = false;     // no per-trial log lines
+  std::string self_exe;  // the mltrain binary, for `trial.train`
+  bool quiet = false;    // no per-trial log lines
 };
 
 // Runs (or resumes) the study until n_trials trials are finished, the timeout passes or the grid
@@ -64,8 +66,8 @@ struct TrialState {
   int number = -1;
   nlohmann::json params;
   std::vector<double> x;
-  std::string state = "RUNNING";  // RUNNING | COMPLETE | PRUNED | FAIL
-  double value = NAN;             // as reported (not negated)
+  std::string state = "RUNNING";                         // RUNNING | COMPLETE | PRUNED | FAIL
+  double value = NAN;                                    // as reported (not negated)
   std::vector<std::pair<int64_t, double>> intermediate;  // (step, value) as reported
   std::string reason, worker;
   int retry_of = -1;
