@@ -34,11 +34,8 @@ void setup_checklist(CLI::App& app, Action& run) {
       o.cfg = cfg ? &*cfg : nullptr;
       o.config_path = opt->config;
       const auto report = checklist::run_checklist(o);
-      if (opt->json)
-        std::cout << report.dump(2) << "\n";
-      else
-        std::cout << checklist::checklist_text(report);
-      return report["counts"]["FAIL"].get<int>() > 0 ? kExitCheckFailed : kExitOk;
+      std::cout << (opt->json ? report.to_json().dump(2) + "\n" : report.to_text());
+      return report.failed() ? kExitCheckFailed : kExitOk;
     };
   });
 }

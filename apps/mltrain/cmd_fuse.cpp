@@ -26,7 +26,7 @@ void setup_fuse(CLI::App& app, Action& run) {
   sub->callback([o, &run] {
     run = [o] {
       const auto r = deploy::fuse_run(o->where, o->fo);
-      std::cout << (o->json ? r.dump(2) + "\n" : deploy::fuse_text(r));
+      std::cout << (o->json ? r.to_json().dump(2) + "\n" : r.to_text());
       return 0;
     };
   });

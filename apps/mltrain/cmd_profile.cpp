@@ -36,9 +36,9 @@ void setup_profile(CLI::App& app, Action& run) {
       if (o.out_dir.empty()) o.out_dir = cfg.run.dir + "/" + cfg.run.name + "/profile";
       const auto report = profile::profile_config(cfg, o);
       if (*json)
-        std::cout << report.dump(2) << "\n";
+        std::cout << report.to_json().dump(2) << "\n";
       else
-        std::cout << profile::profile_text(report) << "files: " << o.out_dir
+        std::cout << report.to_text() << "files: " << o.out_dir
                   << "/{profile.json,phases.svg,report.txt}\n";
       return 0;
     };

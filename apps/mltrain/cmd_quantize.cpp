@@ -50,7 +50,7 @@ void setup_quantize(CLI::App& app, Action& run) {
   sub->callback([o, &run] {
     run = [o] {
       const auto r = deploy::quantize_run(o->where, o->qo);
-      std::cout << (o->json ? r.dump(2) + "\n" : deploy::quantize_text(r));
+      std::cout << (o->json ? r.to_json().dump(2) + "\n" : r.to_text());
       return 0;
     };
   });

@@ -16,23 +16,20 @@
 using namespace mltrain;
 using namespace mltrain::profile;
 
-static nlohmann::json measure_with(double data, double allreduce, double other,
-                                   std::vector<double> rss = {100, 100, 100, 100}) {
+static Measure measure_with(double data, double allreduce, double other,
+                            std::vector<double> rss = {100, 100, 100, 100}) {
   const double compute = 1.0 - data - allreduce - other;
-  return {{"samples_per_s", 1000.0},
-          {"phase_share",
-           {{"data", data},
-            {"h2d_copy", 0.0},
-            {"forward", compute / 2},
-            {"backward", compute / 2},
-            {"optimizer", 0.0},
-            {"allreduce", allreduce},
-            {"other", other}}},
-          {"loader", {{"workers", 1}, {"supply_samples_per_s", 900.0}, {"cpu_utilisation", 0.97}}},
-          {"memory",
-           {{"rss_per_step_mib", rss},
-            {"rss_growth_mib", rss.back() - rss.front()},
-            {"page_faults_per_step", 0.0}}}};
+  Measure m;
+  m.samples_per_s = 1000.0;
+  // data, h2d_copy, forward, backward, optimizer, allreduce, other (train::Phase order)
+  m.phase_share = {data, 0.0, compute / 2, compute / 2, 0.0, allreduce, other};
+  m.loader.workers = 1;
+  m.loader.supply_samples_per_s = 900.0;
+  m.loader.cpu_utilisation = 0.97;
+  m.memory.rss_per_step_mib = rss;
+  m.memory.rss_growth_mib = rss.back() - rss.front();
+  m.memory.page_faults_per_step = 0.0;
+  return m;
 }
 
 TEST_CASE("diagnosis: accept/reject table", "[profile]") {
@@ -47,17 +44,17 @@ TEST_CASE("diagnosis: accept/reject table", "[profile]") {
         Row{0.20, 0.30, 0.30, "data-bound"}, Row{0.0, 0.0, 0.0, "compute-bound"}}) {
     INFO(r.data << " " << r.comm << " " << r.other);
     const auto d = diagnose(measure_with(r.data, r.comm, r.other));
-    CHECK(d["verdict"] == r.verdict);
-    CHECK(!d["evidence"].empty());
-    CHECK(!d["advice"].empty());
+    CHECK(d.verdict == r.verdict);
+    CHECK(!d.evidence.empty());
+    CHECK(!d.advice.empty());
   }
   // data-bound evidence names the loader's rate against the model's
   const auto d = diagnose(measure_with(0.5, 0, 0));
-  CHECK(d["evidence"].dump().find("900 samples/s") != std::string::npos);
+  CHECK(d.to_json()["evidence"].dump().find("900 samples/s") != std::string::npos);
   // stair-step memory: rising every step by > 32 MiB in total is reported; flat or noisy is not
-  CHECK(diagnose(measure_with(0.0, 0, 0, {100, 120, 140, 160}))["memory"].is_string());
-  CHECK_FALSE(diagnose(measure_with(0.0, 0, 0, {100, 140, 130, 160})).contains("memory"));
-  CHECK_FALSE(diagnose(measure_with(0.0, 0, 0, {100, 101, 102, 103})).contains("memory"));
+  CHECK(diagnose(measure_with(0.0, 0, 0, {100, 120, 140, 160})).memory.has_value());
+  CHECK_FALSE(diagnose(measure_with(0.0, 0, 0, {100, 140, 130, 160})).memory.has_value());
+  CHECK_FALSE(diagnose(measure_with(0.0, 0, 0, {100, 101, 102, 103})).memory.has_value());
 }
 
 TEST_CASE("operator profiler: counts, nesting and a readable Chrome trace", "[profile]") {

@@ -42,38 +42,8 @@ std::string read_first_line(const std::string& path) {
   return line;
 }
 
-struct Item {
-  std::string id, area, status, measured, expected, why, fix;
-  nlohmann::json value;
-};
-
-class Report {
- public:
-  void add(Item it) { items_.push_back(std::move(it)); }
-  void skip(const std::string& id, const std::string& area, const std::string& reason,
-            const std::string& why) {
-    add({id, area, "SKIP", "", "", why, reason, nullptr});
-  }
-  nlohmann::json json() const {
-    nlohmann::json arr = nlohmann::json::array();
-    nlohmann::json counts = {{"PASS", 0}, {"WARN", 0}, {"FAIL", 0}, {"SKIP", 0}};
-    for (const auto& i : items_) {
-      arr.push_back({{"id", i.id},
-                     {"area", i.area},
-                     {"status", i.status},
-                     {"measured", i.measured},
-                     {"expected", i.expected},
-                     {"why", i.why},
-                     {"fix", i.fix},
-                     {"value", i.value}});
-      counts[i.status] = counts[i.status].get<int>() + 1;
-    }
-    return {{"items", arr}, {"counts", counts}};
-  }
-
- private:
-  std::vector<Item> items_;
-};
+using Item = ChecklistItem;
+using Report = ChecklistReport;
 
 // Files behind the config's data set.
 std::vector<std::string> data_files(const config::DataConfig& d) {
@@ -169,43 +139,34 @@ nlohmann::json judge_swappiness(int v) {
   return {{"status", v <= 10 ? "PASS" : "WARN"}, {"expected", "<= 10"}};
 }
 
-nlohmann::json run_checklist(const ChecklistOptions& o) {
-  const auto t_start = Clock::now();
-  const bool full = o.level == "full";
-  const config::ExperimentConfig defaults;
-  const config::ExperimentConfig& cfg = o.cfg ? *o.cfg : defaults;
-  // With a config, its pipeline up to the model (runtime policy, device, splits); without one, the
-  // runtime policy of the defaults on this node.
-  std::unique_ptr<train::Pipeline> pipe;
-  if (o.cfg) {
-    pipe = train::build_pipeline(cfg, dist::World{}, train::model_only());
-  } else {
-    runtime::apply({train::resolve_threads(cfg, dist::World{}), cfg.runtime.kernel_route,
-                    cfg.runtime.allocator});
-  }
-  const torch::Device device = pipe ? pipe->device : compat::resolve_device("auto");
-  const bool cuda = device.is_cuda();
-  const std::string no_cfg =
-      "no config given: run `mltrain checklist CONFIG.yaml` to check a pipeline";
-  const std::string no_cuda =
-      compat::cuda_built() ? "no CUDA device visible" : "CPU build of mltrain (no CUDA)";
-  Report rep;
+namespace {
 
-  // ---------------------------------------------------------------- data
-  const train::Splits* splits = pipe ? &pipe->splits : nullptr;
-  model::Model* model = pipe ? pipe->model.get() : nullptr;
-  // Measured first, before the other checks' allocations move glibc's dynamic thresholds.
-  Item allocator_item;
+// What every check reads: the options, the config (or the defaults), the device and, with a
+// config, its splits and model from the pipeline seam.
+struct Context {
+  const ChecklistOptions& o;
+  const config::ExperimentConfig& cfg;
+  bool full = false, cuda = false;
+  torch::Device device = torch::kCPU;
+  const train::Splits* splits = nullptr;
+  model::Model* model = nullptr;
+  std::string no_cfg, no_cuda;
+};
+
+// Real training steps of the config's model (defaults: the CNN) on a random batch: page faults per
+// step under runtime.allocator. Measured first, before the other checks' allocations move glibc's
+// dynamic thresholds.
+Item allocator_check(const Context& c) {
   {
-    // Real training steps of the config's model (defaults: the CNN) on a random batch.
-    const auto shape0 = o.cfg ? splits->train.sample_shape : std::vector<int64_t>{1, 28, 28};
-    auto m = model::build_model(cfg.model, shape0, cfg.data.num_classes, cfg.run.seed);
-    m->to(device);
-    auto opt = optim::Optimizer::create(cfg.optim, m->named_parameters());
+    const auto shape0 = c.o.cfg ? c.splits->train.sample_shape : std::vector<int64_t>{1, 28, 28};
+    auto m = model::build_model(c.cfg.model, shape0, c.cfg.data.num_classes, c.cfg.run.seed);
+    m->to(c.device);
+    auto opt = optim::Optimizer::create(c.cfg.optim, m->named_parameters());
     auto shape = shape0;
-    shape.insert(shape.begin(), cfg.data.batch_size);
-    auto x = torch::randn(shape).to(device);
-    auto y = torch::randint(cfg.data.num_classes, {cfg.data.batch_size}, torch::kLong).to(device);
+    shape.insert(shape.begin(), c.cfg.data.batch_size);
+    auto x = torch::randn(shape).to(c.device);
+    auto y =
+        torch::randint(c.cfg.data.num_classes, {c.cfg.data.batch_size}, torch::kLong).to(c.device);
     auto step = [&] {
       auto loss = torch::nn::functional::cross_entropy(m->forward(x), y);
       loss.backward();
@@ -214,28 +175,32 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     };
     for (int i = 0; i < 3; ++i) step();
     const int64_t f0 = runtime::minor_faults();
-    const int iters = full ? 30 : 10;
+    const int iters = c.full ? 30 : 10;
     for (int i = 0; i < iters; ++i) step();
     const double per = static_cast<double>(runtime::minor_faults() - f0) / iters;
-    const std::string pol = cfg.runtime.allocator;
-    allocator_item = Item{
+    const std::string pol = c.cfg.runtime.allocator;
+    return Item{
         "system.allocator",
         "system",
         per > 1000 ? "WARN" : "PASS",
         format_fixed(per, 0) + " page faults per training step (" + m->describe() + ", batch " +
-            std::to_string(cfg.data.batch_size) + ") with runtime.allocator=" + pol,
+            std::to_string(c.cfg.data.batch_size) + ") with runtime.allocator=" + pol,
         "< 1000 per step",
         "glibc hands large blocks back to the kernel; re-faulting them cost 4.6x on the CNN here",
         per > 1000 ? "runtime.allocator=retain" : "",
         {{"faults_per_step", per}}};
   }
+}
+
+// Cold and cached read rate of the data set's files; returns the cold rate (0 without a config).
+double read_bandwidth_check(const Context& c, Report& rep) {
   double cold_mbs = 0;
-  if (!o.cfg) {
-    rep.skip("data.read_bandwidth", "data", no_cfg,
+  if (!c.o.cfg) {
+    rep.skip("data.read_bandwidth", "data", c.no_cfg,
              "loading cannot outrun the disk the data set lives on");
   } else {
     double bytes = 0;
-    const auto files = data_files(cfg.data);
+    const auto files = data_files(c.cfg.data);
     cold_mbs = read_mb_per_s(files, true, &bytes);
     const double warm = read_mb_per_s(files, false, &bytes);
     Item it{
@@ -253,28 +218,32 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     it.measured += " (cold = after posix_fadvise DONTNEED; the kernel may keep some pages)";
     rep.add(it);
   }
+  return cold_mbs;
+}
 
-  if (!o.cfg) {
-    rep.skip("data.loader_rate", "data", no_cfg,
+// The loader's supply rate against the disk, and what augmentation costs the loader threads.
+void loader_checks(const Context& c, Report& rep, double cold_mbs) {
+  if (!c.o.cfg) {
+    rep.skip("data.loader_rate", "data", c.no_cfg,
              "the loader must supply samples faster than the model consumes them");
-    rep.skip("data.augmentation_cost", "data", no_cfg,
+    rep.skip("data.augmentation_cost", "data", c.no_cfg,
              "per-sample augmentation runs on the loader threads");
   } else {
-    data::LoaderOptions lo = train::train_loader_options(cfg, device);
-    const auto loader = train::augmented_loader(cfg, splits->train, lo);
+    data::LoaderOptions lo = train::train_loader_options(c.cfg, c.device);
+    const auto loader = train::augmented_loader(c.cfg, c.splits->train, lo);
     data::Loader& l = *loader;
     const bool augmenting = l.augmenter() != nullptr;
     l.start_epoch(0);
-    const int64_t batches = std::min<int64_t>(l.batches_per_epoch(), full ? 300 : 40);
+    const int64_t batches = std::min<int64_t>(l.batches_per_epoch(), c.full ? 300 : 40);
     data::Batch b;
     const auto t0 = Clock::now();
     int64_t samples = 0;
     for (int64_t i = 0; i < batches && l.next(b); ++i) samples += b.y.size(0);
     const double secs = since(t0);
     const double rate = samples / std::max(1e-9, secs);
-    const double mb_s = rate * static_cast<double>(splits->train.sample_bytes()) / 1e6;
+    const double mb_s = rate * static_cast<double>(c.splits->train.sample_bytes()) / 1e6;
     const bool disk_limited = cold_mbs > 0 && mb_s > 0.8 * cold_mbs &&
-                              splits->train.source.find(".gz") == std::string::npos;
+                              c.splits->train.source.find(".gz") == std::string::npos;
     rep.add({"data.loader_rate",
              "data",
              disk_limited ? "WARN" : "PASS",
@@ -305,15 +274,17 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
                {{"us_per_sample", per_sample_us}, {"share_of_loader", share}}});
     }
   }
+}
 
-  if (!cuda) {
-    rep.skip("data.pinned_copy", "data", no_cuda,
+void pinned_copy_check(const Context& c, Report& rep) {
+  if (!c.cuda) {
+    rep.skip("data.pinned_copy", "data", c.no_cuda,
              "pinned host memory doubles host-to-device copy bandwidth");
   } else {
-    const int64_t n = (full ? 256 : 64) << 18;  // floats: 64 MiB quick, 256 MiB full
+    const int64_t n = (c.full ? 256 : 64) << 18;  // floats: 64 MiB quick, 256 MiB full
     auto rate = [&](bool pinned) {
       auto h = compat::host_empty({n}, torch::kFloat32, pinned).fill_(1);
-      auto d = torch::empty({n}, torch::dtype(torch::kFloat32).device(device));
+      auto d = torch::empty({n}, torch::dtype(torch::kFloat32).device(c.device));
       d.copy_(h, pinned);
       compat::cuda_synchronize();
       const auto t0 = Clock::now();
@@ -322,7 +293,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
       return 5.0 * n * 4 / 1e9 / since(t0);
     };
     const double pageable = rate(false), pinned = rate(true);
-    const bool use_pin = !o.cfg || cfg.data.pin_memory;
+    const bool use_pin = !c.o.cfg || c.cfg.data.pin_memory;
     rep.add({"data.pinned_copy",
              "data",
              use_pin && pinned >= pageable ? "PASS" : "WARN",
@@ -333,10 +304,11 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
              use_pin ? "" : "set data.pin_memory=true",
              {{"pageable_gb_s", pageable}, {"pinned_gb_s", pinned}}});
   }
+}
 
-  // ---------------------------------------------------------------- compute
+void gemm_check(const Context& c, Report& rep) {
   {
-    const int64_t n = full ? 2048 : 1024;
+    const int64_t n = c.full ? 2048 : 1024;
     auto a = torch::randn({n, n}), b = torch::randn({n, n});
     torch::mm(a, b);
     double best = 1e9;
@@ -356,8 +328,8 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
             "Linear/matmul dominate MLPs and heads; the reference BLAS is 40x slower than oneDNN",
             j["status"] == "PASS" ? "" : "runtime.kernel_route=onednn (the default)",
             {{"gflops", gflops}}};
-    if (cuda) {
-      auto ga = torch::randn({8192, 8192}, torch::dtype(torch::kBFloat16).device(device)),
+    if (c.cuda) {
+      auto ga = torch::randn({8192, 8192}, torch::dtype(torch::kBFloat16).device(c.device)),
            gb = ga.clone();
       torch::mm(ga, gb);
       compat::cuda_synchronize();
@@ -370,13 +342,15 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     }
     rep.add(it);
   }
+}
 
-  if (!cuda) {
-    rep.skip("compute.cudnn_benchmark", "compute", no_cuda,
+void cudnn_check(const Context& c, Report& rep) {
+  if (!c.cuda) {
+    rep.skip("compute.cudnn_benchmark", "compute", c.no_cuda,
              "cuDNN autotuning pays off when input shapes repeat");
   } else {
-    const bool fixed = !o.cfg || cfg.data.drop_last;
-    const bool on = o.cfg ? cfg.runtime.cudnn_benchmark : compat::cudnn_benchmark();
+    const bool fixed = !c.o.cfg || c.cfg.data.drop_last;
+    const bool on = c.o.cfg ? c.cfg.runtime.cudnn_benchmark : compat::cudnn_benchmark();
     rep.add({"compute.cudnn_benchmark",
              "compute",
              on || !fixed ? "PASS" : "WARN",
@@ -387,24 +361,27 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
              on ? "" : "runtime.cudnn_benchmark=true",
              {{"on", on}, {"fixed_shapes", fixed}}});
   }
+}
 
-  if (!o.cfg) {
-    rep.skip("compute.autocast_coverage", "compute", no_cfg,
+// Which heavy ops run in 16-bit under the config's autocast, and the conv->BN pairs to fold.
+void autocast_and_fusion_checks(const Context& c, Report& rep) {
+  if (!c.o.cfg) {
+    rep.skip("compute.autocast_coverage", "compute", c.no_cfg,
              "autocast runs matmul-like ops in 16-bit");
-    rep.skip("compute.fusion", "compute", no_cfg,
+    rep.skip("compute.fusion", "compute", c.no_cfg,
              "conv->BN pairs fold into one conv for inference");
   } else {
-    const auto dtype = cuda && cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
-    auto shape = splits->train.sample_shape;
+    const auto dtype = c.cuda && c.cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16;
+    auto shape = c.splits->train.sample_shape;
     shape.insert(shape.begin(), 8);
-    auto x = torch::randn(shape).to(device);
+    auto x = torch::randn(shape).to(c.device);
     OpProfiler prof({true, 1000});
-    model->set_training(true);
+    c.model->set_training(true);
     prof.start();
     {
       torch::NoGradGuard ng;
-      compat::AutocastGuard ac(true, dtype, cuda);
-      model->forward(x);
+      compat::AutocastGuard ac(true, dtype, c.cuda);
+      c.model->forward(x);
     }
     prof.stop();
     std::vector<std::string> low, fp32;
@@ -421,32 +398,34 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
     for (auto& s : low) lows += (lows.empty() ? "" : ", ") + s;
     for (auto& s : fp32) f32s += (f32s.empty() ? "" : ", ") + s;
     const std::string dn = dtype == at::kHalf ? "fp16" : "bf16";
-    std::string status = !fp32.empty() ? "WARN" : (cfg.amp.enabled ? "PASS" : "WARN");
+    std::string status = !fp32.empty() ? "WARN" : (c.cfg.amp.enabled ? "PASS" : "WARN");
     rep.add({"compute.autocast_coverage",
              "compute",
              status,
              "under " + dn + " autocast: " + (lows.empty() ? "none" : lows) + " in " + dn +
                  (f32s.empty() ? "" : "; stayed fp32: " + f32s) +
-                 "; amp.enabled=" + (cfg.amp.enabled ? "true" : "false"),
+                 "; amp.enabled=" + (c.cfg.amp.enabled ? "true" : "false"),
              "conv/linear/matmul in 16-bit, amp on",
              "16-bit matmuls run 1.6x faster here (AVX-512 BF16) and far faster on GPUs",
-             cfg.amp.enabled
+             c.cfg.amp.enabled
                  ? (fp32.empty() ? "" : "ops left in fp32 fall back: check their input dtypes")
                  : "amp.enabled=true amp.dtype=" +
-                       std::string(cuda ? "bf16 (or fp16 with the loss scaler)" : "bf16"),
+                       std::string(c.cuda ? "bf16 (or fp16 with the loss scaler)" : "bf16"),
              {{"low_precision", low}, {"fp32", fp32}}});
-    const int pairs = count_conv_bn_pairs(*model);
+    const int pairs = count_conv_bn_pairs(*c.model);
     rep.add({"compute.fusion",
              "compute",
              "PASS",
-             std::to_string(pairs) + " conv->BatchNorm pair(s) in " + model->describe(),
+             std::to_string(pairs) + " conv->BatchNorm pair(s) in " + c.model->describe(),
              "informational",
              "at inference each pair folds into one conv (no BN pass, less memory traffic)",
              pairs > 0 ? "fold them for deployment: mltrain fuse RUN_DIR" : "",
              {{"conv_bn_pairs", pairs}}});
   }
+}
 
-  // ---------------------------------------------------------------- system
+// Kernel settings: swappiness, transparent huge pages, the CPU governor.
+void kernel_settings_checks(Report& rep) {
   {
     const std::string s = read_first_line("/proc/sys/vm/swappiness");
     if (s.empty()) {
@@ -492,11 +471,15 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
                g == "performance" ? "" : "cpupower frequency-set -g performance", g});
     }
   }
+}
+
+// This process: threads against cores, the allocator (measured first), NUMA nodes, open files.
+void process_checks(const Context& c, Report& rep, const Item& allocator) {
   {
     const int cores = runtime::usable_cores();
     const int threads = at::get_num_threads();
     const int64_t workers =
-        o.cfg ? cfg.data.workers.resolve(data::auto_workers(cores)) : data::auto_workers(cores);
+        c.o.cfg ? c.cfg.data.workers.resolve(data::auto_workers(cores)) : data::auto_workers(cores);
     auto j = judge_threads(threads, cores);
     rep.add({"system.threads",
              "system",
@@ -508,7 +491,7 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
              j["status"] == "PASS" ? "" : "runtime.threads=auto",
              {{"threads", threads}, {"cores", cores}, {"workers", workers}}});
   }
-  rep.add(allocator_item);
+  rep.add(allocator);
   {
     int nodes = 0;
     std::error_code ec;
@@ -546,15 +529,19 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
              soft >= 4096 ? "" : "ulimit -n 65536 (or LimitNOFILE in the service / Slurm prolog)",
              {{"soft_limit", soft}}});
   }
+}
+
+// Room under run.dir for the checkpoints the config keeps.
+void disk_check(const Context& c, Report& rep) {
   {
-    fs::path p = fs::absolute(cfg.run.dir);
+    fs::path p = fs::absolute(c.cfg.run.dir);
     while (!p.empty() && !fs::exists(p)) p = p.parent_path();
     struct statvfs sv {};
     if (::statvfs(p.c_str(), &sv) != 0) {
       rep.skip("system.disk_space", "system", "cannot stat " + p.string(), "checkpoints need room");
     } else {
       const double free_b = static_cast<double>(sv.f_bavail) * sv.f_frsize;
-      if (!o.cfg) {
+      if (!c.o.cfg) {
         rep.add({"system.disk_space",
                  "system",
                  free_b > 1e9 ? "PASS" : "WARN",
@@ -564,9 +551,9 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
                  "",
                  {{"free_bytes", free_b}}});
       } else {
-        const double ck = static_cast<double>(checkpoint_bytes(cfg, *model));
+        const double ck = static_cast<double>(checkpoint_bytes(c.cfg, *c.model));
         const double copies =
-            static_cast<double>(cfg.checkpoint.keep_last + cfg.checkpoint.keep_best + 1);
+            static_cast<double>(c.cfg.checkpoint.keep_last + c.cfg.checkpoint.keep_best + 1);
         auto j = judge_disk(free_b, ck * copies);
         rep.add({"system.disk_space",
                  "system",
@@ -584,20 +571,22 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
       }
     }
   }
+}
 
-  // ---------------------------------------------------------------- GPU
-  if (!cuda) {
-    rep.skip("gpu.versions", "gpu", no_cuda,
+// Versions, and a real NCCL all-reduce through the helper process.
+void gpu_checks(const Context& c, Report& rep) {
+  if (!c.cuda) {
+    rep.skip("gpu.versions", "gpu", c.no_cuda,
              "driver, CUDA, cuDNN and NCCL must match what LibTorch was built for");
-    rep.skip("gpu.nccl_allreduce", "gpu", no_cuda,
+    rep.skip("gpu.nccl_allreduce", "gpu", c.no_cuda,
              "all-reduce bandwidth bounds data-parallel scaling");
   } else {
     const auto v = compat::cuda_versions();
     std::string driver = read_first_line("/proc/driver/nvidia/version");
     if (auto k = driver.find("Kernel Module"); k != std::string::npos)
       driver = driver.substr(k + 14, 20);
-    const auto nccl =
-        dist::nccl_allreduce_check(full ? 1 << 30 : 256 << 20, full ? 20 : 10, full ? 180 : 60);
+    const auto nccl = dist::nccl_allreduce_check(c.full ? 1 << 30 : 256 << 20, c.full ? 20 : 10,
+                                                 c.full ? 180 : 60);
     rep.add({"gpu.versions",
              "gpu",
              "PASS",
@@ -634,43 +623,100 @@ nlohmann::json run_checklist(const ChecklistOptions& o) {
             {"world", nccl.world}}});
     }
   }
-
-  nlohmann::json j = rep.json();
-  j["level"] = o.level;
-  j["config"] = o.config_path;
-  j["device"] = device.str();
-  j["seconds"] = since(t_start);
-  return j;
 }
 
-std::string checklist_text(const nlohmann::json& r) {
+}  // namespace
+
+ChecklistReport run_checklist(const ChecklistOptions& o) {
+  const auto t_start = Clock::now();
+  const config::ExperimentConfig defaults;
+  const config::ExperimentConfig& cfg = o.cfg ? *o.cfg : defaults;
+  // With a config, its pipeline up to the model (runtime policy, device, splits); without one, the
+  // runtime policy of the defaults on this node.
+  std::unique_ptr<train::Pipeline> pipe;
+  if (o.cfg) {
+    pipe = train::build_pipeline(cfg, dist::World{}, train::model_only());
+  } else {
+    runtime::apply({train::resolve_threads(cfg, dist::World{}), cfg.runtime.kernel_route,
+                    cfg.runtime.allocator});
+  }
+  Context c{o, cfg, false, false, torch::kCPU, nullptr, nullptr, {}, {}};
+  c.full = o.level == "full";
+  c.device = pipe ? pipe->device : compat::resolve_device("auto");
+  c.cuda = c.device.is_cuda();
+  c.splits = pipe ? &pipe->splits : nullptr;
+  c.model = pipe ? pipe->model.get() : nullptr;
+  c.no_cfg = "no config given: run `mltrain checklist CONFIG.yaml` to check a pipeline";
+  c.no_cuda = compat::cuda_built() ? "no CUDA device visible" : "CPU build of mltrain (no CUDA)";
+
+  ChecklistReport rep;
+  const Item allocator = allocator_check(c);  // first: see allocator_check
+  const double cold_mbs = read_bandwidth_check(c, rep);
+  loader_checks(c, rep, cold_mbs);
+  pinned_copy_check(c, rep);
+  gemm_check(c, rep);
+  cudnn_check(c, rep);
+  autocast_and_fusion_checks(c, rep);
+  kernel_settings_checks(rep);
+  process_checks(c, rep, allocator);
+  disk_check(c, rep);
+  gpu_checks(c, rep);
+  rep.level = o.level;
+  rep.config = o.config_path;
+  rep.device = c.device.str();
+  rep.seconds = since(t_start);
+  return rep;
+}
+
+void ChecklistReport::skip(const std::string& id, const std::string& area,
+                           const std::string& reason, const std::string& why) {
+  add({id, area, "SKIP", "", "", why, reason, nullptr});
+}
+
+std::map<std::string, int> ChecklistReport::counts() const {
+  std::map<std::string, int> n = {{"PASS", 0}, {"WARN", 0}, {"FAIL", 0}, {"SKIP", 0}};
+  for (const auto& i : items) ++n[i.status];
+  return n;
+}
+
+nlohmann::json ChecklistReport::to_json() const {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& i : items)
+    arr.push_back({{"id", i.id},
+                   {"area", i.area},
+                   {"status", i.status},
+                   {"measured", i.measured},
+                   {"expected", i.expected},
+                   {"why", i.why},
+                   {"fix", i.fix},
+                   {"value", i.value}});
+  return {{"items", arr},     {"counts", counts()}, {"level", level},
+          {"config", config}, {"device", device},   {"seconds", seconds}};
+}
+
+std::string ChecklistReport::to_text() const {
   std::ostringstream o;
-  o << "mltrain checklist (" << r.value("level", "")
-    << (r.value("config", "").empty() ? "" : ", " + r.value("config", "")) << ", "
-    << r.value("device", "") << ")\n";
+  o << "mltrain checklist (" << level << (config.empty() ? "" : ", " + config) << ", " << device
+    << ")\n";
   std::string area;
-  for (const auto& it : r["items"]) {
-    if (it["area"] != area) {
-      area = it["area"];
+  for (const auto& it : items) {
+    if (it.area != area) {
+      area = it.area;
       o << "\n" << area << "\n";
     }
-    o << "  " << it["status"].get<std::string>()
-      << std::string(5 - it["status"].get<std::string>().size(), ' ') << it["id"].get<std::string>()
-      << ": ";
-    if (it["status"] == "SKIP") {
-      o << "skipped: " << it["fix"].get<std::string>() << "\n";
+    o << "  " << it.status << std::string(5 - it.status.size(), ' ') << it.id << ": ";
+    if (it.status == "SKIP") {
+      o << "skipped: " << it.fix << "\n";
       continue;
     }
-    o << it["measured"].get<std::string>() << "\n";
-    o << "        expected " << it["expected"].get<std::string>()
-      << "; why: " << it["why"].get<std::string>() << "\n";
-    if (!it["fix"].get<std::string>().empty())
-      o << "        fix: " << it["fix"].get<std::string>() << "\n";
+    o << it.measured << "\n";
+    o << "        expected " << it.expected << "; why: " << it.why << "\n";
+    if (!it.fix.empty()) o << "        fix: " << it.fix << "\n";
   }
-  const auto& c = r["counts"];
+  auto n = counts();
   o << "\n"
-    << c["PASS"] << " pass, " << c["WARN"] << " warn, " << c["FAIL"] << " fail, " << c["SKIP"]
-    << " skip in " << format_fixed(r.value("seconds", 0.0)) << " s\n";
+    << n["PASS"] << " pass, " << n["WARN"] << " warn, " << n["FAIL"] << " fail, " << n["SKIP"]
+    << " skip in " << format_fixed(seconds) << " s\n";
   return o.str();
 }
 

@@ -49,9 +49,6 @@ std::string bn_after(const std::string& mod, const std::map<std::string, torch::
   return "";
 }
 
-struct Timing {
-  double latency_ms_b1 = 0, samples_per_s_b128 = 0;
-};
 Timing time_model(const Forward& f, const torch::Tensor& x1, const torch::Tensor& x128) {
   torch::NoGradGuard ng;
   Timing t;
@@ -63,8 +60,8 @@ Timing time_model(const Forward& f, const torch::Tensor& x1, const torch::Tensor
     lat.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   std::nth_element(lat.begin(), lat.begin() + lat.size() / 2, lat.end());
-  t.latency_ms_b1 = lat[lat.size() / 2];
-  t.samples_per_s_b128 = batch_throughput(f, x128);
+  t.latency_ms_batch1 = lat[lat.size() / 2];
+  t.samples_per_s_batch128 = batch_throughput(f, x128);
   return t;
 }
 
@@ -169,171 +166,215 @@ std::pair<torch::Tensor, torch::Tensor> fold_batchnorm(
   return {w2.contiguous(), b2};
 }
 
-nlohmann::json fuse_run(const std::string& where, const FuseOptions& opt) {
-  auto tm = load_trained_model(where, "fuse");
-  const auto& cfg = tm.cfg;
-  const fs::path out = opt.out_dir.empty() ? tm.run_dir / "fused" : fs::path(opt.out_dir);
-  torch::NoGradGuard ng;
+namespace {
 
-  // Real batches of the test split, in order.
+// Real batches of the test split, in order.
+std::vector<torch::Tensor> test_batches(const train::TrainedModel& tm, int64_t n) {
   data::Loader loader(tm.splits.test,
-                      plain_loader_options(cfg, 128, /*shuffle=*/false, /*drop_last=*/true));
+                      plain_loader_options(tm.cfg, 128, /*shuffle=*/false, /*drop_last=*/true));
   loader.start_epoch(0);
   std::vector<torch::Tensor> xs;
   data::Batch b;
-  while (static_cast<int64_t>(xs.size()) < opt.batches && loader.next(b)) xs.push_back(b.x.clone());
+  while (static_cast<int64_t>(xs.size()) < n && loader.next(b)) xs.push_back(b.x.clone());
   if (xs.empty()) throw DataError("test split", "has no full batch of 128 to compare on");
+  return xs;
+}
 
-  Forward original = [&](const torch::Tensor& x) { return tm.model->forward(x); };
-  Forward fused_fwd;
-  std::unique_ptr<model::Model> fused_model;
-  torch::jit::Module script;
-  int folded = 0;
-  std::vector<std::string> folded_names;
+// The folded model: its forward and its TorchScript form. Owned on the heap so the forward
+// function can refer to them after the struct moves.
+struct Folded {
+  std::shared_ptr<torch::jit::Module> script = std::make_shared<torch::jit::Module>();
+  std::shared_ptr<model::Model> model;
+  Forward forward;
+  std::vector<std::string> names;
+  int count = 0;
+};
+
+// TorchScript input: LibTorch's own pass, in eval mode with the trained weights.
+Folded fold_torchscript(const train::TrainedModel& tm) {
+  torch::jit::Module m = torch::jit::load(tm.cfg.model.path);
+  std::map<std::string, torch::Tensor> trained;
+  for (auto& [n, t] : tm.model->named_parameters()) trained[n] = t;
+  for (auto& [n, t] : tm.model->named_buffers()) trained[n] = t;
+  for (const auto& p : m.named_parameters(true)) p.value.detach().copy_(trained.at(p.name));
+  for (const auto& p : m.named_buffers(true))
+    if (trained.count(p.name)) p.value.detach().copy_(trained.at(p.name));
+  m.eval();
+  Folded f;
+  const int bn_before = batchnorm_calls(m);
+  *f.script = torch::jit::FoldConvBatchNorm(m);
+  f.count = bn_before - batchnorm_calls(*f.script);
+  if (f.count > 0)
+    f.names.push_back(std::to_string(f.count) +
+                      " conv->BatchNorm call(s) folded by LibTorch's FoldConvBatchNorm");
+  auto script = f.script;
+  f.forward = [script](const torch::Tensor& x) { return script->forward({x}).toTensor(); };
+  return f;
+}
+
+// Registry models: the same architecture without BatchNorm (model.batchnorm=false), layers paired
+// by order, each layer's BatchNorm found by the registry's names and folded into it; written as
+// safetensors, config.yaml and generated TorchScript.
+Folded fold_registry(const train::TrainedModel& tm, const fs::path& out) {
+  const auto& cfg = tm.cfg;
   config::ExperimentConfig fused_cfg = cfg;
-  fs::create_directories(out);
-
-  if (cfg.model.name == "torchscript") {
-    // LibTorch's own pass for TorchScript models: eval mode, then fold conv->BN pairs.
-    torch::jit::Module m = torch::jit::load(cfg.model.path);
-    std::map<std::string, torch::Tensor> trained;
-    for (auto& [n, t] : tm.model->named_parameters()) trained[n] = t;
-    for (auto& [n, t] : tm.model->named_buffers()) trained[n] = t;
-    for (const auto& p : m.named_parameters(true)) p.value.detach().copy_(trained.at(p.name));
-    for (const auto& p : m.named_buffers(true))
-      if (trained.count(p.name)) p.value.detach().copy_(trained.at(p.name));
-    m.eval();
-    const int bn_before = batchnorm_calls(m);
-    script = torch::jit::FoldConvBatchNorm(m);
-    folded = bn_before - batchnorm_calls(script);
-    if (folded > 0)
-      folded_names.push_back(std::to_string(folded) +
-                             " conv->BatchNorm call(s) folded by LibTorch's FoldConvBatchNorm");
-    fused_fwd = [&](const torch::Tensor& x) { return script.forward({x}).toTensor(); };
-  } else {
-    fused_cfg.model.batchnorm = false;
-    fused_model = model::build_model(fused_cfg.model, tm.splits.train.sample_shape,
-                                     cfg.data.num_classes, cfg.run.seed);
-    fused_model->set_training(false);
-    std::map<std::string, torch::Tensor> P, B;
-    for (auto& [n, t] : tm.model->named_parameters()) P[n] = t;
-    for (auto& [n, t] : tm.model->named_buffers()) B[n] = t;
-    std::vector<std::string> src, dst;
-    for (auto& [n, t] : tm.model->named_parameters())
-      if (t.dim() >= 2) src.push_back(n);
-    auto fused_params = fused_model->named_parameters();
-    std::map<std::string, torch::Tensor> FP;
-    for (auto& [n, t] : fused_params) {
-      FP[n] = t;
-      if (t.dim() >= 2) dst.push_back(n);
-    }
-    if (src.size() != dst.size())
-      throw RuntimeError("fuse",
-                         "the BatchNorm-free " + cfg.model.name + " has another layer count");
-    for (size_t i = 0; i < src.size(); ++i) {
-      const std::string sm = module_of(src[i]), dm = module_of(dst[i]);
-      const auto& w = P.at(src[i]);
-      if (w.sizes() != FP.at(dst[i]).sizes())
-        throw RuntimeError("fuse", "shape mismatch at " + src[i]);
-      const torch::Tensor bias = P.count(sm + ".bias") ? P.at(sm + ".bias") : torch::Tensor();
-      const std::string bn = bn_after(sm, B);
-      torch::Tensor w2 = w, b2 = bias.defined() ? bias : torch::zeros({w.size(0)}, w.options());
-      if (!bn.empty()) {
-        std::tie(w2, b2) =
-            fold_batchnorm(w, bias, P.at(bn + ".weight"), P.at(bn + ".bias"),
-                           B.at(bn + ".running_mean"), B.at(bn + ".running_var"), kBnEps);
-        ++folded;
-        folded_names.push_back(sm + " <- " + bn);
-      }
-      FP.at(dst[i]).detach().copy_(w2);
-      if (!FP.count(dm + ".bias"))
-        throw RuntimeError("fuse", "the BatchNorm-free layer " + dm + " has no bias");
-      FP.at(dm + ".bias").detach().copy_(b2);
-    }
-    fused_fwd = [&](const torch::Tensor& x) { return fused_model->forward(x); };
-
-    // The same weights as a TorchScript module (loadable by torch.jit.load and model.name=torchscript).
-    script = torch::jit::Module("MltrainFused" + cfg.model.name);
-    for (auto& [n, t] : fused_params)
-      script.register_parameter(ident(n), t.detach().contiguous().clone(), false);
-    script.define(script_source(fused_cfg.model, fused_params));
-    script.eval();
-    formats::save_safetensors((out / "model.safetensors").string(), fused_params,
-                              {{"format", "pt"}, {"fused_from", tm.checkpoint.string()}});
-    write_file_atomic((out / "config.yaml").string(), config::to_yaml(fused_cfg));
+  fused_cfg.model.batchnorm = false;
+  train::PipelineOptions po = train::model_only(&tm.splits);
+  fused_cfg.runtime.device = "cpu";
+  Folded f;
+  f.model = std::shared_ptr<model::Model>(
+      train::build_pipeline(fused_cfg, dist::World{}, po)->model.release());
+  f.model->set_training(false);
+  std::map<std::string, torch::Tensor> P, B, FP;
+  for (auto& [n, t] : tm.model->named_parameters()) P[n] = t;
+  for (auto& [n, t] : tm.model->named_buffers()) B[n] = t;
+  std::vector<std::string> src, dst;
+  for (auto& [n, t] : tm.model->named_parameters())
+    if (t.dim() >= 2) src.push_back(n);
+  const auto fused_params = f.model->named_parameters();
+  for (auto& [n, t] : fused_params) {
+    FP[n] = t;
+    if (t.dim() >= 2) dst.push_back(n);
   }
-  const std::string pt = (out / "model.pt").string();
-  script.save(pt);
+  if (src.size() != dst.size())
+    throw RuntimeError("fuse", "the BatchNorm-free " + cfg.model.name + " has another layer count");
+  for (size_t i = 0; i < src.size(); ++i) {
+    const std::string sm = module_of(src[i]), dm = module_of(dst[i]);
+    const auto& w = P.at(src[i]);
+    if (w.sizes() != FP.at(dst[i]).sizes())
+      throw RuntimeError("fuse", "shape mismatch at " + src[i]);
+    const torch::Tensor bias = P.count(sm + ".bias") ? P.at(sm + ".bias") : torch::Tensor();
+    const std::string bn = bn_after(sm, B);
+    torch::Tensor w2 = w, b2 = bias.defined() ? bias : torch::zeros({w.size(0)}, w.options());
+    if (!bn.empty()) {
+      std::tie(w2, b2) =
+          fold_batchnorm(w, bias, P.at(bn + ".weight"), P.at(bn + ".bias"),
+                         B.at(bn + ".running_mean"), B.at(bn + ".running_var"), kBnEps);
+      ++f.count;
+      f.names.push_back(sm + " <- " + bn);
+    }
+    FP.at(dst[i]).detach().copy_(w2);
+    if (!FP.count(dm + ".bias"))
+      throw RuntimeError("fuse", "the BatchNorm-free layer " + dm + " has no bias");
+    FP.at(dm + ".bias").detach().copy_(b2);
+  }
+  auto fused = f.model;
+  f.forward = [fused](const torch::Tensor& x) { return fused->forward(x); };
 
-  // Proof: outputs on real batches, then speed.
-  double max_diff = 0, sum_diff = 0, max_logit = 0, script_diff = 0;
+  // The same weights as a TorchScript module (loadable by torch.jit.load and model.name=torchscript).
+  *f.script = torch::jit::Module("MltrainFused" + cfg.model.name);
+  for (auto& [n, t] : fused_params)
+    f.script->register_parameter(ident(n), t.detach().contiguous().clone(), false);
+  f.script->define(script_source(fused_cfg.model, fused_params));
+  f.script->eval();
+  formats::save_safetensors((out / "model.safetensors").string(), fused_params,
+                            {{"format", "pt"}, {"fused_from", tm.checkpoint.string()}});
+  write_file_atomic((out / "config.yaml").string(), config::to_yaml(fused_cfg));
+  return f;
+}
+
+// Differences on real batches: original vs folded, and the reloaded TorchScript file vs folded.
+void compare_outputs(const Forward& original, const Folded& f, const std::string& pt,
+                     const std::vector<torch::Tensor>& xs, FuseReport& r) {
+  double sum_diff = 0;
   int64_t n = 0;
   torch::jit::Module reloaded = torch::jit::load(pt);
   reloaded.eval();
   for (const auto& x : xs) {
-    const auto a = original(x), f = fused_fwd(x);
-    const auto d = (a - f).abs();
-    max_diff = std::max(max_diff, d.max().item<double>());
+    const auto a = original(x), y = f.forward(x);
+    const auto d = (a - y).abs();
+    r.max_abs_diff = std::max(r.max_abs_diff, d.max().item<double>());
     sum_diff += d.sum().item<double>();
     n += d.numel();
-    max_logit = std::max(max_logit, a.abs().max().item<double>());
-    script_diff =
-        std::max(script_diff, (reloaded.forward({x}).toTensor() - f).abs().max().item<double>());
+    r.max_abs_logit = std::max(r.max_abs_logit, a.abs().max().item<double>());
+    r.torchscript_max_abs_diff =
+        std::max(r.torchscript_max_abs_diff,
+                 (reloaded.forward({x}).toTensor() - y).abs().max().item<double>());
   }
-  const double allowed = opt.tolerance * std::max(1.0, max_logit);
+  r.mean_abs_diff = sum_diff / std::max<int64_t>(1, n);
+  r.compared_batches = static_cast<int64_t>(xs.size());
+}
+
+}  // namespace
+
+FuseReport fuse_run(const std::string& where, const FuseOptions& opt) {
+  auto tm = load_trained_model(where, "fuse");
+  const fs::path out = opt.out_dir.empty() ? tm.run_dir / "fused" : fs::path(opt.out_dir);
+  torch::NoGradGuard ng;
+  const auto xs = test_batches(tm, opt.batches);
+  fs::create_directories(out);
+  const Folded folded =
+      tm.cfg.model.name == "torchscript" ? fold_torchscript(tm) : fold_registry(tm, out);
+  const std::string pt = (out / "model.pt").string();
+  folded.script->save(pt);
+
+  // Proof: outputs on real batches, then speed.
+  FuseReport r;
+  r.run = tm.run_dir.string();
+  r.checkpoint = tm.checkpoint.string();
+  r.model = tm.cfg.model.name;
+  r.folded = folded.names;
+  r.folded_batchnorms = folded.count;
+  r.torchscript_file = pt;
+  r.out_dir = out.string();
+  const Forward original = [&](const torch::Tensor& x) { return tm.model->forward(x); };
+  compare_outputs(original, folded, pt, xs, r);
+  r.tolerance = opt.tolerance * std::max(1.0, r.max_abs_logit);
   const auto x1 = xs[0].slice(0, 0, 1).clone(), x128 = xs[0];
-  const Timing before = time_model(original, x1, x128), after = time_model(fused_fwd, x1, x128);
-  nlohmann::json r = {
-      {"run", tm.run_dir.string()},
-      {"checkpoint", tm.checkpoint.string()},
-      {"model", cfg.model.name},
-      {"folded_batchnorms", folded},
-      {"folded", folded_names},
-      {"compared", {{"batches", xs.size()}, {"batch_size", 128}, {"split", "test"}}},
-      {"max_abs_diff", max_diff},
-      {"mean_abs_diff", sum_diff / std::max<int64_t>(1, n)},
-      {"max_abs_logit", max_logit},
-      {"tolerance", allowed},
-      {"within_tolerance", max_diff <= allowed},
-      {"torchscript_max_abs_diff", script_diff},
-      {"before",
-       {{"latency_ms_batch1", before.latency_ms_b1},
-        {"samples_per_s_batch128", before.samples_per_s_b128}}},
-      {"after",
-       {{"latency_ms_batch1", after.latency_ms_b1},
-        {"samples_per_s_batch128", after.samples_per_s_b128}}},
-      {"speedup_batch1", before.latency_ms_b1 / after.latency_ms_b1},
-      {"speedup_batch128", after.samples_per_s_b128 / before.samples_per_s_b128},
-      {"files", {{"torchscript", pt}, {"dir", out.string()}}}};
-  write_file_atomic((out / "fuse.json").string(), r.dump(2) + "\n");
-  if (!(max_diff <= allowed) || !(script_diff <= allowed))
+  r.before = time_model(original, x1, x128);
+  r.after = time_model(folded.forward, x1, x128);
+  write_file_atomic((out / "fuse.json").string(), r.to_json().dump(2) + "\n");
+  if (!r.within_tolerance() || !(r.torchscript_max_abs_diff <= r.tolerance))
     throw RuntimeError("fuse",
                        "fused outputs differ by " +
-                           std::to_string(std::max(max_diff, script_diff)) + " (allowed " +
-                           std::to_string(allowed) + "); nothing to trust",
+                           std::to_string(std::max(r.max_abs_diff, r.torchscript_max_abs_diff)) +
+                           " (allowed " + std::to_string(r.tolerance) + "); nothing to trust",
                        "report this with " + (out / "fuse.json").string());
   return r;
 }
 
-std::string fuse_text(const nlohmann::json& r) {
+static nlohmann::json timing_json(const Timing& t) {
+  return {{"latency_ms_batch1", t.latency_ms_batch1},
+          {"samples_per_s_batch128", t.samples_per_s_batch128}};
+}
+
+nlohmann::json FuseReport::to_json() const {
+  return {{"run", run},
+          {"checkpoint", checkpoint},
+          {"model", model},
+          {"folded_batchnorms", folded_batchnorms},
+          {"folded", folded},
+          {"compared", {{"batches", compared_batches}, {"batch_size", 128}, {"split", "test"}}},
+          {"max_abs_diff", max_abs_diff},
+          {"mean_abs_diff", mean_abs_diff},
+          {"max_abs_logit", max_abs_logit},
+          {"tolerance", tolerance},
+          {"within_tolerance", within_tolerance()},
+          {"torchscript_max_abs_diff", torchscript_max_abs_diff},
+          {"before", timing_json(before)},
+          {"after", timing_json(after)},
+          {"speedup_batch1", before.latency_ms_batch1 / after.latency_ms_batch1},
+          {"speedup_batch128", after.samples_per_s_batch128 / before.samples_per_s_batch128},
+          {"files", {{"torchscript", torchscript_file}, {"dir", out_dir}}}};
+}
+
+std::string FuseReport::to_text() const {
   std::ostringstream o;
-  o << "fused " << r.value("model", "") << " from " << r.value("checkpoint", "") << ": "
-    << r.value("folded_batchnorms", 0) << " BatchNorm layer(s) folded\n";
-  for (const auto& f : r["folded"]) o << "  " << f.get<std::string>() << "\n";
-  o << "outputs on " << r["compared"].value("batches", 0) << " test batches of 128: max |diff| "
-    << config::format_double(r.value("max_abs_diff", 0.0)) << ", mean |diff| "
-    << config::format_double(r.value("mean_abs_diff", 0.0)) << " (allowed "
-    << config::format_double(r.value("tolerance", 0.0)) << " = 1e-4 x max(1, max |logit| "
-    << format_fixed(r.value("max_abs_logit", 0.0), 2) << ")); TorchScript file vs fused: "
-    << config::format_double(r.value("torchscript_max_abs_diff", 0.0)) << "\n";
-  o << "batch 1:   " << format_fixed(r["before"].value("latency_ms_batch1", 0.0), 3) << " ms -> "
-    << format_fixed(r["after"].value("latency_ms_batch1", 0.0), 3) << " ms ("
-    << format_fixed(r.value("speedup_batch1", 0.0), 2) << "x)\n";
-  o << "batch 128: " << format_fixed(r["before"].value("samples_per_s_batch128", 0.0), 0) << " -> "
-    << format_fixed(r["after"].value("samples_per_s_batch128", 0.0), 0) << " samples/s ("
-    << format_fixed(r.value("speedup_batch128", 0.0), 2) << "x)\n";
-  o << "wrote " << r["files"].value("dir", "")
-    << "/{model.pt, model.safetensors, config.yaml, fuse.json}\n";
+  o << "fused " << model << " from " << checkpoint << ": " << folded_batchnorms
+    << " BatchNorm layer(s) folded\n";
+  for (const auto& f : folded) o << "  " << f << "\n";
+  o << "outputs on " << compared_batches << " test batches of 128: max |diff| "
+    << config::format_double(max_abs_diff) << ", mean |diff| "
+    << config::format_double(mean_abs_diff) << " (allowed " << config::format_double(tolerance)
+    << " = 1e-4 x max(1, max |logit| " << format_fixed(max_abs_logit, 2)
+    << ")); TorchScript file vs fused: " << config::format_double(torchscript_max_abs_diff) << "\n";
+  o << "batch 1:   " << format_fixed(before.latency_ms_batch1, 3) << " ms -> "
+    << format_fixed(after.latency_ms_batch1, 3) << " ms ("
+    << format_fixed(before.latency_ms_batch1 / after.latency_ms_batch1, 2) << "x)\n";
+  o << "batch 128: " << format_fixed(before.samples_per_s_batch128, 0) << " -> "
+    << format_fixed(after.samples_per_s_batch128, 0) << " samples/s ("
+    << format_fixed(after.samples_per_s_batch128 / before.samples_per_s_batch128, 2) << "x)\n";
+  o << "wrote " << out_dir << "/{model.pt, model.safetensors, config.yaml, fuse.json}\n";
   return o.str();
 }
 

@@ -431,21 +431,16 @@ Eval evaluate(const std::vector<std::pair<torch::Tensor, torch::Tensor>>& batche
 
 }  // namespace
 
-nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt) {
-  if (opt.mode != "static" && opt.mode != "dynamic")
-    throw ConfigError("--mode", "unknown mode '" + opt.mode + "'", "use static or dynamic");
-  auto tm = train::load_trained_model(where, "quantize");
-  const auto& cfg = tm.cfg;
-  const bool dynamic = opt.mode == "dynamic";
-  const at::QEngine engine = pick_engine(opt.engine);
-  at::globalContext().setQEngine(engine);
-  torch::NoGradGuard ng;
-  tm.model->set_training(false);
-  const fs::path out = opt.out_dir.empty() ? tm.run_dir / "quantized" : fs::path(opt.out_dir);
+namespace {
 
-  // 1. The graph, BatchNorm folded; which layers run quantized.
-  Graph g = build_graph(cfg.model, *tm.model);
-  const size_t N = g.nodes.size();
+using Batches = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// Which layers run quantized: every conv/linear/add (static) or every linear (dynamic), less the
+// excluded ones, which must exist.
+std::vector<Mode> choose_modes(const Graph& g, const QuantizeOptions& opt,
+                               const std::string& model) {
+  const bool dynamic = opt.mode == "dynamic";
   std::set<std::string> names, excluded(opt.exclude.begin(), opt.exclude.end());
   for (const auto& n : g.nodes)
     if (n.weighted() || n.op == Op::Add) names.insert(n.name);
@@ -453,96 +448,112 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
     if (!names.count(e)) {
       std::string all;
       for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-      throw ConfigError("--exclude",
-                        "no quantizable layer named '" + e + "' in this " + cfg.model.name,
+      throw ConfigError("--exclude", "no quantizable layer named '" + e + "' in this " + model,
                         "layers: " + all);
     }
-  std::vector<Mode> fp32(N, Mode::Fp32), mode(N, Mode::Fp32);
-  for (size_t k = 0; k < N; ++k) {
+  std::vector<Mode> mode(g.nodes.size(), Mode::Fp32);
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
     const auto& n = g.nodes[k];
     if (excluded.count(n.name)) continue;
     if (dynamic ? n.op == Op::Linear : (n.weighted() || n.op == Op::Add))
       mode[k] = dynamic ? Mode::Dynamic : Mode::Int8;
   }
+  return mode;
+}
 
-  // 2. Calibration (static mode): observers on the input and every conv/linear/add output, over
-  // training batches; the ranges are cached by weights, calibration data, observer and graph.
-  std::vector<QParams> qp(N + 1);
-  std::string cache_state = "not needed (dynamic mode)";
-  int64_t seen = 0;
-  nlohmann::json ranges = nlohmann::json::array();
-  if (!dynamic) {
-    data::Loader calib(tm.splits.train,
-                       train::plain_loader_options(cfg, 128, /*shuffle=*/true, /*drop_last=*/true));
-    calib.start_epoch(0);
-    std::vector<torch::Tensor> xs;
-    data::Batch b;
-    while (static_cast<int64_t>(xs.size()) < opt.calib_batches && calib.next(b))
-      xs.push_back(b.x.contiguous().clone());
-    seen = static_cast<int64_t>(xs.size());
-    if (seen == 0) throw DataError("training split", "has no batch to calibrate on");
-    Sha256 h;
-    // kCalibrationVersion changes whenever an observer's algorithm does, so stale ranges are not reused.
-    const std::string head = std::to_string(kCalibrationVersion) + "|" +
-                             sha256_file((tm.checkpoint / "model.safetensors").string()) + "|" +
-                             cfg.model.name + "|" + opt.observer + "|" + std::to_string(N);
-    h.update(head.data(), head.size());
-    for (const auto& x : xs)
-      h.update(x.data_ptr(), static_cast<size_t>(x.numel()) * x.element_size());
-    const std::string key = h.hex().substr(0, 24);
-    const bool use_cache = opt.cache_dir != "off";
-    const fs::path cache =
-        (opt.cache_dir.empty() ? out / "calib_cache" : fs::path(opt.cache_dir)) / (key + ".json");
-    bool hit = false;
-    if (use_cache && fs::exists(cache)) {
-      try {
-        std::ifstream in(cache);
-        ranges = nlohmann::json::parse(in).at("ranges");
-        hit = ranges.size() == N + 1;
-      } catch (const std::exception&) {
-        hit = false;  // a damaged cache entry is recomputed and rewritten
-      }
+// Observed ranges of the input and every conv/linear/add output over the calibration batches,
+// cached under a key of the weights, the batches' bytes, the observer and the graph.
+nlohmann::json observed_ranges(const Graph& g, const train::TrainedModel& tm,
+                               const std::vector<torch::Tensor>& xs, const QuantizeOptions& opt,
+                               const fs::path& out, std::string* cache_state) {
+  const size_t N = g.nodes.size();
+  Sha256 h;
+  // kCalibrationVersion changes whenever an observer's algorithm does, so stale ranges are not reused.
+  const std::string head = std::to_string(kCalibrationVersion) + "|" +
+                           sha256_file((tm.checkpoint / "model.safetensors").string()) + "|" +
+                           tm.cfg.model.name + "|" + opt.observer + "|" + std::to_string(N);
+  h.update(head.data(), head.size());
+  for (const auto& x : xs)
+    h.update(x.data_ptr(), static_cast<size_t>(x.numel()) * x.element_size());
+  const std::string key = h.hex().substr(0, 24);
+  const bool use_cache = opt.cache_dir != "off";
+  const fs::path cache =
+      (opt.cache_dir.empty() ? out / "calib_cache" : fs::path(opt.cache_dir)) / (key + ".json");
+  nlohmann::json ranges;
+  if (use_cache && fs::exists(cache)) {
+    try {
+      std::ifstream in(cache);
+      ranges = nlohmann::json::parse(in).at("ranges");
+    } catch (const std::exception&) {
+      ranges = nullptr;  // a damaged cache entry is recomputed and rewritten
     }
-    if (!hit) {
-      std::vector<std::unique_ptr<RangeObserver>> obs(N + 1);
-      for (size_t v = 0; v <= N; ++v)
-        if (static_cast<int>(v) == g.source(static_cast<int>(v)))
-          // The logits keep their full range whatever the observer: clipping them reorders the classes.
-          obs[v] = v == N ? std::make_unique<MinMaxObserver>() : make_observer(opt.observer);
-      for (const auto& x : xs) {
-        std::vector<torch::Tensor> acts;
-        run_graph(g, x, fp32, qp, &acts);
-        for (size_t v = 0; v <= N; ++v)
-          if (obs[v]) obs[v]->observe(acts[v]);
-      }
-      ranges = nlohmann::json::array();
-      for (size_t v = 0; v <= N; ++v) {
-        const auto [lo, hi] = obs[static_cast<size_t>(g.source(static_cast<int>(v)))]->range();
-        ranges.push_back({lo, hi});
-      }
-      if (use_cache) {
-        fs::create_directories(cache.parent_path());
-        write_file_atomic(
-            cache.string(),
-            nlohmann::json{{"key", key}, {"observer", opt.observer}, {"ranges", ranges}}.dump() +
-                "\n");
-      }
-    }
-    cache_state = !use_cache ? "off" : hit ? "hit " + cache.string() : "stored " + cache.string();
-    for (size_t v = 0; v <= N; ++v)
-      qp[v] = affine_qparams(ranges[v][0].get<float>(), ranges[v][1].get<float>(), 0, 255);
   }
+  const bool hit = ranges.is_array() && ranges.size() == N + 1;
+  *cache_state = !use_cache ? "off" : (hit ? "hit " : "stored ") + cache.string();
+  if (hit) return ranges;
+  std::vector<std::unique_ptr<RangeObserver>> obs(N + 1);
+  for (size_t v = 0; v <= N; ++v)
+    if (static_cast<int>(v) == g.source(static_cast<int>(v)))
+      // The logits keep their full range whatever the observer: clipping them reorders the classes.
+      obs[v] = v == N ? std::make_unique<MinMaxObserver>() : make_observer(opt.observer);
+  const std::vector<Mode> fp32(N, Mode::Fp32);
+  const std::vector<QParams> none(N + 1);
+  for (const auto& x : xs) {
+    std::vector<torch::Tensor> acts;
+    run_graph(g, x, fp32, none, &acts);
+    for (size_t v = 0; v <= N; ++v)
+      if (obs[v]) obs[v]->observe(acts[v]);
+  }
+  ranges = nlohmann::json::array();
+  for (size_t v = 0; v <= N; ++v) {
+    const auto [lo, hi] = obs[static_cast<size_t>(g.source(static_cast<int>(v)))]->range();
+    ranges.push_back({lo, hi});
+  }
+  if (use_cache) {
+    fs::create_directories(cache.parent_path());
+    write_file_atomic(
+        cache.string(),
+        nlohmann::json{{"key", key}, {"observer", opt.observer}, {"ranges", ranges}}.dump() + "\n");
+  }
+  return ranges;
+}
 
-  // 3. int8 weights, prepacked; sizes.
-  int64_t fp32_bytes = 0, q_bytes = 0;
-  nlohmann::json layers = nlohmann::json::array();
-  for (size_t k = 0; k < N; ++k) {
+// Static mode: activation qparams from training batches (calibration). Dynamic: none needed.
+std::vector<QParams> calibrate(const Graph& g, const train::TrainedModel& tm,
+                               const QuantizeOptions& opt, const fs::path& out, QuantizeReport& r) {
+  const size_t N = g.nodes.size();
+  std::vector<QParams> qp(N + 1);
+  r.calibration_cache = "not needed (dynamic mode)";
+  if (opt.mode == "dynamic") return qp;
+  data::Loader calib(tm.splits.train, train::plain_loader_options(tm.cfg, 128, /*shuffle=*/true,
+                                                                  /*drop_last=*/true));
+  calib.start_epoch(0);
+  std::vector<torch::Tensor> xs;
+  data::Batch b;
+  while (static_cast<int64_t>(xs.size()) < opt.calib_batches && calib.next(b))
+    xs.push_back(b.x.contiguous().clone());
+  r.calibration_batches = static_cast<int64_t>(xs.size());
+  if (xs.empty()) throw DataError("training split", "has no batch to calibrate on");
+  const auto ranges = observed_ranges(g, tm, xs, opt, out, &r.calibration_cache);
+  for (size_t v = 0; v <= N; ++v) {
+    qp[v] = affine_qparams(ranges[v][0].get<float>(), ranges[v][1].get<float>(), 0, 255);
+    if (v == 0 || !g.nodes[v - 1].passthrough())
+      r.activation_qparams.push_back(
+          {v == 0 ? "input" : g.nodes[v - 1].name, qp[v].scale, qp[v].zero_point});
+  }
+  return qp;
+}
+
+// int8 weights, prepacked (every layer when the sensitivity pass will need them); sizes and the
+// per-layer table.
+void prepack_weights(Graph& g, const std::vector<Mode>& mode, bool all, QuantizeReport& r) {
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
     auto& n = g.nodes[k];
     if (n.weighted()) {
       const int64_t fbytes = (n.w.numel() + n.b.numel()) * 4;
-      fp32_bytes += fbytes;
-      if (mode[k] == Mode::Fp32 && !opt.sensitivity) {
-        q_bytes += fbytes;
+      r.fp32_weight_bytes += fbytes;
+      if (mode[k] == Mode::Fp32 && !all) {
+        r.int8_weight_bytes += fbytes;
       } else {
         const auto qw = quantize_weight(n.w);
         if (n.op == Op::Conv)
@@ -552,49 +563,53 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
                     c10::List<int64_t>({n.pad, n.pad}), c10::List<int64_t>({1, 1}), int64_t{1}});
         else
           n.packed = call("quantized::linear_prepack", "", {qw, n.b});
-        q_bytes += mode[k] == Mode::Fp32
-                       ? fbytes
-                       : n.w.numel() + n.w.size(0) * 8 /* scale + zero point */ + n.b.numel() * 4;
+        r.int8_weight_bytes +=
+            mode[k] == Mode::Fp32
+                ? fbytes
+                : n.w.numel() + n.w.size(0) * 8 /* scale + zero point */ + n.b.numel() * 4;
       }
     }
     if (n.weighted() || n.op == Op::Add)
-      layers.push_back({{"name", n.name},
-                        {"op", n.op == Op::Conv     ? "conv"
-                               : n.op == Op::Linear ? "linear"
-                                                    : "add"},
-                        {"mode", mode[k] == Mode::Int8      ? "int8"
-                                 : mode[k] == Mode::Dynamic ? "dynamic int8"
-                                                            : "fp32"}});
+      r.layers.push_back({n.name,
+                          n.op == Op::Conv     ? "conv"
+                          : n.op == Op::Linear ? "linear"
+                                               : "add",
+                          mode[k] == Mode::Int8      ? "int8"
+                          : mode[k] == Mode::Dynamic ? "dynamic int8"
+                                                     : "fp32"});
   }
-  auto q_forward = [&](const torch::Tensor& x) { return run_graph(g, x, mode, qp); };
+}
 
-  // 4. Test accuracy: the trained model (as it runs in training) against the quantized graph.
-  data::Loader test(tm.splits.test,
-                    train::plain_loader_options(cfg, 500, /*shuffle=*/false, /*drop_last=*/false));
+// Test accuracy of the trained model (as it runs in training) against the quantized forward;
+// returns the first test batch (at most 128 samples) for the speed and script checks.
+torch::Tensor test_accuracy(const train::TrainedModel& tm, const Forward& q_forward,
+                            QuantizeReport& r) {
+  data::Loader test(tm.splits.test, train::plain_loader_options(tm.cfg, 500, /*shuffle=*/false,
+                                                                /*drop_last=*/false));
   test.start_epoch(0);
-  int64_t n = 0, right_fp = 0, right_q = 0, agree = 0;
   torch::Tensor first;
   data::Batch b;
   while (test.next(b)) {
     const auto x = b.x.contiguous();
     const auto pf = tm.model->forward(x).argmax(1), pq = q_forward(x).argmax(1);
-    right_fp += pf.eq(b.y).sum().item<int64_t>();
-    right_q += pq.eq(b.y).sum().item<int64_t>();
-    agree += pf.eq(pq).sum().item<int64_t>();
-    n += b.y.size(0);
+    r.fp32_right += pf.eq(b.y).sum().item<int64_t>();
+    r.int8_right += pq.eq(b.y).sum().item<int64_t>();
+    r.agree += pf.eq(pq).sum().item<int64_t>();
+    r.test_samples += b.y.size(0);
     if (!first.defined()) first = x.slice(0, 0, std::min<int64_t>(128, x.size(0))).clone();
   }
-  // 5. Speed at batch 128: the trained model as configured (channels-last, fp32) vs quantized.
-  const double fp_sps =
-      batch_throughput([&](const torch::Tensor& x) { return tm.model->forward(x); }, first);
-  const double q_sps = batch_throughput(q_forward, first);
+  return first;
+}
 
-  // 6. The deployable model: TorchScript, saved, reloaded as a user would, and checked against the
-  // graph on the first test batch.
+// The deployable model: TorchScript, saved, reloaded as a user would, and checked against the
+// graph on the first test batch.
+void export_script(const Graph& g, const std::vector<Mode>& mode, const std::vector<QParams>& qp,
+                   const train::TrainedModel& tm, const Forward& q_forward,
+                   const torch::Tensor& first, const fs::path& out, QuantizeReport& r) {
   fs::create_directories(out);
   const fs::path pt = out / "model_int8.pt";
   {
-    auto script = to_script(g, mode, qp, cfg.model.name, first.dim());
+    auto script = to_script(g, mode, qp, tm.cfg.model.name, first.dim());
     const fs::path tmp = out / "model_int8.pt.tmp";
     script.save(tmp.string());
     fs::rename(tmp, pt);
@@ -602,132 +617,176 @@ nlohmann::json quantize_run(const std::string& where, const QuantizeOptions& opt
   torch::jit::Module reloaded = torch::jit::load(pt.string());
   reloaded.eval();
   const auto want = q_forward(first), got = reloaded.forward({first}).toTensor();
-  const double script_diff = (want - got).abs().max().item<double>();
-  const double script_agree =
+  auto& s = r.script;
+  s.path = pt.string();
+  s.bytes = static_cast<int64_t>(fs::file_size(pt));
+  s.max_abs_diff = (want - got).abs().max().item<double>();
+  s.prediction_agreement =
       want.argmax(1).eq(got.argmax(1)).to(torch::kDouble).mean().item<double>();
-  const double script_sps = batch_throughput(
+  s.samples_per_s_batch128 = batch_throughput(
       [&](const torch::Tensor& x) { return reloaded.forward({x}).toTensor(); }, first);
+  s.input_shape = first.sizes().slice(1).vec();
+  s.input_mean = tm.cfg.data.mean;
+  s.input_std = tm.cfg.data.std;
+}
 
-  nlohmann::json r = {{"run", tm.run_dir.string()},
-                      {"checkpoint", tm.checkpoint.string()},
-                      {"model", cfg.model.name},
-                      {"mode", opt.mode},
-                      {"engine", c10::toString(engine)},
-                      {"observer", dynamic ? "none (dynamic)" : opt.observer},
-                      {"calibration_batches", seen},
-                      {"calibration_cache", cache_state},
-                      {"excluded", opt.exclude},
-                      {"layers", layers},
-                      {"test_samples", n},
-                      {"fp32_accuracy", double(right_fp) / n},
-                      {"int8_accuracy", double(right_q) / n},
-                      {"accuracy_drop_points", 100.0 * (right_fp - right_q) / n},
-                      {"prediction_agreement", double(agree) / n},
-                      {"fp32_weight_bytes", fp32_bytes},
-                      {"int8_weight_bytes", q_bytes},
-                      {"size_ratio", double(fp32_bytes) / q_bytes},
-                      {"fp32_samples_per_s_batch128", fp_sps},
-                      {"int8_samples_per_s_batch128", q_sps},
-                      {"speedup_batch128", q_sps / fp_sps},
-                      {"script",
-                       {{"path", pt.string()},
-                        {"bytes", static_cast<int64_t>(fs::file_size(pt))},
-                        {"max_abs_diff", script_diff},
-                        {"prediction_agreement", script_agree},
-                        {"samples_per_s_batch128", script_sps},
-                        {"input",
-                         {{"shape", first.sizes().slice(1).vec()},
-                          {"mean", cfg.data.mean},
-                          {"std", cfg.data.std}}}}},
-                      {"activation_qparams", nlohmann::json::array()}};
-  if (!dynamic)
-    for (size_t v = 0; v <= N; ++v)
-      if (v == 0 || !g.nodes[v - 1].passthrough())
-        r["activation_qparams"].push_back({{"at", v == 0 ? "input" : g.nodes[v - 1].name},
-                                           {"scale", qp[v].scale},
-                                           {"zero_point", qp[v].zero_point}});
-
-  // 7. Sensitivity: each layer quantized alone (everything else fp32), on the eval split.
-  if (opt.sensitivity) {
-    const auto sb = take_batches(tm.splits.eval, cfg, opt.sensitivity_samples);
-    const Eval base =
-        evaluate(sb, [&](const torch::Tensor& x) { return run_graph(g, x, fp32, qp); });
-    nlohmann::json rows = nlohmann::json::array();
-    std::vector<std::string> propose;
-    for (size_t k = 0; k < N; ++k) {
-      const auto& nd = g.nodes[k];
-      if (!(dynamic ? nd.op == Op::Linear : (nd.weighted() || nd.op == Op::Add))) continue;
-      std::vector<Mode> one(N, Mode::Fp32);
-      one[k] = dynamic ? Mode::Dynamic : Mode::Int8;
-      const Eval e = evaluate(sb, [&](const torch::Tensor& x) { return run_graph(g, x, one, qp); });
-      const double drop = 100.0 * (base.accuracy() - e.accuracy());
-      rows.push_back({{"layer", nd.name},
-                      {"accuracy", e.accuracy()},
-                      {"drop_points", drop},
-                      {"changed_predictions", e.pred.ne(base.pred).sum().item<int64_t>()}});
-      if (drop > opt.sensitivity_threshold + 1e-9) propose.push_back(nd.name);
-    }
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& c) {
-      return a["drop_points"].template get<double>() > c["drop_points"].template get<double>();
-    });
-    r["sensitivity"] = {{"split", tm.splits.eval_name},
-                        {"samples", base.n},
-                        {"fp32_accuracy", base.accuracy()},
-                        {"threshold_points", opt.sensitivity_threshold},
-                        {"layers", rows},
-                        {"proposed_exclude", propose}};
+// Each layer quantized alone (everything else fp32), on the eval split; layers that lose more than
+// the threshold are proposed for exclusion.
+QuantizeReport::Sensitivity sensitivity(const Graph& g, const std::vector<QParams>& qp,
+                                        const train::TrainedModel& tm, const QuantizeOptions& opt) {
+  const size_t N = g.nodes.size();
+  const bool dynamic = opt.mode == "dynamic";
+  const Batches sb = take_batches(tm.splits.eval, tm.cfg, opt.sensitivity_samples);
+  const std::vector<Mode> fp32(N, Mode::Fp32);
+  const Eval base = evaluate(sb, [&](const torch::Tensor& x) { return run_graph(g, x, fp32, qp); });
+  QuantizeReport::Sensitivity s{tm.splits.eval_name,       base.n, base.accuracy(),
+                                opt.sensitivity_threshold, {},     {}};
+  for (size_t k = 0; k < N; ++k) {
+    const auto& nd = g.nodes[k];
+    if (!(dynamic ? nd.op == Op::Linear : (nd.weighted() || nd.op == Op::Add))) continue;
+    std::vector<Mode> one(N, Mode::Fp32);
+    one[k] = dynamic ? Mode::Dynamic : Mode::Int8;
+    const Eval e = evaluate(sb, [&](const torch::Tensor& x) { return run_graph(g, x, one, qp); });
+    const double drop = 100.0 * (base.accuracy() - e.accuracy());
+    s.layers.push_back({nd.name, e.accuracy(), drop, e.pred.ne(base.pred).sum().item<int64_t>()});
+    if (drop > opt.sensitivity_threshold + 1e-9) s.proposed_exclude.push_back(nd.name);
   }
-  write_file_atomic((out / "quantize.json").string(), r.dump(2) + "\n");
+  std::stable_sort(s.layers.begin(), s.layers.end(),
+                   [](const auto& a, const auto& c) { return a.drop_points > c.drop_points; });
+  return s;
+}
+
+}  // namespace
+
+QuantizeReport quantize_run(const std::string& where, const QuantizeOptions& opt) {
+  if (opt.mode != "static" && opt.mode != "dynamic")
+    throw ConfigError("--mode", "unknown mode '" + opt.mode + "'", "use static or dynamic");
+  auto tm = train::load_trained_model(where, "quantize");
+  const at::QEngine engine = pick_engine(opt.engine);
+  at::globalContext().setQEngine(engine);
+  torch::NoGradGuard ng;
+  tm.model->set_training(false);
+  const fs::path out = opt.out_dir.empty() ? tm.run_dir / "quantized" : fs::path(opt.out_dir);
+  QuantizeReport r;
+  r.run = tm.run_dir.string();
+  r.checkpoint = tm.checkpoint.string();
+  r.model = tm.cfg.model.name;
+  r.mode = opt.mode;
+  r.engine = c10::toString(engine);
+  r.observer = opt.mode == "dynamic" ? "none (dynamic)" : opt.observer;
+  r.excluded = opt.exclude;
+
+  Graph g = build_graph(tm.cfg.model, *tm.model);  // BatchNorm folded
+  const std::vector<Mode> mode = choose_modes(g, opt, tm.cfg.model.name);
+  const std::vector<QParams> qp = calibrate(g, tm, opt, out, r);
+  prepack_weights(g, mode, /*all=*/opt.sensitivity, r);
+  const Forward q_forward = [&](const torch::Tensor& x) { return run_graph(g, x, mode, qp); };
+  const torch::Tensor first = test_accuracy(tm, q_forward, r);
+  // Speed at batch 128: the trained model as configured (channels-last, fp32) vs quantized.
+  r.fp32_samples_per_s_batch128 =
+      batch_throughput([&](const torch::Tensor& x) { return tm.model->forward(x); }, first);
+  r.int8_samples_per_s_batch128 = batch_throughput(q_forward, first);
+  export_script(g, mode, qp, tm, q_forward, first, out, r);
+  if (opt.sensitivity) r.sensitivity = sensitivity(g, qp, tm, opt);
+  write_file_atomic((out / "quantize.json").string(), r.to_json().dump(2) + "\n");
   return r;
 }
 
-std::string quantize_text(const nlohmann::json& r) {
-  std::ostringstream o;
-  const bool dyn = r.value("mode", "") == "dynamic";
-  o << r.value("model", "") << " int8, " << r.value("mode", "") << " (" << r.value("engine", "")
-    << " engine";
-  if (!dyn)
-    o << ", " << r.value("observer", "") << " observer, " << r.value("calibration_batches", 0)
-      << " calibration batches";
-  o << ") from " << r.value("checkpoint", "") << "\n";
-  if (!dyn) o << "calibration cache: " << r.value("calibration_cache", "") << "\n";
-  std::string q, f;
-  for (const auto& l : r["layers"])
-    (l["mode"] == "fp32" ? f : q) +=
-        (l["mode"] == "fp32" ? (f.empty() ? "" : " ") : (q.empty() ? "" : " ")) +
-        l["name"].get<std::string>();
-  o << "quantized: " << (q.empty() ? "-" : q) << "\nkept fp32: " << (f.empty() ? "-" : f) << "\n";
-  o << "test accuracy: fp32 " << format_fixed(100 * r.value("fp32_accuracy", 0.0), 2) << " %, int8 "
-    << format_fixed(100 * r.value("int8_accuracy", 0.0), 2) << " % (drop "
-    << format_fixed(r.value("accuracy_drop_points", 0.0), 2) << " points; predictions agree on "
-    << format_fixed(100 * r.value("prediction_agreement", 0.0), 2) << " %)\n";
-  o << "weights: " << r.value("fp32_weight_bytes", 0) << " -> " << r.value("int8_weight_bytes", 0)
-    << " bytes (" << format_fixed(r.value("size_ratio", 0.0), 2) << "x smaller)\n";
-  o << "batch 128: fp32 " << format_fixed(r.value("fp32_samples_per_s_batch128", 0.0), 0)
-    << " -> int8 " << format_fixed(r.value("int8_samples_per_s_batch128", 0.0), 0) << " samples/s ("
-    << format_fixed(r.value("speedup_batch128", 0.0), 2) << "x)\n";
-  if (r.contains("script")) {
-    const auto& sc = r["script"];
-    o << "model: " << sc.value("path", "") << " (TorchScript, " << sc.value("bytes", 0)
-      << " bytes; reloaded: max |diff| " << sc.value("max_abs_diff", 0.0)
-      << " on the first test batch, " << format_fixed(sc.value("samples_per_s_batch128", 0.0), 0)
-      << " samples/s at batch 128; input normalised (x / 255 - " << sc["input"].value("mean", 0.0)
-      << ") / " << sc["input"].value("std", 1.0) << ")\n";
+nlohmann::json QuantizeReport::to_json() const {
+  const double n = static_cast<double>(test_samples);
+  nlohmann::json layer_rows = nlohmann::json::array(), qparams = nlohmann::json::array();
+  for (const auto& l : layers)
+    layer_rows.push_back({{"name", l.name}, {"op", l.op}, {"mode", l.mode}});
+  for (const auto& q : activation_qparams)
+    qparams.push_back({{"at", q.at}, {"scale", q.scale}, {"zero_point", q.zero_point}});
+  nlohmann::json j = {
+      {"run", run},
+      {"checkpoint", checkpoint},
+      {"model", model},
+      {"mode", mode},
+      {"engine", engine},
+      {"observer", observer},
+      {"calibration_batches", calibration_batches},
+      {"calibration_cache", calibration_cache},
+      {"excluded", excluded},
+      {"layers", layer_rows},
+      {"test_samples", test_samples},
+      {"fp32_accuracy", fp32_accuracy()},
+      {"int8_accuracy", int8_accuracy()},
+      {"accuracy_drop_points", 100.0 * (fp32_right - int8_right) / n},
+      {"prediction_agreement", agree / n},
+      {"fp32_weight_bytes", fp32_weight_bytes},
+      {"int8_weight_bytes", int8_weight_bytes},
+      {"size_ratio", double(fp32_weight_bytes) / int8_weight_bytes},
+      {"fp32_samples_per_s_batch128", fp32_samples_per_s_batch128},
+      {"int8_samples_per_s_batch128", int8_samples_per_s_batch128},
+      {"speedup_batch128", int8_samples_per_s_batch128 / fp32_samples_per_s_batch128},
+      {"script",
+       {{"path", script.path},
+        {"bytes", script.bytes},
+        {"max_abs_diff", script.max_abs_diff},
+        {"prediction_agreement", script.prediction_agreement},
+        {"samples_per_s_batch128", script.samples_per_s_batch128},
+        {"input",
+         {{"shape", script.input_shape}, {"mean", script.input_mean}, {"std", script.input_std}}}}},
+      {"activation_qparams", qparams}};
+  if (sensitivity) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& s : sensitivity->layers)
+      rows.push_back({{"layer", s.layer},
+                      {"accuracy", s.accuracy},
+                      {"drop_points", s.drop_points},
+                      {"changed_predictions", s.changed_predictions}});
+    j["sensitivity"] = {{"split", sensitivity->split},
+                        {"samples", sensitivity->samples},
+                        {"fp32_accuracy", sensitivity->fp32_accuracy},
+                        {"threshold_points", sensitivity->threshold_points},
+                        {"layers", rows},
+                        {"proposed_exclude", sensitivity->proposed_exclude}};
   }
-  if (r.contains("sensitivity")) {
-    const auto& s = r["sensitivity"];
-    o << "sensitivity (one layer quantized at a time, " << s.value("samples", 0) << " "
-      << s.value("split", "") << " samples, fp32 "
-      << format_fixed(100 * s.value("fp32_accuracy", 0.0), 2) << " %):\n";
-    for (const auto& l : s["layers"])
-      o << "  " << l["layer"].get<std::string>() << "  "
-        << format_fixed(l["drop_points"].get<double>(), 2) << " points, "
-        << l["changed_predictions"].get<int64_t>() << " predictions changed\n";
+  return j;
+}
+
+std::string QuantizeReport::to_text() const {
+  std::ostringstream o;
+  const bool dyn = mode == "dynamic";
+  o << model << " int8, " << mode << " (" << engine << " engine";
+  if (!dyn) o << ", " << observer << " observer, " << calibration_batches << " calibration batches";
+  o << ") from " << checkpoint << "\n";
+  if (!dyn) o << "calibration cache: " << calibration_cache << "\n";
+  std::string q, f;
+  for (const auto& l : layers) {
+    std::string& list = l.mode == "fp32" ? f : q;
+    list += (list.empty() ? "" : " ") + l.name;
+  }
+  const double n = static_cast<double>(test_samples);
+  o << "quantized: " << (q.empty() ? "-" : q) << "\nkept fp32: " << (f.empty() ? "-" : f) << "\n";
+  o << "test accuracy: fp32 " << format_fixed(100 * fp32_accuracy(), 2) << " %, int8 "
+    << format_fixed(100 * int8_accuracy(), 2) << " % (drop "
+    << format_fixed(100.0 * (fp32_right - int8_right) / n, 2) << " points; predictions agree on "
+    << format_fixed(100 * agree / n, 2) << " %)\n";
+  o << "weights: " << fp32_weight_bytes << " -> " << int8_weight_bytes << " bytes ("
+    << format_fixed(double(fp32_weight_bytes) / int8_weight_bytes, 2) << "x smaller)\n";
+  o << "batch 128: fp32 " << format_fixed(fp32_samples_per_s_batch128, 0) << " -> int8 "
+    << format_fixed(int8_samples_per_s_batch128, 0) << " samples/s ("
+    << format_fixed(int8_samples_per_s_batch128 / fp32_samples_per_s_batch128, 2) << "x)\n";
+  o << "model: " << script.path << " (TorchScript, " << script.bytes
+    << " bytes; reloaded: max |diff| " << script.max_abs_diff << " on the first test batch, "
+    << format_fixed(script.samples_per_s_batch128, 0)
+    << " samples/s at batch 128; input normalised (x / 255 - " << script.input_mean << ") / "
+    << script.input_std << ")\n";
+  if (sensitivity) {
+    const auto& s = *sensitivity;
+    o << "sensitivity (one layer quantized at a time, " << s.samples << " " << s.split
+      << " samples, fp32 " << format_fixed(100 * s.fp32_accuracy, 2) << " %):\n";
+    for (const auto& l : s.layers)
+      o << "  " << l.layer << "  " << format_fixed(l.drop_points, 2) << " points, "
+        << l.changed_predictions << " predictions changed\n";
     std::string p;
-    for (const auto& e : s["proposed_exclude"]) p += (p.empty() ? "" : ",") + e.get<std::string>();
+    for (const auto& e : s.proposed_exclude) p += (p.empty() ? "" : ",") + e;
     o << "proposed: "
       << (p.empty() ? "exclude nothing (no layer loses more than " +
-                          format_fixed(s.value("threshold_points", 0.0), 2) + " points)"
+                          format_fixed(s.threshold_points, 2) + " points)"
                     : "--exclude " + p)
       << "\n";
   }

@@ -34,6 +34,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kPhases = static_cast<size_t>(Phase::kCount);
+static_assert(kPhases == Measure::kPhases, "Measure holds one value per train::Phase");
 
 double rss_mib() {
   std::ifstream in("/proc/self/statm");
@@ -106,8 +107,33 @@ double loader_rate(const data::Dataset& ds, const data::LoaderOptions& lo,
   return samples / std::max(1e-9, std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
-nlohmann::json measure(const config::ExperimentConfig& base, const train::Splits& splits,
-                       const ProfileOptions& o, OpProfiler* ops) {
+// What the probe saw between the start and the end of the measured steps.
+Measure summarise(const Probe& probe, const ProfileOptions& o, int64_t workers) {
+  Measure m;
+  m.loader.workers = workers;
+  const double wall = std::chrono::duration<double>(probe.end.t - probe.begin.t).count();
+  for (size_t i = 0; i < kPhases; ++i) {
+    const double s = probe.end.phases[i] - probe.begin.phases[i];
+    m.phase_ms[i] = s / o.active * 1e3;  // ms per step
+    m.phase_share[i] = wall > 0 ? s / wall : 0;
+  }
+  m.steps = o.active;
+  m.step_ms = wall / o.active * 1e3;
+  m.samples_per_s = probe.samples / std::max(1e-9, wall);
+  m.memory.rss_per_step_mib = probe.rss;
+  m.memory.rss_mib = probe.rss.empty() ? rss_mib() : probe.rss.back();
+  m.memory.rss_growth_mib = probe.rss.size() > 1 ? probe.rss.back() - probe.rss.front() : 0.0;
+  m.memory.peak_rss_mib = runtime::peak_rss_kib() / 1024.0;
+  m.memory.page_faults_per_step =
+      static_cast<double>(probe.end.faults - probe.begin.faults) / o.active;
+  m.loader.cpu_utilisation =
+      (probe.end.fill_cpu - probe.begin.fill_cpu) / (wall * std::max<int64_t>(1, m.loader.workers));
+  return m;
+}
+
+// One pass of the real configuration for wait + warmup + active steps, through the pipeline seam.
+Measure measure(const config::ExperimentConfig& base, const train::Splits& splits,
+                const ProfileOptions& o, OpProfiler* ops) {
   config::ExperimentConfig cfg = base;
   cfg.train.duration = config::Period::steps(o.wait + o.warmup + o.active);
   cfg.train.eval_every = config::Period::never();
@@ -120,59 +146,33 @@ nlohmann::json measure(const config::ExperimentConfig& base, const train::Splits
   po.eval_limit = cfg.data.eval_batch_size;
   const auto p = train::build_pipeline(cfg, dist::World{}, po);
   Trainer& trainer = *p->trainer;
-  const torch::Device device = p->device;
   if (trainer.total_steps() < o.wait + o.warmup + o.active)
     throw ConfigError("profile",
                       "the schedule has only " + std::to_string(trainer.total_steps()) + " steps",
                       "lower --wait/--warmup/--active");
-  data::Loader& train_loader = *p->train_loader;
-  const data::LoaderOptions& lo = train_loader.options();
+  const data::LoaderOptions& lo = p->train_loader->options();
   PhaseClock clock;
-  clock.sync_cuda = device.is_cuda();
+  clock.sync_cuda = p->device.is_cuda();
   trainer.set_phase_clock(&clock);
-  auto probe_owned = std::make_unique<Probe>(o, clock, train_loader, ops);
-  Probe* probe = probe_owned.get();
+  auto probe_owned = std::make_unique<Probe>(o, clock, *p->train_loader, ops);
+  const Probe* probe = probe_owned.get();
   trainer.add_observer(std::move(probe_owned));
   const auto mem0 = compat::cuda_memory();
   trainer.fit();
 
-  const double wall = std::chrono::duration<double>(probe->end.t - probe->begin.t).count();
-  nlohmann::json phases = nlohmann::json::object(), shares = nlohmann::json::object();
-  for (size_t i = 0; i < kPhases; ++i) {
-    const double s = probe->end.phases[i] - probe->begin.phases[i];
-    phases[phase_name(static_cast<Phase>(i))] = s / o.active * 1e3;  // ms per step
-    shares[phase_name(static_cast<Phase>(i))] = wall > 0 ? s / wall : 0;
-  }
-  const int64_t workers = lo.workers;
-  const double consumed = probe->samples / std::max(1e-9, wall);
-  const double supplied = loader_rate(splits.train, lo, cfg, std::max<int64_t>(20, o.active));
-  nlohmann::json m = {
-      {"steps", o.active},
-      {"batch_size", cfg.data.batch_size},
-      {"accumulate", trainer.accumulate()},
-      {"step_ms", wall / o.active * 1e3},
-      {"samples_per_s", consumed},
-      {"phase_ms", phases},
-      {"phase_share", shares},
-      {"loader",
-       {{"workers", workers},
-        {"prefetch", lo.prefetch},
-        {"supply_samples_per_s", supplied},
-        {"cpu_utilisation",
-         (probe->end.fill_cpu - probe->begin.fill_cpu) / (wall * std::max<int64_t>(1, workers))}}},
-      {"memory",
-       {{"rss_mib", probe->rss.empty() ? rss_mib() : probe->rss.back()},
-        {"rss_growth_mib", probe->rss.size() > 1 ? probe->rss.back() - probe->rss.front() : 0.0},
-        {"rss_per_step_mib", probe->rss},
-        {"peak_rss_mib", runtime::peak_rss_kib() / 1024.0},
-        {"page_faults_per_step",
-         static_cast<double>(probe->end.faults - probe->begin.faults) / o.active}}}};
-  if (device.is_cuda()) {
+  Measure m = summarise(*probe, o, lo.workers);
+  m.loader.prefetch = lo.prefetch;
+  m.loader.supply_samples_per_s =
+      loader_rate(splits.train, lo, cfg, std::max<int64_t>(20, o.active));
+  m.batch_size = cfg.data.batch_size;
+  m.accumulate = trainer.accumulate();
+  if (p->device.is_cuda()) {
     const auto mem = compat::cuda_memory();
-    m["memory"]["cuda_allocated_mib"] = mem.allocated / double(1 << 20);
-    m["memory"]["cuda_reserved_mib"] = mem.reserved / double(1 << 20);
-    m["memory"]["cuda_peak_allocated_mib"] = mem.peak_allocated / double(1 << 20);
-    m["memory"]["cuda_allocated_before_mib"] = mem0.allocated / double(1 << 20);
+    m.memory.cuda = true;
+    m.memory.cuda_allocated_mib = mem.allocated / double(1 << 20);
+    m.memory.cuda_reserved_mib = mem.reserved / double(1 << 20);
+    m.memory.cuda_peak_allocated_mib = mem.peak_allocated / double(1 << 20);
+    m.memory.cuda_allocated_before_mib = mem0.allocated / double(1 << 20);
   }
   return m;
 }
@@ -188,8 +188,8 @@ bool is_env_name(const std::string& k) {
 }
 
 // Runs `mltrain profile --no-ops --json` on the same config in a child with NAME=value set.
-nlohmann::json measure_in_child(const ProfileOptions& o, const std::string& name,
-                                const std::string& value) {
+Measure measure_in_child(const ProfileOptions& o, const std::string& name,
+                         const std::string& value) {
   std::vector<std::string> args = {"/proc/self/exe", "profile", o.config_path};
   for (const auto& ov : o.overrides) args.push_back(ov);
   for (auto [flag, n] : {std::pair<const char*, int64_t>{"--wait", o.wait},
@@ -229,26 +229,25 @@ nlohmann::json measure_in_child(const ProfileOptions& o, const std::string& name
   // The child's log lines share stdout; the report is the JSON object that starts a line.
   size_t start = text.rfind("\n{\n");
   start = text.compare(0, 2, "{\n") == 0 ? 0 : (start == std::string::npos ? 0 : start + 1);
-  return nlohmann::json::parse(text.substr(start)).at("measure");
+  return Measure::from_json(nlohmann::json::parse(text.substr(start)).at("measure"));
 }
 
 }  // namespace
 
-nlohmann::json diagnose(const nlohmann::json& m) {
-  const auto& sh = m.at("phase_share");
-  const double data = sh.value("data", 0.0), comm = sh.value("allreduce", 0.0),
-               other = sh.value("other", 0.0);
-  const double compute = sh.value("h2d_copy", 0.0) + sh.value("forward", 0.0) +
-                         sh.value("backward", 0.0) + sh.value("optimizer", 0.0);
-  const double supply = m.at("loader").value("supply_samples_per_s", 0.0);
-  const double consume = m.value("samples_per_s", 0.0);
-  const int64_t workers = m.at("loader").value("workers", int64_t{0});
-  const double util = m.at("loader").value("cpu_utilisation", 0.0);
-  nlohmann::json d;
-  std::vector<std::string> evidence, advice;
+Diagnosis diagnose(const Measure& m) {
+  const double data = m.share("data"), comm = m.share("allreduce"), other = m.share("other");
+  const double compute =
+      m.share("h2d_copy") + m.share("forward") + m.share("backward") + m.share("optimizer");
+  const double supply = m.loader.supply_samples_per_s;
+  const double consume = m.samples_per_s;
+  const int64_t workers = m.loader.workers;
+  const double util = m.loader.cpu_utilisation;
+  Diagnosis d;
+  std::vector<std::string>& evidence = d.evidence;
+  std::vector<std::string>& advice = d.advice;
   auto pct = [](double x) { return format_fixed(100 * x) + "%"; };
   if (data >= 0.15) {
-    d["verdict"] = "data-bound";
+    d.verdict = "data-bound";
     evidence.push_back("the step waited for the next batch " + pct(data) +
                        " of its time (threshold 15%)");
     evidence.push_back("the loader alone supplies " + format_fixed(supply, 0) + " samples/s with " +
@@ -269,11 +268,11 @@ nlohmann::json diagnose(const nlohmann::json& m) {
         "checklist`)");
     advice.push_back("try `mltrain profile CONFIG --sweep data.workers=0,1,2,4`");
   } else if (comm >= 0.25) {
-    d["verdict"] = "communication-bound";
+    d.verdict = "communication-bound";
     evidence.push_back("all-reduce took " + pct(comm) + " of the step (threshold 25%)");
     advice.push_back("larger gradient buckets, overlap with backward, or 1-bit Adam compression");
   } else if (other >= 0.25) {
-    d["verdict"] = "host-overhead-bound";
+    d.verdict = "host-overhead-bound";
     evidence.push_back(
         pct(other) +
         " of the step went outside data, copy, forward, backward and optimizer (threshold 25%)");
@@ -281,7 +280,7 @@ nlohmann::json diagnose(const nlohmann::json& m) {
         "fewer host synchronisations per step: raise train.log_every, evaluate less often");
     advice.push_back("a larger data.batch_size amortises per-step overhead");
   } else {
-    d["verdict"] = "compute-bound";
+    d.verdict = "compute-bound";
     evidence.push_back("forward, backward and optimizer took " + pct(compute) +
                        " of the step; data wait " + pct(data));
     if (supply > 0)
@@ -292,225 +291,325 @@ nlohmann::json diagnose(const nlohmann::json& m) {
         "bf16 autocast (amp.enabled=true), channels_last, and the oneDNN kernel route cut compute; "
         "see the operator table");
   }
-  const auto& mem = m.at("memory");
-  const auto rss = mem.value("rss_per_step_mib", std::vector<double>{});
+  const auto& mem = m.memory;
+  const auto& rss = mem.rss_per_step_mib;
   bool rising = rss.size() >= 4;
   for (size_t i = 1; i < rss.size() && rising; ++i) rising = rss[i] >= rss[i - 1];
-  if (rising && mem.value("rss_growth_mib", 0.0) > 32) {
-    d["memory"] = "RSS rose at every active step (+" +
-                  format_fixed(mem.value("rss_growth_mib", 0.0)) +
-                  " MiB): stair-step growth means tensors from earlier steps are kept alive (a "
-                  "loss kept with its graph, a list of outputs)";
+  if (rising && mem.rss_growth_mib > 32) {
+    d.memory = "RSS rose at every active step (+" + format_fixed(mem.rss_growth_mib) +
+               " MiB): stair-step growth means tensors from earlier steps are kept alive (a "
+               "loss kept with its graph, a list of outputs)";
   }
-  if (mem.value("page_faults_per_step", 0.0) > 2000)
-    advice.push_back("page faults per step are high (" +
-                     format_fixed(mem.value("page_faults_per_step", 0.0), 0) +
+  if (mem.page_faults_per_step > 2000)
+    advice.push_back("page faults per step are high (" + format_fixed(mem.page_faults_per_step, 0) +
                      "): runtime.allocator=retain keeps freed memory");
-  d["evidence"] = evidence;
-  d["advice"] = advice;
   return d;
 }
 
-nlohmann::json profile_config(const config::ExperimentConfig& cfg, const ProfileOptions& o) {
+namespace {
+
+// Passes 2 and 3: with the operator profiler, then the phase clock alone again; the overhead is
+// measured against the faster of the two plain passes, so machine drift between passes is not
+// charged to the profiler. Fills the operator table and, with out_dir, the Chrome trace.
+void operator_passes(const config::ExperimentConfig& cfg, const train::Splits& splits,
+                     const ProfileOptions& o, ProfileReport& r) {
+  spdlog::info("[profile] pass 2: with the operator profiler");
+  OpProfiler prof({});
+  const Measure with = measure(cfg, splits, o, &prof);
+  spdlog::info("[profile] pass 3: phase clock only again (baseline for the overhead)");
+  const Measure again = measure(cfg, splits, o, nullptr);
+  ProfileReport::Overhead ov;
+  ov.step_ms_without = std::min(r.measure.step_ms, again.step_ms);
+  ov.step_ms_without_passes = {r.measure.step_ms, again.step_ms};
+  ov.step_ms_with = with.step_ms;
+  r.profiler_overhead = ov;
+  const double total_self = prof.total_self_us();
+  for (const auto& op : prof.top(o.top))
+    r.operators.push_back({op.name, static_cast<double>(op.calls) / o.active,
+                           op.self_us / 1e3 / o.active, op.total_us / 1e3 / o.active,
+                           total_self > 0 ? op.self_us / total_self : 0});
+  r.operator_calls_per_step = static_cast<double>(prof.total_calls()) / o.active;
+  if (o.out_dir.empty()) return;
+  fs::create_directories(o.out_dir);
+  const std::string trace = (fs::path(o.out_dir) / "trace.json.gz").string();
+  const int64_t n = prof.write_chrome_trace_gz(trace, o.trace_cap_bytes);
+  r.trace = ProfileReport::Trace{trace, n, static_cast<int64_t>(fs::file_size(trace)),
+                                 prof.truncated() || n < prof.total_calls()};
+}
+
+// --sweep KEY=v1,v2: one phase pass per value, of a config key (in this process) or of an
+// environment variable read at start-up (in a child process).
+ProfileReport::Sweep sweep(const train::Splits& splits, const ProfileOptions& o) {
+  const auto eq = o.sweep.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 >= o.sweep.size())
+    throw ConfigError("--sweep", "expected KEY=v1,v2,... but got '" + o.sweep + "'",
+                      "e.g. --sweep data.workers=0,1,2,4");
+  ProfileReport::Sweep s;
+  s.key = o.sweep.substr(0, eq);
+  std::vector<std::string> values;
+  std::stringstream ss(o.sweep.substr(eq + 1));
+  for (std::string v; std::getline(ss, v, ',');)
+    if (!v.empty()) values.push_back(v);
+  double best = -1;
+  for (const auto& v : values) {
+    spdlog::info("[profile] sweep {}={}", s.key, v);
+    Measure m;
+    if (is_env_name(s.key)) {  // read by runtimes at start-up (OpenMP, glibc): a child process
+      m = measure_in_child(o, s.key, v);
+    } else {
+      auto ov = o.overrides;
+      ov.push_back(s.key + "=" + v);
+      m = measure(config::load_experiment(o.config_path, ov), splits, o, nullptr);
+    }
+    s.rows.push_back({v, m, diagnose(m).verdict});
+    if (m.samples_per_s > best) best = m.samples_per_s, s.best = v;
+  }
+  s.best_samples_per_s = best;
+  s.speedup_vs_first = best / std::max(1e-9, s.rows.front().measure.samples_per_s);
+  return s;
+}
+
+}  // namespace
+
+ProfileReport profile_config(const config::ExperimentConfig& cfg, const ProfileOptions& o) {
   if (o.active < 1 || o.wait < 0 || o.warmup < 0)
     throw ConfigError("profile", "need --active >= 1 and non-negative --wait/--warmup",
                       "e.g. --wait 5 --warmup 10 --active 30");
   // Runtime, device and splits once; every pass below builds its pipeline on these splits.
   const auto base = train::build_pipeline(cfg, dist::World{}, train::model_only());
-  const torch::Device device = base->device;
   const train::Splits& splits = base->splits;
-  nlohmann::json report = {
-      {"config", o.config_path},
-      {"model", cfg.model.name},
-      {"device", device.str()},
-      {"schedule", {{"wait", o.wait}, {"warmup", o.warmup}, {"active", o.active}}},
-      {"runtime", runtime::describe()}};
+  ProfileReport r;
+  r.config = o.config_path;
+  r.model = cfg.model.name;
+  r.device = base->device.str();
+  r.wait = o.wait, r.warmup = o.warmup, r.active = o.active;
+  r.runtime = runtime::describe();
   spdlog::info("[profile] pass 1: phase clock only ({} + {} + {} steps)", o.wait, o.warmup,
                o.active);
-  report["measure"] = measure(cfg, splits, o, nullptr);
-  report["diagnosis"] = diagnose(report["measure"]);
-  if (o.ops) {
-    spdlog::info("[profile] pass 2: with the operator profiler");
-    OpProfiler prof({});
-    auto m2 = measure(cfg, splits, o, &prof);
-    // The phase-only pass again after it: the overhead compares against the faster of the two
-    // plain passes, so machine drift between passes is not charged to the profiler.
-    spdlog::info("[profile] pass 3: phase clock only again (baseline for the overhead)");
-    const auto m3 = measure(cfg, splits, o, nullptr);
-    const double base =
-        std::min(report["measure"]["step_ms"].get<double>(), m3["step_ms"].get<double>());
-    const double with = m2["step_ms"];
-    report["profiler_overhead"] = {
-        {"step_ms_without", base},
-        {"step_ms_without_passes", {report["measure"]["step_ms"], m3["step_ms"]}},
-        {"step_ms_with", with},
-        {"ratio", with / base}};
-    nlohmann::json ops = nlohmann::json::array();
-    const double total_self = prof.total_self_us();
-    for (const auto& op : prof.top(o.top))
-      ops.push_back({{"name", op.name},
-                     {"calls_per_step", static_cast<double>(op.calls) / o.active},
-                     {"self_ms_per_step", op.self_us / 1e3 / o.active},
-                     {"total_ms_per_step", op.total_us / 1e3 / o.active},
-                     {"self_share", total_self > 0 ? op.self_us / total_self : 0}});
-    report["operators"] = ops;
-    report["operator_calls_per_step"] = static_cast<double>(prof.total_calls()) / o.active;
-    if (!o.out_dir.empty()) {
-      fs::create_directories(o.out_dir);
-      const std::string trace = (fs::path(o.out_dir) / "trace.json.gz").string();
-      const int64_t n = prof.write_chrome_trace_gz(trace, o.trace_cap_bytes);
-      report["trace"] = {{"path", trace},
-                         {"events", n},
-                         {"bytes", fs::file_size(trace)},
-                         {"truncated", prof.truncated() || n < prof.total_calls()}};
-    }
-  }
-  if (!o.sweep.empty()) {
-    const auto eq = o.sweep.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 >= o.sweep.size())
-      throw ConfigError("--sweep", "expected KEY=v1,v2,... but got '" + o.sweep + "'",
-                        "e.g. --sweep data.workers=0,1,2,4");
-    const std::string key = o.sweep.substr(0, eq);
-    std::vector<std::string> values;
-    std::stringstream ss(o.sweep.substr(eq + 1));
-    for (std::string v; std::getline(ss, v, ',');)
-      if (!v.empty()) values.push_back(v);
-    nlohmann::json rows = nlohmann::json::array();
-    double best = -1;
-    std::string best_v;
-    const bool env_key = is_env_name(key);
-    for (const auto& v : values) {
-      spdlog::info("[profile] sweep {}={}", key, v);
-      nlohmann::json m;
-      if (env_key) {  // read by runtimes at start-up (OpenMP, glibc): measured in a child process
-        m = measure_in_child(o, key, v);
-      } else {
-        auto ov = o.overrides;
-        ov.push_back(key + "=" + v);
-        m = measure(config::load_experiment(o.config_path, ov), splits, o, nullptr);
-      }
-      rows.push_back({{"value", v}, {"measure", m}, {"verdict", diagnose(m)["verdict"]}});
-      if (m["samples_per_s"].get<double>() > best) best = m["samples_per_s"], best_v = v;
-    }
-    const double first = rows[0]["measure"]["samples_per_s"];
-    report["sweep"] = {{"key", key},
-                       {"rows", rows},
-                       {"best", best_v},
-                       {"best_samples_per_s", best},
-                       {"speedup_vs_first", best / std::max(1e-9, first)}};
-  }
+  r.measure = measure(cfg, splits, o, nullptr);
+  r.diagnosis = diagnose(r.measure);
+  if (o.ops) operator_passes(cfg, splits, o, r);
+  if (!o.sweep.empty()) r.sweep = sweep(splits, o);
   if (!o.out_dir.empty()) {
     fs::create_directories(o.out_dir);
-    write_file_atomic((fs::path(o.out_dir) / "profile.json").string(), report.dump(2) + "\n");
-    write_file_atomic((fs::path(o.out_dir) / "phases.svg").string(), phases_svg(report));
-    write_file_atomic((fs::path(o.out_dir) / "report.txt").string(), profile_text(report));
+    write_file_atomic((fs::path(o.out_dir) / "profile.json").string(), r.to_json().dump(2) + "\n");
+    write_file_atomic((fs::path(o.out_dir) / "phases.svg").string(), r.phases_svg());
+    write_file_atomic((fs::path(o.out_dir) / "report.txt").string(), r.to_text());
   }
-  return report;
+  return r;
 }
 
-std::string profile_text(const nlohmann::json& r) {
-  std::ostringstream o;
-  const auto& m = r.at("measure");
-  o << "mltrain profile: " << r.value("model", "") << " on " << r.value("device", "") << ", batch "
-    << m.value("batch_size", 0) << " x accumulate " << m.value("accumulate", 1) << "; "
-    << m.value("steps", 0) << " measured steps after " << r["schedule"].value("wait", 0)
-    << " skipped and " << r["schedule"].value("warmup", 0) << " warm-up\n";
-  o << "step " << format_fixed(m.value("step_ms", 0.0), 2) << " ms, "
-    << format_fixed(m.value("samples_per_s", 0.0), 0) << " samples/s";
-  if (r.contains("profiler_overhead"))
-    o << "; operator profiler overhead "
-      << format_fixed(100 * (r["profiler_overhead"].value("ratio", 1.0) - 1)) << "% ("
-      << format_fixed(r["profiler_overhead"].value("step_ms_with", 0.0), 2) << " ms/step with it)";
-  o << "\n\n  phase          ms/step    share\n";
+double Measure::share(const char* phase) const {
+  for (size_t i = 0; i < kPhases; ++i)
+    if (std::string(phase_name(static_cast<Phase>(i))) == phase) return phase_share[i];
+  return 0;
+}
+
+nlohmann::json Measure::to_json() const {
+  nlohmann::json ms = nlohmann::json::object(), sh = nlohmann::json::object();
+  for (size_t i = 0; i < kPhases; ++i) {
+    ms[phase_name(static_cast<Phase>(i))] = phase_ms[i];
+    sh[phase_name(static_cast<Phase>(i))] = phase_share[i];
+  }
+  nlohmann::json mem = {{"rss_mib", memory.rss_mib},
+                        {"rss_growth_mib", memory.rss_growth_mib},
+                        {"rss_per_step_mib", memory.rss_per_step_mib},
+                        {"peak_rss_mib", memory.peak_rss_mib},
+                        {"page_faults_per_step", memory.page_faults_per_step}};
+  if (memory.cuda) {
+    mem["cuda_allocated_mib"] = memory.cuda_allocated_mib;
+    mem["cuda_reserved_mib"] = memory.cuda_reserved_mib;
+    mem["cuda_peak_allocated_mib"] = memory.cuda_peak_allocated_mib;
+    mem["cuda_allocated_before_mib"] = memory.cuda_allocated_before_mib;
+  }
+  return {{"steps", steps},
+          {"batch_size", batch_size},
+          {"accumulate", accumulate},
+          {"step_ms", step_ms},
+          {"samples_per_s", samples_per_s},
+          {"phase_ms", ms},
+          {"phase_share", sh},
+          {"loader",
+           {{"workers", loader.workers},
+            {"prefetch", loader.prefetch},
+            {"supply_samples_per_s", loader.supply_samples_per_s},
+            {"cpu_utilisation", loader.cpu_utilisation}}},
+          {"memory", mem}};
+}
+
+Measure Measure::from_json(const nlohmann::json& j) {
+  Measure m;
+  j.at("steps").get_to(m.steps);
+  j.at("batch_size").get_to(m.batch_size);
+  j.at("accumulate").get_to(m.accumulate);
+  j.at("step_ms").get_to(m.step_ms);
+  j.at("samples_per_s").get_to(m.samples_per_s);
   for (size_t i = 0; i < kPhases; ++i) {
     const char* n = phase_name(static_cast<Phase>(i));
+    j.at("phase_ms").at(n).get_to(m.phase_ms[i]);
+    j.at("phase_share").at(n).get_to(m.phase_share[i]);
+  }
+  const auto& l = j.at("loader");
+  l.at("workers").get_to(m.loader.workers);
+  l.at("prefetch").get_to(m.loader.prefetch);
+  l.at("supply_samples_per_s").get_to(m.loader.supply_samples_per_s);
+  l.at("cpu_utilisation").get_to(m.loader.cpu_utilisation);
+  const auto& mem = j.at("memory");
+  mem.at("rss_mib").get_to(m.memory.rss_mib);
+  mem.at("rss_growth_mib").get_to(m.memory.rss_growth_mib);
+  mem.at("rss_per_step_mib").get_to(m.memory.rss_per_step_mib);
+  mem.at("peak_rss_mib").get_to(m.memory.peak_rss_mib);
+  mem.at("page_faults_per_step").get_to(m.memory.page_faults_per_step);
+  m.memory.cuda = mem.contains("cuda_allocated_mib");
+  if (m.memory.cuda) {
+    mem.at("cuda_allocated_mib").get_to(m.memory.cuda_allocated_mib);
+    mem.at("cuda_reserved_mib").get_to(m.memory.cuda_reserved_mib);
+    mem.at("cuda_peak_allocated_mib").get_to(m.memory.cuda_peak_allocated_mib);
+    mem.at("cuda_allocated_before_mib").get_to(m.memory.cuda_allocated_before_mib);
+  }
+  return m;
+}
+
+nlohmann::json Diagnosis::to_json() const {
+  nlohmann::json d = {{"verdict", verdict}, {"evidence", evidence}, {"advice", advice}};
+  if (memory) d["memory"] = *memory;
+  return d;
+}
+
+nlohmann::json ProfileReport::to_json() const {
+  nlohmann::json j = {{"config", config},
+                      {"model", model},
+                      {"device", device},
+                      {"schedule", {{"wait", wait}, {"warmup", warmup}, {"active", active}}},
+                      {"runtime", runtime},
+                      {"measure", measure.to_json()},
+                      {"diagnosis", diagnosis.to_json()}};
+  if (profiler_overhead)
+    j["profiler_overhead"] = {{"step_ms_without", profiler_overhead->step_ms_without},
+                              {"step_ms_without_passes", profiler_overhead->step_ms_without_passes},
+                              {"step_ms_with", profiler_overhead->step_ms_with},
+                              {"ratio", profiler_overhead->ratio()}};
+  if (profiler_overhead) {
+    nlohmann::json ops = nlohmann::json::array();
+    for (const auto& op : operators)
+      ops.push_back({{"name", op.name},
+                     {"calls_per_step", op.calls_per_step},
+                     {"self_ms_per_step", op.self_ms_per_step},
+                     {"total_ms_per_step", op.total_ms_per_step},
+                     {"self_share", op.self_share}});
+    j["operators"] = ops;
+    j["operator_calls_per_step"] = operator_calls_per_step;
+  }
+  if (trace)
+    j["trace"] = {{"path", trace->path},
+                  {"events", trace->events},
+                  {"bytes", trace->bytes},
+                  {"truncated", trace->truncated}};
+  if (sweep) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& row : sweep->rows)
+      rows.push_back(
+          {{"value", row.value}, {"measure", row.measure.to_json()}, {"verdict", row.verdict}});
+    j["sweep"] = {{"key", sweep->key},
+                  {"rows", rows},
+                  {"best", sweep->best},
+                  {"best_samples_per_s", sweep->best_samples_per_s},
+                  {"speedup_vs_first", sweep->speedup_vs_first}};
+  }
+  return j;
+}
+
+std::string ProfileReport::to_text() const {
+  std::ostringstream o;
+  const Measure& m = measure;
+  o << "mltrain profile: " << model << " on " << device << ", batch " << m.batch_size
+    << " x accumulate " << m.accumulate << "; " << m.steps << " measured steps after " << wait
+    << " skipped and " << warmup << " warm-up\n";
+  o << "step " << format_fixed(m.step_ms, 2) << " ms, " << format_fixed(m.samples_per_s, 0)
+    << " samples/s";
+  if (profiler_overhead)
+    o << "; operator profiler overhead " << format_fixed(100 * (profiler_overhead->ratio() - 1))
+      << "% (" << format_fixed(profiler_overhead->step_ms_with, 2) << " ms/step with it)";
+  o << "\n\n  phase          ms/step    share\n";
+  for (size_t i = 0; i < kPhases; ++i) {
     char line[96];
-    std::snprintf(line, sizeof line, "  %-12s %9.3f  %6.1f%%\n", n, m["phase_ms"].value(n, 0.0),
-                  100 * m["phase_share"].value(n, 0.0));
+    std::snprintf(line, sizeof line, "  %-12s %9.3f  %6.1f%%\n", phase_name(static_cast<Phase>(i)),
+                  m.phase_ms[i], 100 * m.phase_share[i]);
     o << line;
   }
-  const auto& l = m.at("loader");
-  o << "\nloader: " << l.value("workers", 0) << " worker(s), prefetch " << l.value("prefetch", 0)
-    << ": supplies " << format_fixed(l.value("supply_samples_per_s", 0.0), 0)
-    << " samples/s alone; threads busy " << format_fixed(100 * l.value("cpu_utilisation", 0.0))
+  o << "\nloader: " << m.loader.workers << " worker(s), prefetch " << m.loader.prefetch
+    << ": supplies " << format_fixed(m.loader.supply_samples_per_s, 0)
+    << " samples/s alone; threads busy " << format_fixed(100 * m.loader.cpu_utilisation)
     << "% while training\n";
-  const auto& mem = m.at("memory");
-  o << "memory: RSS " << format_fixed(mem.value("rss_mib", 0.0)) << " MiB (peak "
-    << format_fixed(mem.value("peak_rss_mib", 0.0)) << "), "
-    << (mem.value("rss_growth_mib", 0.0) >= 0 ? "+" : "")
-    << format_fixed(mem.value("rss_growth_mib", 0.0)) << " MiB over the measured steps; "
-    << format_fixed(mem.value("page_faults_per_step", 0.0), 0) << " page faults/step";
-  if (mem.contains("cuda_allocated_mib"))
-    o << "; CUDA allocated " << format_fixed(mem.value("cuda_allocated_mib", 0.0))
-      << " MiB, reserved " << format_fixed(mem.value("cuda_reserved_mib", 0.0)) << " MiB, peak "
-      << format_fixed(mem.value("cuda_peak_allocated_mib", 0.0));
+  const auto& mem = m.memory;
+  o << "memory: RSS " << format_fixed(mem.rss_mib) << " MiB (peak "
+    << format_fixed(mem.peak_rss_mib) << "), " << (mem.rss_growth_mib >= 0 ? "+" : "")
+    << format_fixed(mem.rss_growth_mib) << " MiB over the measured steps; "
+    << format_fixed(mem.page_faults_per_step, 0) << " page faults/step";
+  if (mem.cuda)
+    o << "; CUDA allocated " << format_fixed(mem.cuda_allocated_mib) << " MiB, reserved "
+      << format_fixed(mem.cuda_reserved_mib) << " MiB, peak "
+      << format_fixed(mem.cuda_peak_allocated_mib);
   o << "\n";
-  if (r.contains("operators")) {
-    o << "\ntop operators by self CPU time ("
-      << format_fixed(r.value("operator_calls_per_step", 0.0), 0) << " operator calls per step)\n";
+  if (profiler_overhead) {
+    o << "\ntop operators by self CPU time (" << format_fixed(operator_calls_per_step, 0)
+      << " operator calls per step)\n";
     char line[200];
     std::snprintf(line, sizeof line, "  %-44s %8s %10s %10s %7s\n", "operator", "calls", "self ms",
                   "total ms", "self%");
     o << line;
-    for (const auto& op : r["operators"]) {
-      std::snprintf(line, sizeof line, "  %-44.44s %8.1f %10.3f %10.3f %6.1f%%\n",
-                    op.value("name", "").c_str(), op.value("calls_per_step", 0.0),
-                    op.value("self_ms_per_step", 0.0), op.value("total_ms_per_step", 0.0),
-                    100 * op.value("self_share", 0.0));
+    for (const auto& op : operators) {
+      std::snprintf(line, sizeof line, "  %-44.44s %8.1f %10.3f %10.3f %6.1f%%\n", op.name.c_str(),
+                    op.calls_per_step, op.self_ms_per_step, op.total_ms_per_step,
+                    100 * op.self_share);
       o << line;
     }
     o << "  (per step; CPU time between each op's entry and exit. On CUDA kernels run "
          "asynchronously: the\n"
          "   synchronised phase times above are the GPU's.)\n";
   }
-  const auto& d = r.at("diagnosis");
-  o << "\ndiagnosis: " << d.value("verdict", "") << "\n";
-  for (const auto& e : d["evidence"]) o << "  evidence: " << e.get<std::string>() << "\n";
-  if (d.contains("memory")) o << "  memory: " << d["memory"].get<std::string>() << "\n";
-  for (const auto& a : d["advice"]) o << "  change: " << a.get<std::string>() << "\n";
-  if (r.contains("sweep")) {
-    const auto& s = r["sweep"];
-    o << "\nsweep " << s.value("key", "") << ":\n";
+  o << "\ndiagnosis: " << diagnosis.verdict << "\n";
+  for (const auto& e : diagnosis.evidence) o << "  evidence: " << e << "\n";
+  if (diagnosis.memory) o << "  memory: " << *diagnosis.memory << "\n";
+  for (const auto& a : diagnosis.advice) o << "  change: " << a << "\n";
+  if (sweep) {
+    o << "\nsweep " << sweep->key << ":\n";
     char line[200];
     std::snprintf(line, sizeof line, "  %-10s %12s %12s %10s %10s  %s\n", "value", "samples/s",
                   "loader s/s", "data%", "step ms", "verdict");
     o << line;
-    for (const auto& row : s["rows"]) {
-      const auto& rm = row["measure"];
+    for (const auto& row : sweep->rows) {
+      const Measure& rm = row.measure;
       std::snprintf(line, sizeof line, "  %-10s %12.0f %12.0f %9.1f%% %10.2f  %s\n",
-                    row.value("value", "").c_str(), rm.value("samples_per_s", 0.0),
-                    rm["loader"].value("supply_samples_per_s", 0.0),
-                    100 * rm["phase_share"].value("data", 0.0), rm.value("step_ms", 0.0),
-                    row.value("verdict", "").c_str());
+                    row.value.c_str(), rm.samples_per_s, rm.loader.supply_samples_per_s,
+                    100 * rm.share("data"), rm.step_ms, row.verdict.c_str());
       o << line;
     }
-    o << "  best: " << s.value("key", "") << "=" << s.value("best", "") << " at "
-      << format_fixed(s.value("best_samples_per_s", 0.0), 0) << " samples/s ("
-      << format_fixed(s.value("speedup_vs_first", 1.0), 2) << "x the first value)\n";
+    o << "  best: " << sweep->key << "=" << sweep->best << " at "
+      << format_fixed(sweep->best_samples_per_s, 0) << " samples/s ("
+      << format_fixed(sweep->speedup_vs_first, 2) << "x the first value)\n";
   }
-  if (r.contains("trace"))
-    o << "\ntrace: " << r["trace"].value("path", "") << " (" << r["trace"].value("events", 0)
-      << " events" << (r["trace"].value("truncated", false) ? ", capped" : "")
-      << "; open in https://ui.perfetto.dev)\n";
+  if (trace)
+    o << "\ntrace: " << trace->path << " (" << trace->events << " events"
+      << (trace->truncated ? ", capped" : "") << "; open in https://ui.perfetto.dev)\n";
   return o.str();
 }
 
-std::string phases_svg(const nlohmann::json& r) {
+std::string ProfileReport::phases_svg() const {
   struct Bar {
     std::string label;
-    nlohmann::json ms;
+    std::array<double, kPhases> ms;
   };
-  std::vector<Bar> bars = {{"measured", r["measure"]["phase_ms"]}};
-  if (r.contains("sweep"))
-    for (const auto& row : r["sweep"]["rows"])
-      bars.push_back(
-          {r["sweep"].value("key", "") + "=" + row.value("value", ""), row["measure"]["phase_ms"]});
+  std::vector<Bar> bars = {{"measured", measure.phase_ms}};
+  if (sweep)
+    for (const auto& row : sweep->rows)
+      bars.push_back({sweep->key + "=" + row.value, row.measure.phase_ms});
   const char* colours[] = {"#d62728", "#9467bd", "#1f77b4", "#ff7f0e",
                            "#2ca02c", "#8c564b", "#7f7f7f"};
   double max_ms = 1e-9;
   for (const auto& b : bars) {
     double t = 0;
-    for (size_t i = 0; i < kPhases; ++i) t += b.ms.value(phase_name(static_cast<Phase>(i)), 0.0);
+    for (double ms : b.ms) t += ms;
     max_ms = std::max(max_ms, t);
   }
   const int W = 760, left = 190, right = 40, bar_h = 26, gap = 12, top = 50;
@@ -521,8 +620,7 @@ std::string phases_svg(const nlohmann::json& r) {
        "fill=\"white\"/>\n";
   s << "<text x=\"" << W / 2
     << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">time per training step by phase (ms), "
-    << xml_escape(r.value("model", "")) << " on " << xml_escape(r.value("device", ""))
-    << "</text>\n";
+    << xml_escape(model) << " on " << xml_escape(device) << "</text>\n";
   const double scale = (W - left - right) / max_ms;
   for (size_t b = 0; b < bars.size(); ++b) {
     const int y = top + static_cast<int>(b) * (bar_h + gap);
@@ -531,7 +629,7 @@ std::string phases_svg(const nlohmann::json& r) {
     double x = left, total = 0;
     for (size_t i = 0; i < kPhases; ++i) {
       const char* n = phase_name(static_cast<Phase>(i));
-      const double ms = bars[b].ms.value(n, 0.0);
+      const double ms = bars[b].ms[i];
       total += ms;
       if (ms <= 0) continue;
       s << "<rect x=\"" << format_fixed(x, 2) << "\" y=\"" << y << "\" width=\""

@@ -4,11 +4,13 @@
 // expected one, why it matters and how to fix it; SKIP always says why.
 //
 //   ChecklistOptions o;  o.level = "quick";  o.cfg = &cfg;   // cfg may be null
-//   auto j = run_checklist(o);        // {"items": [...], "counts": {...}, "seconds": ...}
-//   std::cout << checklist_text(j);   // exit non-zero when j["counts"]["FAIL"] > 0
+//   ChecklistReport r = run_checklist(o);
+//   std::cout << r.to_text();          // or r.to_json(); exit 4 when r.failed()
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "mltrain/config/experiment.hpp"
 
@@ -20,8 +22,27 @@ struct ChecklistOptions {
   std::string config_path;
 };
 
-nlohmann::json run_checklist(const ChecklistOptions& opt);
-std::string checklist_text(const nlohmann::json& report);
+// One checklist item. SKIP items carry their reason in `fix`.
+struct ChecklistItem {
+  std::string id, area, status, measured, expected, why, fix;  // status: PASS | WARN | FAIL | SKIP
+  nlohmann::json value;  // the measured numbers, by name (gflops, faults_per_step, ...)
+};
+
+struct ChecklistReport {
+  std::vector<ChecklistItem> items;  // in area order: data, compute, system, gpu
+  std::string level, config, device;
+  double seconds = 0;
+
+  void add(ChecklistItem it) { items.push_back(std::move(it)); }
+  void skip(const std::string& id, const std::string& area, const std::string& reason,
+            const std::string& why);
+  std::map<std::string, int> counts() const;  // PASS, WARN, FAIL, SKIP
+  bool failed() const { return counts().at("FAIL") > 0; }
+  nlohmann::json to_json() const;
+  std::string to_text() const;
+};
+
+ChecklistReport run_checklist(const ChecklistOptions& opt);
 
 // The threshold rules, separately testable. Each returns {"status", "expected"}.
 nlohmann::json judge_gemm(double gflops);

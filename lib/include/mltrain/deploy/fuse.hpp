@@ -3,7 +3,8 @@
 // inference, and proves the result: output differences on real batches of the run's test split,
 // and latency/throughput before and after at batch 1 and 128.
 //
-//   auto report = fuse_run("runs/cnn/v0", {.out_dir = "runs/cnn/v0/fused"});
+//   FuseReport r = fuse_run("runs/cnn/v0", {.out_dir = "runs/cnn/v0/fused"});
+//   std::cout << r.to_text();                  // or r.to_json() (what fuse.json holds)
 //   // fused/{model.pt (TorchScript), model.safetensors, config.yaml (model.batchnorm=false), fuse.json}
 //
 // BN in eval mode is y = gamma * (z - mean) / sqrt(var + eps) + beta with z = W x + b, so
@@ -14,6 +15,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace mltrain::deploy {
 
@@ -33,7 +35,28 @@ std::pair<torch::Tensor, torch::Tensor> fold_batchnorm(
 double batch_throughput(const std::function<torch::Tensor(const torch::Tensor&)>& f,
                         const torch::Tensor& batch);
 
-nlohmann::json fuse_run(const std::string& run_or_checkpoint, const FuseOptions& opt);
-std::string fuse_text(const nlohmann::json& report);
+// Speed of one forward function at batch 1 (median latency) and at batch 128 (throughput).
+struct Timing {
+  double latency_ms_batch1 = 0, samples_per_s_batch128 = 0;
+};
+
+// What `mltrain fuse` measured and wrote; to_json() is fuse.json.
+struct FuseReport {
+  std::string run, checkpoint, model;
+  std::vector<std::string> folded;  // "conv1 <- bn1", ... (TorchScript: one line with the count)
+  int folded_batchnorms = 0;
+  int64_t compared_batches = 0;  // test batches of 128
+  double max_abs_diff = 0, mean_abs_diff = 0, max_abs_logit = 0;
+  double tolerance = 0;  // opt.tolerance x max(1, max |logit|)
+  double torchscript_max_abs_diff = 0;
+  Timing before, after;
+  std::string torchscript_file, out_dir;
+
+  bool within_tolerance() const { return max_abs_diff <= tolerance; }
+  nlohmann::json to_json() const;
+  std::string to_text() const;
+};
+
+FuseReport fuse_run(const std::string& run_or_checkpoint, const FuseOptions& opt);
 
 }  // namespace mltrain::deploy

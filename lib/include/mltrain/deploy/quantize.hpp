@@ -15,9 +15,11 @@
 // Observed ranges are cached under a key of the weights' SHA-256, the calibration batches' bytes,
 // the observer and the graph, so a second run with the same settings skips calibration.
 //
-//   auto r = quantize_run("runs/cnn/v0", {.calib_batches = 16, .observer = "minmax"});
+//   QuantizeReport r = quantize_run("runs/cnn/v0", {.calib_batches = 16, .observer = "minmax"});
+//   std::cout << r.to_text();                 // or r.to_json() (what quantize.json holds)
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,7 +40,54 @@ struct QuantizeOptions {
   std::string engine = "auto";  // auto | onednn | qnnpack
 };
 
-nlohmann::json quantize_run(const std::string& run_or_checkpoint, const QuantizeOptions& opt);
-std::string quantize_text(const nlohmann::json& r);
+// What `mltrain quantize` measured and wrote; to_json() is quantize.json.
+struct QuantizeReport {
+  struct Layer {
+    std::string name, op, mode;  // op: conv | linear | add; mode: int8 | dynamic int8 | fp32
+  };
+  struct ActivationQParams {
+    std::string at;  // "input" or the layer whose output it quantizes
+    double scale = 0;
+    int64_t zero_point = 0;
+  };
+  // The deployable TorchScript file, reloaded and checked against the graph.
+  struct Script {
+    std::string path;
+    int64_t bytes = 0;
+    double max_abs_diff = 0, prediction_agreement = 0, samples_per_s_batch128 = 0;
+    std::vector<int64_t> input_shape;
+    double input_mean = 0, input_std = 1;
+  };
+  struct SensitivityRow {
+    std::string layer;
+    double accuracy = 0, drop_points = 0;
+    int64_t changed_predictions = 0;
+  };
+  struct Sensitivity {
+    std::string split;
+    int64_t samples = 0;
+    double fp32_accuracy = 0, threshold_points = 0;
+    std::vector<SensitivityRow> layers;  // largest drop first
+    std::vector<std::string> proposed_exclude;
+  };
+
+  std::string run, checkpoint, model, mode, engine, observer, calibration_cache;
+  int64_t calibration_batches = 0;
+  std::vector<std::string> excluded;
+  std::vector<Layer> layers;
+  int64_t test_samples = 0, fp32_right = 0, int8_right = 0, agree = 0;
+  int64_t fp32_weight_bytes = 0, int8_weight_bytes = 0;
+  double fp32_samples_per_s_batch128 = 0, int8_samples_per_s_batch128 = 0;
+  Script script;
+  std::vector<ActivationQParams> activation_qparams;  // static mode
+  std::optional<Sensitivity> sensitivity;
+
+  double fp32_accuracy() const { return test_samples ? double(fp32_right) / test_samples : 0; }
+  double int8_accuracy() const { return test_samples ? double(int8_right) / test_samples : 0; }
+  nlohmann::json to_json() const;
+  std::string to_text() const;
+};
+
+QuantizeReport quantize_run(const std::string& run_or_checkpoint, const QuantizeOptions& opt);
 
 }  // namespace mltrain::deploy

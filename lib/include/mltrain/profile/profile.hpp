@@ -3,13 +3,15 @@
 // reports where the step time goes, per phase and per operator, with a diagnosis.
 //
 //   ProfileOptions po;  po.active = 30;
-//   auto report = profile_config(cfg, po);      // JSON: phases, ops, diagnosis, sweep
-//   std::cout << profile_text(report);
+//   ProfileReport r = profile_config(cfg, po);  // phases, operators, diagnosis, sweep
+//   std::cout << r.to_text();                   // or r.to_json()
 //
 // Two passes over the same steps: the first with only the phase clock (the step time the user
 // gets), the second with the operator profiler too; their ratio is the profiler's overhead.
 #include <nlohmann/json.hpp>
 
+#include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,14 +30,87 @@ struct ProfileOptions {
   std::string config_path;
 };
 
-// Everything measured, as JSON (written to out_dir/profile.json when out_dir is set).
-nlohmann::json profile_config(const config::ExperimentConfig& cfg, const ProfileOptions& opt);
+// One measured pass: what the trainer's own steps took, per phase, and what the loader and memory
+// did meanwhile. Phases are indexed by train::Phase (data, h2d_copy, forward, backward, optimizer,
+// allreduce, other).
+struct Measure {
+  static constexpr size_t kPhases = 7;
+  int64_t steps = 0, batch_size = 0, accumulate = 1;
+  double step_ms = 0, samples_per_s = 0;
+  std::array<double, kPhases> phase_ms{}, phase_share{};
+  struct Loader {
+    int64_t workers = 0, prefetch = 0;
+    double supply_samples_per_s = 0;  // the loader alone, same options and augmentation
+    double cpu_utilisation = 0;       // of its threads while training
+  } loader;
+  struct Memory {
+    double rss_mib = 0, rss_growth_mib = 0, peak_rss_mib = 0, page_faults_per_step = 0;
+    std::vector<double> rss_per_step_mib;
+    bool cuda = false;
+    double cuda_allocated_mib = 0, cuda_reserved_mib = 0, cuda_peak_allocated_mib = 0,
+           cuda_allocated_before_mib = 0;
+  } memory;
 
-// The diagnosis rules, separately testable: given phase shares (data, h2d_copy, forward,
-// backward, optimizer, allreduce, other) and the loader/model rates, the verdict and its evidence.
-nlohmann::json diagnose(const nlohmann::json& measure);
+  double share(const char* phase) const;  // by train::phase_name
+  nlohmann::json to_json() const;
+  // The child process of an environment-variable sweep reports its pass as JSON; this reads it.
+  static Measure from_json(const nlohmann::json& j);
+};
 
-std::string profile_text(const nlohmann::json& report);
-std::string phases_svg(const nlohmann::json& report);
+// The verdict with its evidence and what to change.
+struct Diagnosis {
+  std::string verdict;  // data-bound | communication-bound | host-overhead-bound | compute-bound
+  std::vector<std::string> evidence, advice;
+  std::optional<std::string> memory;  // stair-step RSS growth, when seen
+  nlohmann::json to_json() const;
+};
+
+// The diagnosis rules, separately testable: given phase shares and the loader/model rates, the
+// verdict and its evidence.
+Diagnosis diagnose(const Measure& measure);
+
+struct ProfileReport {
+  std::string config, model, device;
+  int64_t wait = 0, warmup = 0, active = 0;
+  nlohmann::json runtime;  // runtime::describe(): threads, route, allocator, versions
+  Measure measure;
+  Diagnosis diagnosis;
+  struct Overhead {
+    double step_ms_without = 0, step_ms_with = 0;
+    std::array<double, 2> step_ms_without_passes{};  // passes 1 and 3
+    double ratio() const { return step_ms_with / step_ms_without; }
+  };
+  std::optional<Overhead> profiler_overhead;
+  struct Operator {
+    std::string name;
+    double calls_per_step = 0, self_ms_per_step = 0, total_ms_per_step = 0, self_share = 0;
+  };
+  std::vector<Operator> operators;
+  double operator_calls_per_step = 0;
+  struct Trace {
+    std::string path;
+    int64_t events = 0, bytes = 0;
+    bool truncated = false;
+  };
+  std::optional<Trace> trace;
+  struct SweepRow {
+    std::string value;
+    Measure measure;
+    std::string verdict;
+  };
+  struct Sweep {
+    std::string key, best;
+    std::vector<SweepRow> rows;
+    double best_samples_per_s = 0, speedup_vs_first = 1;
+  };
+  std::optional<Sweep> sweep;
+
+  nlohmann::json to_json() const;  // what out_dir/profile.json holds
+  std::string to_text() const;     // what out_dir/report.txt holds
+  std::string phases_svg() const;  // stacked phase bars, one per measured pass and sweep value
+};
+
+// Everything measured (written to out_dir/{profile.json, report.txt, phases.svg} when set).
+ProfileReport profile_config(const config::ExperimentConfig& cfg, const ProfileOptions& opt);
 
 }  // namespace mltrain::profile
