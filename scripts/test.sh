@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/check-format.sh      # unformatted C++ fails the suite (.clang-format)
 ctest --test-dir build --output-on-failure -j 2
