@@ -40,33 +40,107 @@ int main(int argc, char** argv) {
   }
 }
 
+// mltrain_bench gemm native|onednn THREADS: fp32 GEMM throughput per route.
+static int bench_gemm(int argc, char** argv) {
+  runtime::apply({std::stoi(argc > 3 ? argv[3] : "0"), argv[2], "retain"});
+  for (auto [m, k, n] :
+       std::vector<std::array<int64_t, 3>>{{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}}) {
+    auto a = torch::randn({m, k}), b = torch::randn({k, n});
+    for (int i = 0; i < 3; ++i) torch::mm(a, b);
+    int iters = 0;
+    auto t0 = Clock::now();
+    while (secs(t0) < 0.5 || iters < 3) torch::mm(a, b), ++iters;
+    std::cout << nlohmann::json{{"mode", "gemm"},
+                                {"route", argv[2]},
+                                {"threads", at::get_num_threads()},
+                                {"m", m},
+                                {"k", k},
+                                {"n", n},
+                                {"gflops", 2.0 * m * k * n * iters / secs(t0) / 1e9}}
+                     .dump()
+              << std::endl;
+  }
+  return 0;
+}
+
+// The loader alone: samples/s it supplies with the config's options.
+static void bench_loader(const train::Splits& splits, const data::LoaderOptions& lo, int64_t steps,
+                         int64_t warmup, nlohmann::json& out) {
+  data::Loader loader(splits.train, lo);
+  int64_t n = 0, epoch = 0;
+  data::Batch b;
+  double sink = 0;
+  auto t0 = Clock::now();
+  while (n < steps) {
+    loader.start_epoch(epoch++);
+    while (n < steps && loader.next(b)) {
+      sink += b.x.data_ptr<float>()[0];  // touch the batch
+      if (++n == warmup) t0 = Clock::now();
+    }
+  }
+  out["workers"] = lo.workers;
+  out["samples_per_s"] = (steps - warmup) * lo.batch_size / secs(t0);
+  out["sink"] = sink;
+}
+
+// The baseline: the same model and optimizer in a bare loop over one resident batch.
+static void bench_bare(train::Pipeline& base, const config::ExperimentConfig& cfg,
+                       const data::LoaderOptions& lo, int64_t steps, int64_t warmup,
+                       nlohmann::json& out) {
+  const train::Splits& splits = base.splits;
+  auto& model = base.model;
+  auto opt = optim::Optimizer::create(cfg.optim, model->named_parameters());
+  data::Loader loader(splits.train, lo);
+  loader.start_epoch(0);
+  data::Batch b;
+  loader.next(b);
+  auto x = b.x.clone(), y = b.y.clone();
+  const int64_t f0 = runtime::minor_faults();
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) {
+    if (i == warmup) t0 = Clock::now();
+    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    opt->zero_grad();
+    loss.backward();
+    opt->step(cfg.optim.lr);
+  }
+  out["samples_per_s"] = (steps - warmup) * lo.batch_size / secs(t0);
+  out["minor_faults_per_step"] = double(runtime::minor_faults() - f0) / steps;
+}
+
+// The real Trainer loop (loader, observers) through the pipeline seam.
+static void bench_train(const config::ExperimentConfig& cfg, const train::Splits& splits,
+                        const data::LoaderOptions& lo, int64_t steps, int64_t warmup,
+                        nlohmann::json& out) {
+  // Warm-up run (allocator, oneDNN kernel caches), then the timed run of a fresh pipeline.
+  auto warm_cfg = cfg;
+  warm_cfg.train.duration = config::Period::steps(warmup);
+  train::PipelineOptions po;
+  po.splits = &splits;
+  train::build_pipeline(warm_cfg, dist::World{}, po)->trainer->fit();
+  const auto p = train::build_pipeline(cfg, dist::World{}, po);
+  train::Trainer& trainer = *p->trainer;
+  auto tmp = std::filesystem::temp_directory_path() / "mltrain_bench_run";
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+  trainer.add_observer(std::make_unique<train::MetricsWriter>(tmp));
+  const int64_t f0 = runtime::minor_faults();
+  auto t0 = Clock::now();
+  trainer.fit();
+  const double s = secs(t0);
+  out["workers"] = lo.workers;
+  out["samples_per_s"] = steps * lo.batch_size / s;
+  out["data_wait_share"] = trainer.data_wait_seconds() / s;
+  out["minor_faults_per_step"] = double(runtime::minor_faults() - f0) / steps;
+}
+
 static int bench_main(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: mltrain_bench bare|train|loader CONFIG [key=value ...]\n";
     return 2;
   }
   const std::string mode = argv[1];
-  if (mode == "gemm") {  // mltrain_bench gemm native|onednn THREADS: fp32 GEMM throughput per route
-    runtime::apply({std::stoi(argc > 3 ? argv[3] : "0"), argv[2], "retain"});
-    for (auto [m, k, n] :
-         std::vector<std::array<int64_t, 3>>{{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}}) {
-      auto a = torch::randn({m, k}), b = torch::randn({k, n});
-      for (int i = 0; i < 3; ++i) torch::mm(a, b);
-      int iters = 0;
-      auto t0 = Clock::now();
-      while (secs(t0) < 0.5 || iters < 3) torch::mm(a, b), ++iters;
-      std::cout << nlohmann::json{{"mode", "gemm"},
-                                  {"route", argv[2]},
-                                  {"threads", at::get_num_threads()},
-                                  {"m", m},
-                                  {"k", k},
-                                  {"n", n},
-                                  {"gflops", 2.0 * m * k * n * iters / secs(t0) / 1e9}}
-                       .dump()
-                << std::endl;
-    }
-    return 0;
-  }
+  if (mode == "gemm") return bench_gemm(argc, argv);
   std::vector<std::string> ov(argv + 3, argv + argc);
   auto cfg = config::load_experiment(argv[2], ov);
   cfg.train.eval_every = config::Period::never();
@@ -85,62 +159,11 @@ static int bench_main(int argc, char** argv) {
                         {"allocator", cfg.runtime.allocator}};
 
   if (mode == "loader") {
-    data::Loader loader(splits.train, lo);
-    int64_t n = 0, epoch = 0;
-    data::Batch b;
-    double sink = 0;
-    auto t0 = Clock::now();
-    while (n < steps) {
-      loader.start_epoch(epoch++);
-      while (n < steps && loader.next(b)) {
-        sink += b.x.data_ptr<float>()[0];  // touch the batch
-        if (++n == warmup) t0 = Clock::now();
-      }
-    }
-    out["workers"] = lo.workers;
-    out["samples_per_s"] = (steps - warmup) * lo.batch_size / secs(t0);
-    out["sink"] = sink;
+    bench_loader(splits, lo, steps, warmup, out);
   } else if (mode == "bare") {
-    // The baseline: the same model and optimizer in a bare loop over one resident batch.
-    auto& model = base->model;
-    auto opt = optim::Optimizer::create(cfg.optim, model->named_parameters());
-    data::Loader loader(splits.train, lo);
-    loader.start_epoch(0);
-    data::Batch b;
-    loader.next(b);
-    auto x = b.x.clone(), y = b.y.clone();
-    const int64_t f0 = runtime::minor_faults();
-    auto t0 = Clock::now();
-    for (int64_t i = 0; i < steps; ++i) {
-      if (i == warmup) t0 = Clock::now();
-      auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-      opt->zero_grad();
-      loss.backward();
-      opt->step(cfg.optim.lr);
-    }
-    out["samples_per_s"] = (steps - warmup) * lo.batch_size / secs(t0);
-    out["minor_faults_per_step"] = double(runtime::minor_faults() - f0) / steps;
+    bench_bare(*base, cfg, lo, steps, warmup, out);
   } else if (mode == "train") {
-    // Warm-up run (allocator, oneDNN kernel caches), then the timed run of a fresh pipeline.
-    auto warm_cfg = cfg;
-    warm_cfg.train.duration = config::Period::steps(warmup);
-    train::PipelineOptions po;
-    po.splits = &splits;
-    train::build_pipeline(warm_cfg, dist::World{}, po)->trainer->fit();
-    const auto p = train::build_pipeline(cfg, dist::World{}, po);
-    train::Trainer& trainer = *p->trainer;
-    auto tmp = std::filesystem::temp_directory_path() / "mltrain_bench_run";
-    std::filesystem::remove_all(tmp);
-    std::filesystem::create_directories(tmp);
-    trainer.add_observer(std::make_unique<train::MetricsWriter>(tmp));
-    const int64_t f0 = runtime::minor_faults();
-    auto t0 = Clock::now();
-    trainer.fit();
-    const double s = secs(t0);
-    out["workers"] = lo.workers;
-    out["samples_per_s"] = steps * lo.batch_size / s;
-    out["data_wait_share"] = trainer.data_wait_seconds() / s;
-    out["minor_faults_per_step"] = double(runtime::minor_faults() - f0) / steps;
+    bench_train(cfg, splits, lo, steps, warmup, out);
   } else {
     std::cerr << "unknown mode " << mode << "\n";
     return 2;

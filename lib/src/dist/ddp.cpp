@@ -80,6 +80,67 @@ Comm::~Comm() {
 #endif
 }
 
+#ifdef MLTRAIN_WITH_GLOO
+// The rendezvous store, following the launcher: torchrun's own TCPStore, a FileStore on one node,
+// else a TCPStore served by rank 0. *kind names it for the log.
+static c10::intrusive_ptr<c10d::Store> make_store(const World& w, const CommOptions& o,
+                                                  std::chrono::milliseconds timeout,
+                                                  std::string* kind) {
+  c10::intrusive_ptr<c10d::Store> store;
+  if (w.agent_store) {
+    // torchrun (static rendezvous, its default) already serves a TCPStore at MASTER_ADDR:MASTER_PORT:
+    // every rank is a client, as torch.distributed's env:// does; each attempt its own key prefix.
+    c10d::TCPStoreOptions so;
+    so.port = uint16_t(w.master_port);
+    so.isServer = false;
+    so.numWorkers = w.size;
+    so.timeout = timeout;
+    try {
+      auto tcp = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+      store = c10::make_intrusive<c10d::PrefixStore>("mltrain/attempt_" + std::to_string(w.restart),
+                                                     tcp);
+    } catch (const std::exception& e) {
+      throw RuntimeError("distributed",
+                         "rank " + std::to_string(w.rank) +
+                             " could not reach torchrun's store at " + w.master_addr + ":" +
+                             std::to_string(w.master_port) + ": " + e.what(),
+                         "is the torchrun agent still running? unset TORCHELASTIC_USE_AGENT_STORE "
+                         "if this process was not started by torchrun");
+    }
+    *kind = "torchrun's TCPStore";
+  } else if (w.single_node()) {
+    const fs::path dir = o.store_dir.empty() ? fs::temp_directory_path() : fs::path(o.store_dir);
+    const fs::path path = dir / ("mltrain-store-" + w.run_id + "-" + std::to_string(w.size));
+    store = c10::make_intrusive<c10d::FileStore>(path.string(), w.size);
+    *kind = "FileStore";
+  } else {
+    if (w.rank == 0)
+      spdlog::warn(
+          "[dist] TCPStore on {}:{}: the port is unauthenticated and open on all interfaces; run "
+          "inside a trusted network",
+          w.master_addr, w.master_port);
+    c10d::TCPStoreOptions so;
+    so.port = uint16_t(w.master_port);
+    so.isServer = w.rank == 0;
+    so.numWorkers = w.size;
+    so.timeout = timeout;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+    } catch (const std::exception& e) {
+      throw RuntimeError("distributed",
+                         "rank " + std::to_string(w.rank) +
+                             (w.rank == 0 ? " could not serve" : " could not reach") +
+                             " the TCPStore at " + w.master_addr + ":" +
+                             std::to_string(w.master_port) + ": " + e.what(),
+                         w.rank == 0 ? "choose a free MASTER_PORT"
+                                     : "check MASTER_ADDR/MASTER_PORT and that rank 0 started");
+    }
+    *kind = "TCPStore";
+  }
+  return store;
+}
+#endif
+
 std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
 #ifndef MLTRAIN_WITH_GLOO
   throw ConfigError("distributed", "this mltrain was built without c10d Gloo",
@@ -105,56 +166,7 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   c->timeout_s_ = o.timeout_s;
   const auto timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
   std::string store_kind;
-  if (w.agent_store) {
-    // torchrun (static rendezvous, its default) already serves a TCPStore at MASTER_ADDR:MASTER_PORT:
-    // every rank is a client, as torch.distributed's env:// does; each attempt its own key prefix.
-    c10d::TCPStoreOptions so;
-    so.port = uint16_t(w.master_port);
-    so.isServer = false;
-    so.numWorkers = w.size;
-    so.timeout = timeout;
-    try {
-      auto tcp = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
-      c->impl_->store = c10::make_intrusive<c10d::PrefixStore>(
-          "mltrain/attempt_" + std::to_string(w.restart), tcp);
-    } catch (const std::exception& e) {
-      throw RuntimeError("distributed",
-                         "rank " + std::to_string(w.rank) +
-                             " could not reach torchrun's store at " + w.master_addr + ":" +
-                             std::to_string(w.master_port) + ": " + e.what(),
-                         "is the torchrun agent still running? unset TORCHELASTIC_USE_AGENT_STORE "
-                         "if this process was not started by torchrun");
-    }
-    store_kind = "torchrun's TCPStore";
-  } else if (w.single_node()) {
-    const fs::path dir = o.store_dir.empty() ? fs::temp_directory_path() : fs::path(o.store_dir);
-    const fs::path path = dir / ("mltrain-store-" + w.run_id + "-" + std::to_string(w.size));
-    c->impl_->store = c10::make_intrusive<c10d::FileStore>(path.string(), w.size);
-    store_kind = "FileStore";
-  } else {
-    if (w.rank == 0)
-      spdlog::warn(
-          "[dist] TCPStore on {}:{}: the port is unauthenticated and open on all interfaces; run "
-          "inside a trusted network",
-          w.master_addr, w.master_port);
-    c10d::TCPStoreOptions so;
-    so.port = uint16_t(w.master_port);
-    so.isServer = w.rank == 0;
-    so.numWorkers = w.size;
-    so.timeout = timeout;
-    try {
-      c->impl_->store = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
-    } catch (const std::exception& e) {
-      throw RuntimeError("distributed",
-                         "rank " + std::to_string(w.rank) +
-                             (w.rank == 0 ? " could not serve" : " could not reach") +
-                             " the TCPStore at " + w.master_addr + ":" +
-                             std::to_string(w.master_port) + ": " + e.what(),
-                         w.rank == 0 ? "choose a free MASTER_PORT"
-                                     : "check MASTER_ADDR/MASTER_PORT and that rank 0 started");
-    }
-    store_kind = "TCPStore";
-  }
+  c->impl_->store = make_store(w, o, timeout, &store_kind);
   c->impl_->store->setTimeout(timeout);
   auto group_store = c10::make_intrusive<c10d::PrefixStore>("mltrain", c->impl_->store);
   try {

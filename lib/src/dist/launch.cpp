@@ -73,7 +73,9 @@ void flush_lines(Worker& w, int rank, bool all) {
 
 }  // namespace
 
-LaunchResult launch(const LaunchOptions& o) {
+namespace {
+
+void check_options(const LaunchOptions& o) {
   if (o.nproc < 1) throw ConfigError("--nproc-per-node", "must be at least 1");
   if (o.nnodes < 1) throw ConfigError("--nnodes", "must be at least 1");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
@@ -89,6 +91,101 @@ LaunchResult launch(const LaunchOptions& o) {
   if (o.command.empty())
     throw ConfigError("mltrain launch", "no command given",
                       "mltrain launch --nproc-per-node 2 -- mltrain train cfg.yaml");
+}
+
+// This node's workers of one attempt, with torchrun's environment; stdout and stderr through one
+// pipe each, streamed with the rank's prefix; they die with the launcher.
+std::vector<Worker> start_workers(const LaunchOptions& o, int attempt, int port,
+                                  const std::string& run_id) {
+  const int world = o.nnodes * o.nproc, first = o.node_rank * o.nproc;
+  std::vector<Worker> ws(size_t(o.nproc));
+  for (int r = 0; r < o.nproc; ++r) {
+    const std::vector<std::string> set = {
+        "RANK=" + std::to_string(first + r),
+        "WORLD_SIZE=" + std::to_string(world),
+        "LOCAL_RANK=" + std::to_string(r),
+        "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
+        "GROUP_RANK=" + std::to_string(o.node_rank),
+        "MASTER_ADDR=" + o.master_addr,
+        "MASTER_PORT=" + std::to_string(port),
+        "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt),
+        "MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt)};
+    ws[size_t(r)].pid =
+        spawn_child(o.command, environment_with(set), &ws[size_t(r)].fd, "", /*own_group=*/false);
+  }
+  std::fprintf(stderr, "[launch] attempt %d: node %d/%d, %d workers, rendezvous %s:%d\n", attempt,
+               o.node_rank, o.nnodes, o.nproc, o.master_addr.c_str(), port);
+  return ws;
+}
+
+struct Outcome {
+  int failed = -1, status = 0;  // the first worker that failed (global rank), its wait status
+};
+
+// Streams the workers' output until every one has exited. The first failure (or a signal to the
+// launcher) stops the others: SIGTERM, then SIGKILL after the grace period.
+Outcome supervise(const LaunchOptions& o, std::vector<Worker>& ws) {
+  const int first = o.node_rank * o.nproc;
+  Outcome out;
+  int alive = o.nproc;
+  bool stopping = false;
+  auto stop_time = std::chrono::steady_clock::time_point::max();
+  auto stop_all = [&](int sig) {
+    for (auto& w : ws)
+      if (!w.done) ::kill(w.pid, sig);
+    stopping = true;
+    stop_time =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000));
+  };
+  while (alive > 0) {
+    if (g_forward && !stopping) stop_all(g_forward);  // the launcher was signalled: pass it on
+    std::vector<pollfd> pf;
+    for (auto& w : ws) pf.push_back({w.fd, POLLIN, 0});
+    ::poll(pf.data(), pf.size(), 100);
+    for (size_t r = 0; r < ws.size(); ++r) {
+      auto& w = ws[r];
+      if (w.fd >= 0 && (pf[r].revents & (POLLIN | POLLHUP))) {
+        char b[8192];
+        const ssize_t k = ::read(w.fd, b, sizeof b);
+        if (k > 0)
+          w.buf.append(b, size_t(k));
+        else if (k == 0)
+          ::close(w.fd), w.fd = -1;
+        flush_lines(w, first + int(r), false);
+      }
+      if (w.done) continue;
+      int st = 0;
+      if (::waitpid(w.pid, &st, WNOHANG) != w.pid) continue;
+      w.done = true, w.status = st, --alive;
+      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (!ok && out.failed < 0 && !stopping) {
+        out.failed = first + int(r), out.status = st;
+        std::fprintf(stderr, "[launch] %s; stopping the other workers\n",
+                     describe(out.failed, st).c_str());
+        stop_all(SIGTERM);
+      }
+    }
+    if (stopping && std::chrono::steady_clock::now() > stop_time)
+      for (auto& x : ws)
+        if (!x.done) ::kill(x.pid, SIGKILL);
+  }
+  for (size_t r = 0; r < ws.size(); ++r) {  // the rest of their output
+    auto& w = ws[r];
+    if (w.fd >= 0) {
+      char b[8192];
+      ssize_t k;
+      while ((k = ::read(w.fd, b, sizeof b)) > 0) w.buf.append(b, size_t(k));
+      ::close(w.fd);
+    }
+    flush_lines(w, first + int(r), true);
+  }
+  return out;
+}
+
+}  // namespace
+
+LaunchResult launch(const LaunchOptions& o) {
+  check_options(o);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   ::sigaction(SIGINT, &sa, nullptr);
@@ -99,95 +196,20 @@ LaunchResult launch(const LaunchOptions& o) {
   const std::string run_id =
       o.nnodes > 1 ? "launch-" + o.master_addr + "-" + std::to_string(o.master_port)
                    : std::to_string(::getpid()) + "-" + std::to_string(rng() % 1000000);
-  const int world = o.nnodes * o.nproc,
-            first = o.node_rank * o.nproc;  // this node's ranks: first ..
   for (int attempt = 0;; ++attempt) {
     const int port = o.master_port > 0 ? o.master_port + attempt : free_port();
-    std::vector<Worker> ws(size_t(o.nproc));
-    for (int r = 0; r < o.nproc; ++r) {
-      const int rank = first + r;
-      const std::vector<std::string> set = {
-          "RANK=" + std::to_string(rank),
-          "WORLD_SIZE=" + std::to_string(world),
-          "LOCAL_RANK=" + std::to_string(r),
-          "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
-          "GROUP_RANK=" + std::to_string(o.node_rank),
-          "MASTER_ADDR=" + o.master_addr,
-          "MASTER_PORT=" + std::to_string(port),
-          "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt),
-          "MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt)};
-      // stdout and stderr through one pipe, streamed with the rank's prefix; dies with the launcher.
-      ws[size_t(r)].pid =
-          spawn_child(o.command, environment_with(set), &ws[size_t(r)].fd, "", /*own_group=*/false);
-    }
-    std::fprintf(stderr, "[launch] attempt %d: node %d/%d, %d workers, rendezvous %s:%d\n", attempt,
-                 o.node_rank, o.nnodes, o.nproc, o.master_addr.c_str(), port);
-    int failed = -1, failed_status = 0, alive = o.nproc;
-    bool stopping = false;
-    auto stop_time = std::chrono::steady_clock::time_point::max();
-    while (alive > 0) {
-      if (g_forward && !stopping) {  // the launcher was signalled: pass it on, then wait
-        for (auto& w : ws)
-          if (!w.done) ::kill(w.pid, g_forward);
-        stopping = true;
-        stop_time =
-            std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000));
-      }
-      std::vector<pollfd> pf;
-      for (auto& w : ws) pf.push_back({w.fd, POLLIN, 0});
-      ::poll(pf.data(), pf.size(), 100);
-      for (size_t r = 0; r < ws.size(); ++r) {
-        auto& w = ws[r];
-        if (w.fd >= 0 && (pf[r].revents & (POLLIN | POLLHUP))) {
-          char b[8192];
-          const ssize_t k = ::read(w.fd, b, sizeof b);
-          if (k > 0)
-            w.buf.append(b, size_t(k));
-          else if (k == 0)
-            ::close(w.fd), w.fd = -1;
-          flush_lines(w, first + int(r), false);
-        }
-        if (w.done) continue;
-        int st = 0;
-        if (::waitpid(w.pid, &st, WNOHANG) == w.pid) {
-          w.done = true, w.status = st, --alive;
-          const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-          if (!ok && failed < 0 && !stopping) {
-            failed = first + int(r), failed_status = st;
-            std::fprintf(stderr, "[launch] %s; stopping the other workers\n",
-                         describe(failed, st).c_str());
-            for (auto& x : ws)
-              if (!x.done) ::kill(x.pid, SIGTERM);
-            stopping = true;
-            stop_time = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(int64_t(o.grace_s * 1000));
-          }
-        }
-      }
-      if (stopping && std::chrono::steady_clock::now() > stop_time)
-        for (auto& x : ws)
-          if (!x.done) ::kill(x.pid, SIGKILL);
-    }
-    for (size_t r = 0; r < ws.size(); ++r) {  // the rest of their output
-      auto& w = ws[r];
-      if (w.fd >= 0) {
-        char b[8192];
-        ssize_t k;
-        while ((k = ::read(w.fd, b, sizeof b)) > 0) w.buf.append(b, size_t(k));
-        ::close(w.fd);
-      }
-      flush_lines(w, first + int(r), true);
-    }
-    if (g_forward) {  // stopped on request: report the first non-zero status
+    std::vector<Worker> ws = start_workers(o, attempt, port, run_id);
+    const Outcome out = supervise(o, ws);
+    if (g_forward) {  // stopped on request
       res.exit_code = 128 + int(g_forward);
       return res;
     }
-    if (failed < 0) {
+    if (out.failed < 0) {
       res.exit_code = 0;
       return res;
     }
-    res.failed_rank = failed;
-    res.failure = describe(failed, failed_status);
+    res.failed_rank = out.failed;
+    res.failure = describe(out.failed, out.status);
     if (attempt < o.max_restarts) {
       ++res.restarts;
       std::fprintf(stderr,
@@ -196,9 +218,8 @@ LaunchResult launch(const LaunchOptions& o) {
                    attempt + 1, o.max_restarts);
       continue;
     }
-    res.exit_code = WIFEXITED(failed_status) && WEXITSTATUS(failed_status) != 0
-                        ? WEXITSTATUS(failed_status)
-                        : 1;
+    res.exit_code =
+        WIFEXITED(out.status) && WEXITSTATUS(out.status) != 0 ? WEXITSTATUS(out.status) : 1;
     return res;
   }
 }

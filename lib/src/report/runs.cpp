@@ -150,47 +150,151 @@ std::string runs_table(const std::vector<RunInfo>& runs) {
   return o.str();
 }
 
+namespace {
+
+struct LoadedRun {
+  RunInfo info;
+  std::vector<nlohmann::json> metrics;
+  std::map<std::string, std::string> config;  // flattened resolved config.yaml
+};
+
+LoadedRun load_run(const fs::path& d) {
+  if (!is_run_dir(d))
+    throw DataError(d.string(), "not a run folder (no status.json or metrics.jsonl)",
+                    "give runs/<name>/v<N>; `mltrain runs` lists them");
+  LoadedRun l{read_run(d), read_metrics(d), {}};
+  try {
+    if (fs::exists(d / "config.yaml"))
+      flatten(YAML::LoadFile((d / "config.yaml").string()), "", l.config);
+  } catch (const std::exception& e) {
+    throw DataError((d / "config.yaml").string(), std::string("unreadable: ") + e.what());
+  }
+  return l;
+}
+
+// One chart of a metrics field over optimizer steps, a series per run ("" when no run has it).
+std::string chart(const std::vector<LoadedRun>& runs, const std::string& title,
+                  const std::string& event, const std::string& field, const std::string& ylabel) {
+  SvgChart c(title, "optimizer step", ylabel);
+  bool any = false;
+  for (const auto& r : runs) {
+    std::vector<double> xs, ys;
+    for (const auto& m : r.metrics)
+      if (m.value("event", "") == event && m.contains(field) && m[field].is_number()) {
+        xs.push_back(m.value("step", 0.0));
+        ys.push_back(m[field].get<double>());
+      }
+    if (!xs.empty()) any = true;
+    c.add_series(r.info.name, xs, ys);
+  }
+  return any ? "<figure>" + c.render(560, 320) + "</figure>\n" : std::string();
+}
+
+void runs_table_html(const std::vector<LoadedRun>& runs, std::ostream& h) {
+  h << "<h2>Runs</h2>\n<table><tr><th>run</th><th>status</th><th>best eval accuracy</th><th>at "
+       "step</th><th>steps</th>"
+       "<th>training time</th><th>checkpoints</th><th>folder</th></tr>\n";
+  for (const auto& r : runs) {
+    const auto& i = r.info;
+    h << "<tr><td>" << xml_escape(i.name) << "</td><td class=\"" << xml_escape(i.state) << "\">"
+      << xml_escape(i.state) << (i.detail.empty() ? "" : ": " + xml_escape(i.detail)) << "</td><td>"
+      << (i.best_eval_accuracy >= 0 ? format_fixed(100 * i.best_eval_accuracy, 2) + " %" : "-")
+      << "</td><td>" << (i.best_step >= 0 ? std::to_string(i.best_step) : "-") << "</td><td>"
+      << i.step << "</td><td>" << duration(i.seconds) << "</td><td>" << i.checkpoints << "</td><td>"
+      << xml_escape(i.dir.string()) << "</td></tr>\n";
+  }
+  h << "</table>\n";
+}
+
+void curves_html(const std::vector<LoadedRun>& runs, std::ostream& h) {
+  h << "<h2>Curves</h2>\n<div class=\"grid\">\n"
+    << chart(runs, "training loss", "train", "loss", "loss")
+    << chart(runs, "evaluation accuracy", "eval", "accuracy", "accuracy")
+    << chart(runs, "evaluation loss", "eval", "loss", "loss")
+    << chart(runs, "learning rate", "train", "lr", "lr")
+    << chart(runs, "gradient norm (before clipping)", "train", "grad_norm", "L2 norm")
+    << chart(runs, "throughput", "train", "samples_per_s", "samples/s")
+    << chart(runs, "data-wait share of the step", "train", "data_wait", "share")
+    << chart(runs, "loss scale (fp16)", "train", "loss_scale", "scale") << "</div>\n";
+}
+
+// Settings that differ between the runs (all of them for a single run would be noise).
+void config_differences_html(const std::vector<LoadedRun>& runs, std::ostream& h) {
+  std::set<std::string> keys;
+  for (const auto& r : runs)
+    for (const auto& [k, v] : r.config) keys.insert(k);
+  auto value = [](const LoadedRun& r, const std::string& k) {
+    return r.config.count(k) ? r.config.at(k) : std::string("(absent)");
+  };
+  std::vector<std::string> differing;
+  for (const auto& k : keys) {
+    std::set<std::string> vals;
+    for (const auto& r : runs) vals.insert(value(r, k));
+    if (vals.size() > 1) differing.push_back(k);
+  }
+  h << "<h2>Config differences</h2>\n";
+  if (runs.size() < 2) {
+    h << "<p>One run: nothing to compare. Its resolved config is in "
+      << xml_escape((runs[0].info.dir / "config.yaml").string()) << ".</p>\n";
+    return;
+  }
+  if (differing.empty()) {
+    h << "<p>The runs' resolved configs are identical.</p>\n";
+    return;
+  }
+  h << "<table><tr><th>key</th>";
+  for (const auto& r : runs) h << "<th>" << xml_escape(r.info.name) << "</th>";
+  h << "</tr>\n";
+  for (const auto& k : differing) {
+    h << "<tr><td>" << xml_escape(k) << "</td>";
+    for (const auto& r : runs) h << "<td>" << xml_escape(value(r, k)) << "</td>";
+    h << "</tr>\n";
+  }
+  h << "</table>\n";
+}
+
+void checkpoints_html(const std::vector<LoadedRun>& runs, std::ostream& h) {
+  h << "<h2>Checkpoints</h2>\n<table><tr><th>run</th><th>checkpoint</th><th>step</"
+       "th><th>monitor</th><th>size</th></tr>\n";
+  for (const auto& r : runs) {
+    const fs::path cdir = r.info.dir / "checkpoints";
+    std::error_code ec;
+    std::string latest;
+    {
+      std::ifstream in(cdir / "latest");
+      std::getline(in, latest);
+    }
+    for (const auto& c : train::CheckpointStore::list_complete(cdir)) {
+      double bytes = 0, monitor = NAN;
+      int64_t step = 0;
+      for (const auto& f : fs::directory_iterator(c, ec))
+        if (f.is_regular_file()) bytes += static_cast<double>(f.file_size());
+      try {
+        std::ifstream in(c / "trainer.json");
+        const auto j = nlohmann::json::parse(in);
+        step = j.value("step", int64_t{0});
+        monitor = j.value("monitor", NAN);
+      } catch (const std::exception&) {
+      }
+      const std::string n = c.filename().string();
+      h << "<tr><td>" << xml_escape(r.info.name) << "</td><td>" << xml_escape(n)
+        << (n == latest ? " (latest)" : "") << "</td><td>" << step << "</td><td>"
+        << (std::isfinite(monitor) ? format_fixed(monitor, 4) : "-") << "</td><td>"
+        << format_fixed(bytes / 1e6, 2) << " MB</td></tr>\n";
+    }
+  }
+  h << "</table>\n";
+}
+
+}  // namespace
+
 std::string html_report(const std::vector<fs::path>& dirs,
                         const std::vector<std::string>& sections) {
   if (dirs.empty() && sections.empty())
     throw ConfigError("report", "no run or study folders given",
                       "mltrain report runs/<name>/v0 [more runs or runs/tune/<study>...]");
-  struct Loaded {
-    RunInfo info;
-    std::vector<nlohmann::json> metrics;
-    std::map<std::string, std::string> config;
-  };
-  std::vector<Loaded> runs;
-  for (const auto& d : dirs) {
-    if (!is_run_dir(d))
-      throw DataError(d.string(), "not a run folder (no status.json or metrics.jsonl)",
-                      "give runs/<name>/v<N>; `mltrain runs` lists them");
-    Loaded l{read_run(d), read_metrics(d), {}};
-    try {
-      if (fs::exists(d / "config.yaml"))
-        flatten(YAML::LoadFile((d / "config.yaml").string()), "", l.config);
-    } catch (const std::exception& e) {
-      throw DataError((d / "config.yaml").string(), std::string("unreadable: ") + e.what());
-    }
-    runs.push_back(std::move(l));
-  }
-  auto chart = [&](const std::string& title, const std::string& event, const std::string& field,
-                   const std::string& ylabel) {
-    SvgChart c(title, "optimizer step", ylabel);
-    bool any = false;
-    for (const auto& r : runs) {
-      std::vector<double> xs, ys;
-      for (const auto& m : r.metrics)
-        if (m.value("event", "") == event && m.contains(field) && m[field].is_number()) {
-          xs.push_back(m.value("step", 0.0));
-          ys.push_back(m[field].get<double>());
-        }
-      if (!xs.empty()) any = true;
-      c.add_series(r.info.name, xs, ys);
-    }
-    return any ? "<figure>" + c.render(560, 320) + "</figure>\n" : std::string();
-  };
-
+  std::vector<LoadedRun> runs;
+  for (const auto& d : dirs) runs.push_back(load_run(d));
   std::ostringstream h;
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>mltrain "
        "report</title>\n"
@@ -208,89 +312,11 @@ std::string html_report(const std::vector<fs::path>& dirs,
   h << "</h1>\n";
   for (const auto& sec : sections) h << sec;
   if (!runs.empty()) {
-    h << "<h2>Runs</h2>\n<table><tr><th>run</th><th>status</th><th>best eval accuracy</th><th>at "
-         "step</th><th>steps</th>"
-         "<th>training time</th><th>checkpoints</th><th>folder</th></tr>\n";
-    for (const auto& r : runs) {
-      const auto& i = r.info;
-      h << "<tr><td>" << xml_escape(i.name) << "</td><td class=\"" << xml_escape(i.state) << "\">"
-        << xml_escape(i.state) << (i.detail.empty() ? "" : ": " + xml_escape(i.detail))
-        << "</td><td>"
-        << (i.best_eval_accuracy >= 0 ? format_fixed(100 * i.best_eval_accuracy, 2) + " %" : "-")
-        << "</td><td>" << (i.best_step >= 0 ? std::to_string(i.best_step) : "-") << "</td><td>"
-        << i.step << "</td><td>" << duration(i.seconds) << "</td><td>" << i.checkpoints
-        << "</td><td>" << xml_escape(i.dir.string()) << "</td></tr>\n";
-    }
-    h << "</table>\n<h2>Curves</h2>\n<div class=\"grid\">\n"
-      << chart("training loss", "train", "loss", "loss")
-      << chart("evaluation accuracy", "eval", "accuracy", "accuracy")
-      << chart("evaluation loss", "eval", "loss", "loss")
-      << chart("learning rate", "train", "lr", "lr")
-      << chart("gradient norm (before clipping)", "train", "grad_norm", "L2 norm")
-      << chart("throughput", "train", "samples_per_s", "samples/s")
-      << chart("data-wait share of the step", "train", "data_wait", "share")
-      << chart("loss scale (fp16)", "train", "loss_scale", "scale") << "</div>\n";
-
-    // Settings that differ between the runs (all of them for a single run would be noise).
-    std::set<std::string> keys;
-    for (const auto& r : runs)
-      for (const auto& [k, v] : r.config) keys.insert(k);
-    std::vector<std::string> differing;
-    for (const auto& k : keys) {
-      std::set<std::string> vals;
-      for (const auto& r : runs) vals.insert(r.config.count(k) ? r.config.at(k) : "(absent)");
-      if (vals.size() > 1) differing.push_back(k);
-    }
-    h << "<h2>Config differences</h2>\n";
-    if (runs.size() < 2)
-      h << "<p>One run: nothing to compare. Its resolved config is in "
-        << xml_escape((runs[0].info.dir / "config.yaml").string()) << ".</p>\n";
-    else if (differing.empty())
-      h << "<p>The runs' resolved configs are identical.</p>\n";
-    else {
-      h << "<table><tr><th>key</th>";
-      for (const auto& r : runs) h << "<th>" << xml_escape(r.info.name) << "</th>";
-      h << "</tr>\n";
-      for (const auto& k : differing) {
-        h << "<tr><td>" << xml_escape(k) << "</td>";
-        for (const auto& r : runs)
-          h << "<td>" << xml_escape(r.config.count(k) ? r.config.at(k) : "(absent)") << "</td>";
-        h << "</tr>\n";
-      }
-      h << "</table>\n";
-    }
-
-    h << "<h2>Checkpoints</h2>\n<table><tr><th>run</th><th>checkpoint</th><th>step</"
-         "th><th>monitor</th><th>size</th></tr>\n";
-    for (const auto& r : runs) {
-      const fs::path cdir = r.info.dir / "checkpoints";
-      std::error_code ec;
-      std::string latest;
-      {
-        std::ifstream in(cdir / "latest");
-        std::getline(in, latest);
-      }
-      for (const auto& c : train::CheckpointStore::list_complete(cdir)) {
-        double bytes = 0, monitor = NAN;
-        int64_t step = 0;
-        for (const auto& f : fs::directory_iterator(c, ec))
-          if (f.is_regular_file()) bytes += static_cast<double>(f.file_size());
-        try {
-          std::ifstream in(c / "trainer.json");
-          const auto j = nlohmann::json::parse(in);
-          step = j.value("step", int64_t{0});
-          monitor = j.value("monitor", NAN);
-        } catch (const std::exception&) {
-        }
-        const std::string n = c.filename().string();
-        h << "<tr><td>" << xml_escape(r.info.name) << "</td><td>" << xml_escape(n)
-          << (n == latest ? " (latest)" : "") << "</td><td>" << step << "</td><td>"
-          << (std::isfinite(monitor) ? format_fixed(monitor, 4) : "-") << "</td><td>"
-          << format_fixed(bytes / 1e6, 2) << " MB</td></tr>\n";
-      }
-    }
-    h << "</table>\n";
-  }  // runs
+    runs_table_html(runs, h);
+    curves_html(runs, h);
+    config_differences_html(runs, h);
+    checkpoints_html(runs, h);
+  }
   h << "<p style=\"font-size:12px;color:#777\">Written by mltrain report; self-contained (no "
        "scripts, fonts or "
        "requests).</p>\n</body></html>\n";

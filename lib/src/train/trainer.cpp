@@ -230,6 +230,74 @@ bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors&
   return false;
 }
 
+// Gradients of the window -> one optimizer update: a short window (the epoch's end) rescaled to
+// the full one, fp16 unscaled, the pre-clip norm measured, an overflow or an unhealthy gradient
+// handled, then clip, step, EMA and rollback snapshots. Returns whether the update was applied.
+bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_samples,
+                             double full_window, double lr, StepInfo& info) {
+  if (window_samples != static_cast<int64_t>(full_window)) {
+    torch::NoGradGuard no_grad;
+    for (const auto& [n, p] : params)
+      if (p.grad().defined()) p.mutable_grad().mul_(full_window / window_samples);
+  }
+  const bool found_inf = scaler_ ? scaler_->unscale(params) : false;
+  info.grad_norm = grad_norm(params);
+  bool step_now = true;
+  if (scaler_ && found_inf) {  // fp16 overflow: normal for a loss scaler, skip and back off
+    step_now = false;
+    ++progress_.skipped_steps;
+  } else if (auto verdict = health_.check(info.grad_norm); verdict != GradHealth::Verdict::kOk) {
+    step_now = handle_unhealthy(verdict, params, info.grad_norm);
+  }
+  schedule_->observe_grad_norm(info.grad_norm);
+  if (step_now) {
+    clipper_.clip(params, info.grad_norm);
+    opt_.step(lr);
+    if (ema_) ema_->update();
+    if (cfg_.grad_health.policy == "rollback" &&
+        opt_.steps() % cfg_.grad_health.rollback_steps == 0)
+      take_snapshot();
+  }
+  if (scaler_) scaler_->update(found_inf);
+  opt_.zero_grad();
+  return step_now;
+}
+
+// An evaluation inside fit(): the plateau schedule, time to target, early stopping and adaptive
+// augmentation learn from it, then the observers see it.
+void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
+                                  std::chrono::steady_clock::time_point fit_start) {
+  last_eval_ = evaluate(eval_);
+  schedule_->observe(
+      opt_.steps(), cfg_.schedule.monitor == "eval_loss" ? last_eval_->loss : last_eval_->accuracy);
+  if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
+      last_eval_->accuracy >= cfg_.train.target_accuracy)
+    progress_.time_to_target = seconds_before + since(fit_start);
+  const std::string why = early_.update({{"eval_loss", last_eval_->loss},
+                                         {"eval_accuracy", last_eval_->accuracy},
+                                         {"train_loss", train_loss}},
+                                        progress_.step);
+  if (!why.empty()) stop_reason_ = why;
+  if (auto* aug = train_.augmenter(); aug && since_eval_count_ > 0)
+    aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_, last_eval_->accuracy);
+  since_eval_correct_ = since_eval_count_ = 0;
+  for (auto& o : observers_) o->on_eval_end(*this, *last_eval_);
+}
+
+// A stop signal at a step boundary: one rank's signal stops every rank at this same step; the
+// observers checkpoint, then Interrupted unwinds fit().
+void Trainer::check_stop_signal() {
+  int sig = stop_signal();
+  if (comm_ && comm_->size() > 1) {
+    std::vector<torch::Tensor> s = {torch::tensor({double(sig)}, torch::kDouble)};
+    comm_->allreduce_sum(s, "allreduce(stop signal)");
+    if (!sig && s[0][0].item<double>() > 0) sig = SIGTERM;
+  }
+  if (!sig) return;
+  for (auto& o : observers_) o->on_stop_request(*this, sig);
+  throw Interrupted(sig);
+}
+
 void Trainer::fit() {
   const int64_t eval_every = cfg_.train.eval_every.to_steps(steps_per_epoch_);
   const int64_t bpe = train_.batches_per_epoch();
@@ -297,34 +365,8 @@ void Trainer::fit() {
       }
 
       // The optimizer step for the window.
-      if (window_samples !=
-          static_cast<int64_t>(full_window)) {  // a short window at the epoch's end
-        torch::NoGradGuard no_grad;
-        for (const auto& [n, p] : params)
-          if (p.grad().defined()) p.mutable_grad().mul_(full_window / window_samples);
-      }
-      const bool found_inf = scaler_ ? scaler_->unscale(params) : false;
-      info.grad_norm = grad_norm(params);
       const double lr = lr_at(opt_.steps());
-      bool step_now = true;
-      if (scaler_ && found_inf) {  // fp16 overflow: normal for a loss scaler, skip and back off
-        step_now = false;
-        ++progress_.skipped_steps;
-      } else if (auto verdict = health_.check(info.grad_norm);
-                 verdict != GradHealth::Verdict::kOk) {
-        step_now = handle_unhealthy(verdict, params, info.grad_norm);
-      }
-      schedule_->observe_grad_norm(info.grad_norm);
-      if (step_now) {
-        clipper_.clip(params, info.grad_norm);
-        opt_.step(lr);
-        if (ema_) ema_->update();
-        if (cfg_.grad_health.policy == "rollback" &&
-            opt_.steps() % cfg_.grad_health.rollback_steps == 0)
-          take_snapshot();
-      }
-      if (scaler_) scaler_->update(found_inf);
-      opt_.zero_grad();
+      const bool step_now = optimizer_step(params, window_samples, full_window, lr, info);
       lap(Phase::kOptimizer);
 
       info.skipped = !step_now;
@@ -343,37 +385,11 @@ void Trainer::fit() {
       }
       progress_.train_seconds = seconds_before + since(fit_start);
 
-      if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_)) {
-        last_eval_ = evaluate(eval_);
-        schedule_->observe(opt_.steps(), cfg_.schedule.monitor == "eval_loss"
-                                             ? last_eval_->loss
-                                             : last_eval_->accuracy);
-        if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
-            last_eval_->accuracy >= cfg_.train.target_accuracy)
-          progress_.time_to_target = seconds_before + since(fit_start);
-        const std::string why = early_.update({{"eval_loss", last_eval_->loss},
-                                               {"eval_accuracy", last_eval_->accuracy},
-                                               {"train_loss", info.loss}},
-                                              progress_.step);
-        if (!why.empty()) stop_reason_ = why;
-        if (auto* aug = train_.augmenter(); aug && since_eval_count_ > 0)
-          aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_,
-                     last_eval_->accuracy);
-        since_eval_correct_ = since_eval_count_ = 0;
-        for (auto& o : observers_) o->on_eval_end(*this, *last_eval_);
-      }
+      if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_))
+        evaluate_during_fit(info.loss, seconds_before, fit_start);
       for (auto& o : observers_) o->on_step_end(*this, info);
 
-      int sig = stop_signal();
-      if (comm_ && comm_->size() > 1) {  // one rank's signal stops every rank at this same step
-        std::vector<torch::Tensor> s = {torch::tensor({double(sig)}, torch::kDouble)};
-        comm_->allreduce_sum(s, "allreduce(stop signal)");
-        if (!sig && s[0][0].item<double>() > 0) sig = SIGTERM;
-      }
-      if (sig) {
-        for (auto& o : observers_) o->on_stop_request(*this, sig);
-        throw Interrupted(sig);
-      }
+      check_stop_signal();
       if (!stop_reason_.empty() || !failure_.empty()) break;
       info = StepInfo{};
       micro = window_samples = 0;

@@ -190,10 +190,13 @@ std::vector<TrialState> read_trials(const fs::path& study_dir, const Space& spac
   return replay(j.read(), space).trials;
 }
 
-nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
+namespace {
+
+// The study folder remembers its space: resuming with another space or objective would mix
+// incomparable trials. Writes the resolved study.yaml.
+void claim_study_folder(const StudyConfig& cfg) {
   const fs::path sd = cfg.study_dir();
   fs::create_directories(sd);
-  // The study folder remembers its space: resuming with another space would mix incomparable trials.
   const fs::path saved = sd / "study.yaml";
   if (fs::exists(saved)) {
     auto what_trials_mean = [](const config::StudyFile& f) {
@@ -210,83 +213,189 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
                         "use a new study.name, or delete " + sd.string());
   }
   write_file_atomic(saved.string(), config::to_yaml(cfg.file));
+}
 
-  Journal journal(sd / "journal.jsonl");
-  auto sampler = make_sampler(cfg.sampler, cfg.space);
-  auto pruner = make_pruner(cfg.pruner);
-  const std::string me = make_worker_id();
-  const TestFunction* fn = cfg.function.empty() ? nullptr : find_test_function(cfg.function);
-  const double sign = cfg.maximize ? -1.0 : 1.0;
-  const double t0 = now_s();
-  double sampler_s = 0;
-  int sampled = 0;
-  bool exhausted = false;
-  std::map<int, Child> running;
-  double last_beat = 0;
+// Trials that count toward n_trials: all but stale failures that were (or will be) retried.
+// Returns the first stale trial still owed a retry (or -1); `used` counts the rest.
+int retry_target(const std::vector<TrialState>& ts, int max_retry, int& used) {
+  std::map<int, int> retried_by;
+  for (const auto& t : ts)
+    if (t.retry_of >= 0) retried_by[t.retry_of] = t.number;
+  auto depth = [&](int n) {
+    int d = 0;
+    while (n >= 0 && ts[size_t(n)].retry_of >= 0) n = ts[size_t(n)].retry_of, ++d;
+    return d;
+  };
+  int target = -1;
+  used = 0;
+  for (const auto& t : ts) {
+    if (t.number < 0) continue;
+    const bool stale = t.state == "FAIL" && t.reason.rfind("stale", 0) == 0;
+    if (stale && retried_by.count(t.number)) continue;  // replaced by its retry
+    if (stale && depth(t.number) < max_retry) {
+      if (target < 0) target = t.number;
+      continue;  // its retry will take its place
+    }
+    ++used;
+  }
+  return target;
+}
 
-  auto observations = [&](const std::vector<TrialState>& ts) {
+// One driver process of a study. Its loop has four steps: start trials while slots are free (one
+// journal transaction each), read the trials' output, reap exits, heartbeat.
+class Driver {
+ public:
+  Driver(const StudyConfig& cfg, const RunStudyOptions& opt)
+      : cfg_(cfg),
+        opt_(opt),
+        journal_(cfg.study_dir() / "journal.jsonl"),
+        sampler_(make_sampler(cfg.sampler, cfg.space)),
+        pruner_(make_pruner(cfg.pruner)),
+        me_(make_worker_id()),
+        fn_(cfg.function.empty() ? nullptr : find_test_function(cfg.function)),
+        sign_(cfg.maximize ? -1.0 : 1.0),
+        t0_(now_s()) {}
+
+  nlohmann::json run() {
+    while (true) {
+      const bool time_left = cfg_.timeout_s <= 0 || now_s() - t0_ < cfg_.timeout_s;
+      bool started = false, done = false;
+      if (int(running_.size()) < cfg_.max_concurrent && time_left && !exhausted_) {
+        started = start_next(&done);
+        if (started) continue;  // fill every free slot before waiting
+      }
+      if (running_.empty()) {
+        if (done || exhausted_ || !time_left) break;
+        // Other drivers hold the remaining trials: wait for them to finish (or go stale).
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        continue;
+      }
+      read_output();
+      reap();
+      if (!running_.empty() && now_s() - last_beat_ >= cfg_.heartbeat_s) {
+        journal_.append({{{"op", "heartbeat"}, {"worker", me_}, {"t", now_s()}}});
+        last_beat_ = now_s();
+      }
+    }
+    return summary();
+  }
+
+ private:
+  std::vector<Observation> observations(const std::vector<TrialState>& ts) const {
     std::vector<Observation> obs;
     for (const auto& t : ts) {
       if (t.x.empty()) continue;
       if (t.state == "COMPLETE" && std::isfinite(t.value))
-        obs.push_back({t.number, t.x, sign * t.value, false});
+        obs.push_back({t.number, t.x, sign_ * t.value, false});
       else if (t.state == "PRUNED" && !t.intermediate.empty())
-        obs.push_back({t.number, t.x, sign * t.intermediate.back().second, true});
+        obs.push_back({t.number, t.x, sign_ * t.intermediate.back().second, true});
     }
     return obs;
-  };
-  auto curves = [&](const std::vector<TrialState>& ts) {
+  }
+
+  std::vector<TrialCurve> curves(const std::vector<TrialState>& ts) const {
     std::vector<TrialCurve> cs;
     for (const auto& t : ts) {
       TrialCurve c{t.number, t.state == "COMPLETE" || t.state == "PRUNED", {}};
-      for (const auto& [s, v] : t.intermediate) c.values.push_back(sign * v);
+      for (const auto& [s, v] : t.intermediate) c.values.push_back(sign_ * v);
       cs.push_back(std::move(c));
     }
     return cs;
-  };
-  // Trials that count toward n_trials: all but stale failures that were (or will be) retried.
-  auto retry_target = [&](const std::vector<TrialState>& ts, int& used) {
-    std::map<int, int> retried_by;
-    for (const auto& t : ts)
-      if (t.retry_of >= 0) retried_by[t.retry_of] = t.number;
-    auto depth = [&](int n) {
-      int d = 0;
-      while (n >= 0 && ts[size_t(n)].retry_of >= 0) n = ts[size_t(n)].retry_of, ++d;
-      return d;
-    };
-    int target = -1;
-    used = 0;
-    for (const auto& t : ts) {
-      if (t.number < 0) continue;
-      const bool stale = t.state == "FAIL" && t.reason.rfind("stale", 0) == 0;
-      if (stale && retried_by.count(t.number)) continue;  // replaced by its retry
-      if (stale && depth(t.number) < cfg.max_retry) {
-        if (target < 0) target = t.number;
-        continue;  // its retry will take its place
-      }
-      ++used;
-    }
-    return target;
-  };
+  }
 
-  auto finish = [&](Child& c, const std::string& state, double value, const std::string& reason) {
+  // Stale trials (RUNNING under a driver that is gone) become FAIL records.
+  std::vector<nlohmann::json> fail_stale(Replay& rp) const {
+    std::vector<nlohmann::json> add;
+    for (auto& t : rp.trials)
+      if (t.number >= 0 && t.state == "RUNNING" && t.worker != me_ &&
+          (worker_dead_here(t.worker) || now_s() - rp.heartbeat[t.worker] > cfg_.stale_after_s)) {
+        add.push_back({{"op", "finish"},
+                       {"trial", t.number},
+                       {"state", "FAIL"},
+                       {"t", now_s()},
+                       {"reason", "stale: driver " + t.worker + " stopped"}});
+        t.state = "FAIL", t.reason = "stale";
+      }
+    return add;
+  }
+
+  // One journal transaction: fail stale trials, then create the next trial (a retry first, else
+  // the sampler's suggestion) unless the budget is spent (*done) or the grid is exhausted.
+  bool start_next(bool* done) {
+    TrialState next;
+    bool started = false;
+    journal_.transact([&](const std::vector<nlohmann::json>& recs) {
+      auto rp = replay(recs, cfg_.space);
+      std::vector<nlohmann::json> add = fail_stale(rp);
+      int used = 0;
+      const int retry = retry_target(rp.trials, cfg_.max_retry, used);
+      if (used >= cfg_.n_trials && retry < 0) {
+        *done = true;
+        return add;
+      }
+      if (used + (retry >= 0 ? 1 : 0) > cfg_.n_trials) return add;
+      next = TrialState();
+      next.number = int(rp.trials.size());
+      if (retry >= 0) {
+        next.params = rp.trials[size_t(retry)].params;
+        next.x = rp.trials[size_t(retry)].x;
+        next.retry_of = retry;
+      } else {
+        const auto s0 = std::chrono::steady_clock::now();
+        auto x = sampler_->sample(cfg_.space, observations(rp.trials), cfg_.seed, next.number);
+        sampler_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+        ++sampled_;
+        if (!x) {
+          exhausted_ = true;
+          return add;
+        }
+        next.x = *x;
+        next.params = params_json(cfg_.space, *x);
+      }
+      nlohmann::json cr = {{"op", "create"},
+                           {"trial", next.number},
+                           {"params", next.params},
+                           {"worker", me_},
+                           {"t", now_s()}};
+      if (next.retry_of >= 0) cr["retry_of"] = next.retry_of;
+      add.push_back(cr);
+      started = true;
+      return add;
+    });
+    if (!started) return false;
+    if (!opt_.quiet)
+      std::cerr << "[tune] trial " << next.number << " " << next.params.dump()
+                << (next.retry_of >= 0 ? " (retry of " + std::to_string(next.retry_of) + ")" : "")
+                << "\n";
+    if (fn_) {  // in-process test function
+      Child c;
+      c.number = next.number;
+      const double v = fn_->f(next.x);
+      finish(c, std::isfinite(v) ? "COMPLETE" : "FAIL", v,
+             std::isfinite(v) ? "" : "diverged (value not finite)");
+    } else {
+      running_[next.number] = spawn(cfg_, opt_, next);
+    }
+    return true;
+  }
+
+  void finish(Child& c, const std::string& state, double value, const std::string& reason) {
     nlohmann::json r = {{"op", "finish"}, {"trial", c.number}, {"state", state},
                         {"t", now_s()},   {"reason", reason},  {"attrs", c.attrs}};
     if (std::isfinite(value)) r["value"] = value;
-    journal.append({r});
-    if (!opt.quiet) {
-      std::ostringstream m;
-      m << "[tune] trial " << c.number << " " << state;
-      if (std::isfinite(value)) m << " " << cfg.metric << "=" << value;
-      if (!reason.empty()) m << " (" << reason << ")";
-      std::cerr << m.str() << "\n";
-    }
-  };
+    journal_.append({r});
+    if (opt_.quiet) return;
+    std::ostringstream m;
+    m << "[tune] trial " << c.number << " " << state;
+    if (std::isfinite(value)) m << " " << cfg_.metric << "=" << value;
+    if (!reason.empty()) m << " (" << reason << ")";
+    std::cerr << m.str() << "\n";
+  }
 
   // One JSON line from a trial: the summary's fields become attributes; a value of the metric is
   // the latest result, and with a step also an intermediate report, which the pruner judges
   // against every trial's curve (judge=false once the trial has exited).
-  auto handle_line = [&](Child& c, const std::string& line, bool judge) {
+  void handle_line(Child& c, const std::string& line, bool judge) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -299,108 +408,28 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
         if (it.key() != "event") c.attrs[it.key()] = it.value();
       return;
     }
-    if (!j.contains(cfg.metric) || !(j[cfg.metric].is_number() || j[cfg.metric].is_null())) return;
-    const double v =
-        j[cfg.metric].is_null() ? NAN : j[cfg.metric].get<double>();  // JSON has no NaN: null
+    const std::string& metric = cfg_.metric;
+    if (!j.contains(metric) || !(j[metric].is_number() || j[metric].is_null())) return;
+    const double v = j[metric].is_null() ? NAN : j[metric].get<double>();  // JSON has no NaN: null
     c.last_value = v, c.has_value = true;
     if (!j.contains("step") || c.pruned) return;
     c.values.push_back(v);
-    journal.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", v}}});
+    journal_.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", v}}});
     if (!judge) return;
     TrialCurve mine{c.number, false, {}};
-    for (double x : c.values) mine.values.push_back(sign * x);
-    if (pruner->should_prune(mine, curves(replay(journal.read(), cfg.space).trials))) {
+    for (double x : c.values) mine.values.push_back(sign_ * x);
+    if (pruner_->should_prune(mine, curves(replay(journal_.read(), cfg_.space).trials))) {
       c.pruned = true;
       ::kill(-c.pid, SIGTERM);
     }
-  };
+  }
 
-  while (true) {
-    // 1. Start trials while there is room (one journal transaction per start).
-    const bool time_left = cfg.timeout_s <= 0 || now_s() - t0 < cfg.timeout_s;
-    bool started = false, done = false;
-    if (int(running.size()) < cfg.max_concurrent && time_left && !exhausted) {
-      TrialState next;
-      journal.transact([&](const std::vector<nlohmann::json>& recs) {
-        std::vector<nlohmann::json> add;
-        auto rp = replay(recs, cfg.space);
-        for (auto& t : rp.trials)  // stale: RUNNING under a driver that is gone
-          if (t.number >= 0 && t.state == "RUNNING" && t.worker != me &&
-              (worker_dead_here(t.worker) ||
-               now_s() - rp.heartbeat[t.worker] > cfg.stale_after_s)) {
-            add.push_back({{"op", "finish"},
-                           {"trial", t.number},
-                           {"state", "FAIL"},
-                           {"t", now_s()},
-                           {"reason", "stale: driver " + t.worker + " stopped"}});
-            t.state = "FAIL", t.reason = "stale";
-          }
-        int used = 0;
-        const int retry = retry_target(rp.trials, used);
-        if (used >= cfg.n_trials && retry < 0) {
-          done = true;
-          return add;
-        }
-        if (used + (retry >= 0 ? 1 : 0) > cfg.n_trials) return add;
-        next = TrialState();
-        next.number = int(rp.trials.size());
-        if (retry >= 0) {
-          next.params = rp.trials[size_t(retry)].params;
-          next.x = rp.trials[size_t(retry)].x;
-          next.retry_of = retry;
-        } else {
-          const auto s0 = std::chrono::steady_clock::now();
-          auto x = sampler->sample(cfg.space, observations(rp.trials), cfg.seed, next.number);
-          sampler_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-          ++sampled;
-          if (!x) {
-            exhausted = true;
-            return add;
-          }
-          next.x = *x;
-          next.params = params_json(cfg.space, *x);
-        }
-        nlohmann::json cr = {{"op", "create"},
-                             {"trial", next.number},
-                             {"params", next.params},
-                             {"worker", me},
-                             {"t", now_s()}};
-        if (next.retry_of >= 0) cr["retry_of"] = next.retry_of;
-        add.push_back(cr);
-        started = true;
-        return add;
-      });
-      if (started) {
-        if (!opt.quiet)
-          std::cerr << "[tune] trial " << next.number << " " << next.params.dump()
-                    << (next.retry_of >= 0 ? " (retry of " + std::to_string(next.retry_of) + ")"
-                                           : "")
-                    << "\n";
-        if (fn) {  // in-process test function
-          Child c;
-          c.number = next.number;
-          const double v = fn->f(next.x);
-          finish(c, std::isfinite(v) ? "COMPLETE" : "FAIL", v,
-                 std::isfinite(v) ? "" : "diverged (value not finite)");
-        } else {
-          running[next.number] = spawn(cfg, opt, next);
-        }
-        continue;  // fill every free slot before waiting
-      }
-    }
-    if (running.empty()) {
-      if (done || exhausted || !time_left) break;
-      if (!started) {
-        // Other drivers hold the remaining trials: wait for them to finish (or go stale).
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        continue;
-      }
-    }
-    // 2. Wait for output from the running trials.
+  // Waits up to 200 ms for output from the running trials and handles every complete line.
+  void read_output() {
     std::vector<pollfd> pfds;
-    for (auto& [n, c] : running) pfds.push_back({c.out_fd, POLLIN, 0});
+    for (auto& [n, c] : running_) pfds.push_back({c.out_fd, POLLIN, 0});
     ::poll(pfds.data(), pfds.size(), 200);
-    for (auto& [n, c] : running) {
+    for (auto& [n, c] : running_) {
       char buf[4096];
       for (;;) {
         pollfd one{c.out_fd, POLLIN, 0};
@@ -416,11 +445,37 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
         handle_line(c, line, /*judge=*/true);
       }
     }
-    // 3. Reap finished trials.
-    for (auto it = running.begin(); it != running.end();) {
+  }
+
+  // The verdict on an exited trial from its exit status and what it reported.
+  void judge_exit(Child& c, int status) {
+    if (c.pruned) {
+      finish(c, "PRUNED", c.has_value ? c.last_value : NAN,
+             "pruned by " + cfg_.pruner.name + " at report " + std::to_string(c.values.size()));
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      if (!c.has_value)
+        finish(c, "FAIL", NAN,
+               "exited 0 without reporting '" + cfg_.metric +
+                   "' on stdout (JSON lines); log: " + c.log.string());
+      else if (!std::isfinite(c.last_value))
+        finish(c, "FAIL", NAN, "diverged (" + cfg_.metric + " not finite)");
+      else
+        finish(c, "COMPLETE", c.last_value, "");
+    } else {
+      std::string why = WIFSIGNALED(status)
+                            ? "killed by signal " + std::to_string(WTERMSIG(status)) +
+                                  (WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "")
+                            : "exit status " + std::to_string(WEXITSTATUS(status));
+      const auto tail = last_line(c.log);
+      if (!tail.empty()) why += ": " + tail;
+      finish(c, "FAIL", NAN, why);
+    }
+  }
+
+  void reap() {
+    for (auto it = running_.begin(); it != running_.end();) {
       int status = 0;
-      const pid_t r = ::waitpid(it->second.pid, &status, WNOHANG);
-      if (r != it->second.pid) {
+      if (::waitpid(it->second.pid, &status, WNOHANG) != it->second.pid) {
         ++it;
         continue;
       }
@@ -435,43 +490,41 @@ nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
         handle_line(c, line, /*judge=*/false);  // exited: nothing left to prune
       ::close(c.out_fd);
       c.attrs["duration_s"] = now_s() - c.started;
-      if (c.pruned) {
-        finish(c, "PRUNED", c.has_value ? c.last_value : NAN,
-               "pruned by " + cfg.pruner.name + " at report " + std::to_string(c.values.size()));
-      } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-        if (!c.has_value)
-          finish(c, "FAIL", NAN,
-                 "exited 0 without reporting '" + cfg.metric +
-                     "' on stdout (JSON lines); log: " + c.log.string());
-        else if (!std::isfinite(c.last_value))
-          finish(c, "FAIL", NAN, "diverged (" + cfg.metric + " not finite)");
-        else
-          finish(c, "COMPLETE", c.last_value, "");
-      } else {
-        std::string why = WIFSIGNALED(status)
-                              ? "killed by signal " + std::to_string(WTERMSIG(status)) +
-                                    (WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "")
-                              : "exit status " + std::to_string(WEXITSTATUS(status));
-        const auto tail = last_line(c.log);
-        if (!tail.empty()) why += ": " + tail;
-        finish(c, "FAIL", NAN, why);
-      }
-      it = running.erase(it);
-    }
-    // 4. Heartbeat for this driver's running trials.
-    if (!running.empty() && now_s() - last_beat >= cfg.heartbeat_s) {
-      journal.append({{{"op", "heartbeat"}, {"worker", me}, {"t", now_s()}}});
-      last_beat = now_s();
+      judge_exit(c, status);
+      it = running_.erase(it);
     }
   }
-  const auto trials = replay(journal.read(), cfg.space).trials;
-  auto summary = write_study_outputs(cfg, trials);
-  summary["sampler_ms_per_trial_this_run"] = sampled ? 1000.0 * sampler_s / sampled : 0.0;
-  summary["stopped_by"] = exhausted                                              ? "grid exhausted"
-                          : (cfg.timeout_s > 0 && now_s() - t0 >= cfg.timeout_s) ? "timeout"
-                                                                                 : "n_trials";
-  write_file_atomic((sd / "summary.json").string(), summary.dump(2) + "\n");
-  return summary;
+
+  nlohmann::json summary() {
+    const auto trials = replay(journal_.read(), cfg_.space).trials;
+    auto s = write_study_outputs(cfg_, trials);
+    s["sampler_ms_per_trial_this_run"] = sampled_ ? 1000.0 * sampler_s_ / sampled_ : 0.0;
+    s["stopped_by"] = exhausted_                                                ? "grid exhausted"
+                      : (cfg_.timeout_s > 0 && now_s() - t0_ >= cfg_.timeout_s) ? "timeout"
+                                                                                : "n_trials";
+    write_file_atomic((cfg_.study_dir() / "summary.json").string(), s.dump(2) + "\n");
+    return s;
+  }
+
+  const StudyConfig& cfg_;
+  const RunStudyOptions& opt_;
+  Journal journal_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<Pruner> pruner_;
+  const std::string me_;
+  const TestFunction* fn_;
+  const double sign_, t0_;
+  double sampler_s_ = 0, last_beat_ = 0;
+  int sampled_ = 0;
+  bool exhausted_ = false;
+  std::map<int, Child> running_;
+};
+
+}  // namespace
+
+nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
+  claim_study_folder(cfg);
+  return Driver(cfg, opt).run();
 }
 
 }  // namespace mltrain::tune

@@ -151,6 +151,11 @@ class Trainer {
   bool next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence,
                       PhaseClock* phases = nullptr) const;
   void take_snapshot();
+  bool optimizer_step(const model::NamedTensors& params, int64_t window_samples, double full_window,
+                      double lr, StepInfo& info);
+  void evaluate_during_fit(double train_loss, double seconds_before,
+                           std::chrono::steady_clock::time_point fit_start);
+  void check_stop_signal();
 
   const config::ExperimentConfig& cfg_;
   torch::Device device_ = torch::kCPU;  // where the model's parameters live
