@@ -29,35 +29,10 @@ ExperimentConfig load_experiment(const std::string& path,
                                  const std::vector<std::string>& overrides) {
   Issues issues;
   YAML::Node root;
-  if (!path.empty()) {
-    if (!std::filesystem::exists(path))
-      throw ConfigError(path, "config file not found", "check the path (configs/ has examples)");
-    try {
-      root = YAML::LoadFile(path);
-    } catch (const YAML::ParserException& e) {
-      throw ConfigError(mark_text(path, e.mark), "not valid YAML: " + e.msg,
-                        "fix the syntax at that line (indentation, a missing ':' or quote)");
-    } catch (const YAML::BadFile&) {
-      throw ConfigError(path, "cannot read the config file", "check its permissions");
-    }
-    if (!root.IsMap() && !root.IsNull()) {
-      issues.add(mark_text(path, root.Mark()), "",
-                 "the top level must be a mapping (run:, data:, model: ...)");
-      root = YAML::Node();
-    }
-  }
-  Overrides ov = parse_overrides(overrides, issues);
+  if (!path.empty())
+    root = load_yaml_file(path, "config", "configs/ has examples", "run:, data:, model:", issues);
   ExperimentConfig cfg;
-  std::vector<std::string> declared;
-  Reader reader(root, path.empty() ? "<defaults>" : path, "", ov, issues, declared);
-  cfg.visit(reader);
-  reader.finish();
-  for (auto& [key, o] : ov) {
-    if (o.used) continue;
-    std::string hint = did_you_mean(key, declared);
-    issues.add("override '" + o.text + "'", key,
-               "unknown key" + (hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
-  }
+  read_settings(root, path.empty() ? "<defaults>" : path, overrides, issues, cfg);
   if (cfg.run.name.empty() && !path.empty())
     cfg.run.name = std::filesystem::path(path).stem().string();
   if (cfg.run.name.empty()) cfg.run.name = "default";
@@ -66,17 +41,8 @@ ExperimentConfig load_experiment(const std::string& path,
   return cfg;
 }
 
-std::string to_yaml(const ExperimentConfig& cfg) {
-  YamlWriter w;
-  const_cast<ExperimentConfig&>(cfg).visit(w);
-  return w.text();
-}
+std::string to_yaml(const ExperimentConfig& cfg) { return yaml_of(cfg); }
 
-std::string schema_text() {
-  ExperimentConfig defaults;
-  SchemaWriter w;
-  defaults.visit(w);
-  return w.text();
-}
+std::string schema_text() { return schema_of<ExperimentConfig>(); }
 
 }  // namespace mltrain::config

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "mltrain/config/writer.hpp"
@@ -36,6 +37,28 @@ std::string mark_text(const std::string& file, const YAML::Mark& m) {
   if (file.rfind("override", 0) == 0) return file;
   if (m.is_null()) return file;
   return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+YAML::Node load_yaml_file(const std::string& path, const std::string& kind,
+                          const std::string& examples, const std::string& top_keys,
+                          Issues& issues) {
+  if (!std::filesystem::exists(path))
+    throw ConfigError(path, kind + " file not found", "check the path (" + examples + ")");
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(mark_text(path, e.mark), "not valid YAML: " + e.msg,
+                      "fix the syntax at that line (indentation, a missing ':' or quote)");
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(path, "cannot read the " + kind + " file", "check its permissions");
+  }
+  if (!root.IsMap() && !root.IsNull()) {
+    issues.add(mark_text(path, root.Mark()), "",
+               "the top level must be a mapping (" + top_keys + " ...)");
+    root = YAML::Node();
+  }
+  return root;
 }
 
 std::string Issues::text() const {

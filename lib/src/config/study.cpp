@@ -67,36 +67,11 @@ void cross_checks(const StudyFile& s, Issues& issues, const std::string& file, b
 
 StudyFile load_study_file(const std::string& path, const std::vector<std::string>& overrides,
                           const StudyChecks& extra, bool in_folder) {
-  YAML::Node root;
-  if (!std::filesystem::exists(path))
-    throw ConfigError(path, "study file not found",
-                      "check the path; examples are in configs/tune/");
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(mark_text(path, e.mark), "not valid YAML: " + e.msg,
-                      "fix the syntax at that line (indentation, a missing ':' or quote)");
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(path, "cannot read the study file", "check its permissions");
-  }
   Issues issues;
-  if (!root.IsMap() && !root.IsNull()) {
-    issues.add(mark_text(path, root.Mark()), "",
-               "the top level must be a mapping (study:, sampler:, space: ...)");
-    root = YAML::Node();
-  }
-  Overrides ov = parse_overrides(overrides, issues);
+  const YAML::Node root = load_yaml_file(path, "study", "examples are in configs/tune/",
+                                         "study:, sampler:, space:", issues);
   StudyFile s;
-  std::vector<std::string> declared;
-  Reader reader(root, path, "", ov, issues, declared);
-  s.visit(reader);
-  reader.finish();
-  for (auto& [key, o] : ov) {
-    if (o.used) continue;
-    const std::string hint = did_you_mean(key, declared);
-    issues.add("override '" + o.text + "'", key,
-               "unknown key" + (hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
-  }
+  read_settings(root, path, overrides, issues, s);
   // Every problem at once: the checks across settings run even when a field failed (they skip
   // what could not be read).
   cross_checks(s, issues, path, in_folder);
@@ -111,17 +86,8 @@ StudyFile load_study_file(const std::string& path, const std::vector<std::string
   return s;
 }
 
-std::string to_yaml(const StudyFile& s) {
-  YamlWriter w;
-  const_cast<StudyFile&>(s).visit(w);
-  return w.text();
-}
+std::string to_yaml(const StudyFile& s) { return yaml_of(s); }
 
-std::string study_schema_text() {
-  StudyFile defaults;
-  SchemaWriter w;
-  defaults.visit(w);
-  return w.text();
-}
+std::string study_schema_text() { return schema_of<StudyFile>(); }
 
 }  // namespace mltrain::config

@@ -226,4 +226,29 @@ class Reader {
   std::vector<std::string> keys_;
 };
 
+// A config file as YAML: ConfigError (exit 2) when it is missing, unreadable or not YAML, naming
+// the file (and line) and a fix; a top level that is not a mapping is added to issues.
+//   kind: "config" or "study" (in the messages); examples: where example files live;
+//   top_keys: the first sections, shown in the mapping hint ("run:, data:, model:").
+YAML::Node load_yaml_file(const std::string& path, const std::string& kind,
+                          const std::string& examples, const std::string& top_keys, Issues& issues);
+
+// Reads `root` plus key=value overrides into a settings struct through its visit(), collecting
+// every problem; an override no field consumed is an unknown key with a did-you-mean.
+template <class S>
+void read_settings(const YAML::Node& root, const std::string& file,
+                   const std::vector<std::string>& overrides, Issues& issues, S& out) {
+  Overrides ov = parse_overrides(overrides, issues);
+  std::vector<std::string> declared;
+  Reader reader(root, file, "", ov, issues, declared);
+  out.visit(reader);
+  reader.finish();
+  for (auto& [key, o] : ov) {
+    if (o.used) continue;
+    const std::string hint = did_you_mean(key, declared);
+    issues.add("override '" + o.text + "'", key,
+               "unknown key" + (hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
+  }
+}
+
 }  // namespace mltrain::config

@@ -119,4 +119,19 @@ class SchemaWriter {
   std::vector<SchemaRow> rows_;
 };
 
+// The two writers over any settings struct: its YAML (print-config, study.yaml) and its schema.
+template <class S>
+std::string yaml_of(const S& settings) {
+  YamlWriter w;
+  const_cast<S&>(settings).visit(w);  // visit() is shared with the reader, hence not const
+  return w.text();
+}
+template <class S>
+std::string schema_of() {
+  S defaults;
+  SchemaWriter w;
+  defaults.visit(w);
+  return w.text();
+}
+
 }  // namespace mltrain::config
