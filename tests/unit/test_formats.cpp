@@ -1,4 +1,4 @@
-// TensorBoard event files: CRC32C against the standard check value, the writer/reader round trip,
+// safetensors: round trip, layout, corruption. TensorBoard event files: CRC32C against the standard check value, the writer/reader round trip,
 // corruption detection, and a real Fashion-MNIST run whose event scalars equal metrics.jsonl.
 #include <catch2/catch.hpp>
 
@@ -12,6 +12,7 @@
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/train/run.hpp"
+#include "mltrain/formats/safetensors.hpp"
 #include "mltrain/formats/tensorboard.hpp"
 
 namespace fs = std::filesystem;
@@ -120,4 +121,26 @@ TEST_CASE("a real Fashion-MNIST run: event scalars equal metrics.jsonl", "[tenso
     }
   }
   CHECK(compared > 50);
+}
+
+TEST_CASE("safetensors: round trip, layout, corruption", "[safetensors]") {
+  auto d = fresh("st");
+  auto path = (d / "t.safetensors").string();
+  auto a = torch::arange(6, torch::kFloat32).reshape({2, 3});
+  auto b = torch::tensor({1, 2, 3}, torch::kInt64);
+  formats::save_safetensors(path, {{"a", a}, {"b", b}, {"a_t", a.t()}}, {{"step", "3"}});
+  std::map<std::string, std::string> meta;
+  auto back = formats::load_safetensors(path, &meta);
+  CHECK(torch::equal(back.at("a"), a));
+  CHECK(torch::equal(back.at("b"), b));
+  CHECK(torch::equal(back.at("a_t"), a.t().contiguous()));
+  CHECK(meta.at("step") == "3");
+  std::ifstream in(path, std::ios::binary);
+  uint64_t hlen = 0;
+  in.read(reinterpret_cast<char*>(&hlen), 8);
+  CHECK(hlen % 8 == 0);
+  fs::resize_file(path, fs::file_size(path) - 4);
+  CHECK_THROWS_WITH(formats::load_safetensors(path), Catch::Contains("do not fit the file"));
+  std::ofstream(path, std::ios::binary) << std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
+  CHECK_THROWS_AS(formats::load_safetensors(path), CheckpointError);
 }

@@ -1,16 +1,23 @@
-// Training techniques: goldens against PyTorch, the loss-scaler rule, accumulation equivalence and
+// Checkpoint store: manifest last, fallback past damage, retention. Training techniques: goldens against PyTorch, the loss-scaler rule, accumulation equivalence and
 // gradient-health policies through the real Trainer, early stopping, EMA.
 #include <catch2/catch.hpp>
+
+#include "temp_dir.hpp"
+
+#include <filesystem>
 
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/formats/safetensors.hpp"
+#include "mltrain/train/checkpoint.hpp"
 #include "mltrain/train/techniques.hpp"
 #include "mltrain/train/trainer.hpp"
 
 using namespace mltrain;
+namespace fs = std::filesystem;
 using namespace mltrain::train;
 
 static nlohmann::json golden() {
@@ -367,4 +374,56 @@ TEST_CASE("EMA: warm-up decay, swap, state round trip", "[ema]") {
   other.load(sm);
   other.swap();
   CHECK(torch::allclose(w, expect, 1e-6, 1e-6));
+}
+
+TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and keep-best",
+          "[checkpoint]") {
+  auto root = mltrain::testing::fresh_temp_dir("train_ck");
+  train::CheckpointStore store(root, {/*keep_last=*/2, /*keep_best=*/1, /*maximize=*/true});
+  auto writer = [](int v) {
+    return [v](const fs::path& dir) {
+      formats::save_safetensors((dir / "model.safetensors").string(),
+                                {{"w", torch::full({4}, float(v))}});
+    };
+  };
+  const double monitors[] = {0.5, 0.9, 0.6, 0.7};
+  for (int s = 1; s <= 4; ++s) store.save(s * 10, writer(s), {{"epoch", 0}}, monitors[s - 1]);
+  auto kept = store.complete();
+  std::vector<std::string> names;
+  for (auto& k : kept) names.push_back(k.filename().string());
+  CHECK(names == std::vector<std::string>{"step_20", "step_30", "step_40"});  // best (0.9) + last 2
+  std::vector<std::string> warnings;
+  auto latest = store.load_latest(&warnings);
+  REQUIRE(latest);
+  CHECK(latest->step == 40);
+  CHECK(warnings.empty());
+  // Damage the newest: one flipped byte fails its SHA-256 and the store falls back.
+  {
+    std::fstream f(root / "step_40" / "model.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x55');
+  }
+  latest = store.load_latest(&warnings);
+  REQUIRE(latest);
+  CHECK(latest->step == 30);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("fails its SHA-256 check"));
+  // A half-written checkpoint (no manifest) is never picked.
+  fs::create_directories(root / "step_50");
+  formats::save_safetensors((root / "step_50" / "model.safetensors").string(),
+                            {{"w", torch::zeros({1})}});
+  latest = store.load_latest(&warnings);
+  CHECK(latest->step == 30);
+  CHECK_THROWS_WITH(train::CheckpointStore::load_dir(root / "step_50"),
+                    Catch::Contains("no manifest.json"));
+  // NaN monitors never count as best.
+  auto root2 = mltrain::testing::fresh_temp_dir("train_ck2");
+  train::CheckpointStore s2(root2, {1, 1, true});
+  s2.save(1, writer(1), {{"epoch", 0}}, NAN);
+  s2.save(2, writer(2), {{"epoch", 0}}, 0.1);
+  s2.save(3, writer(3), {{"epoch", 0}}, 0.05);
+  names.clear();
+  for (auto& k : s2.complete()) names.push_back(k.filename().string());
+  CHECK(names == std::vector<std::string>{"step_2", "step_3"});
 }

@@ -513,3 +513,17 @@ TEST_CASE(
   const auto f = load_study_config((d / "f.yaml").string(), {});
   CHECK(mltrain::config::to_yaml(f.file).find("space:\n  x1:") != std::string::npos);
 }
+
+TEST_CASE("mltrain config schema --study lists every study key with its type and default",
+          "[tune][study_file]") {
+  const auto d = tmpdir("study_schema");
+  REQUIRE(sh(kBin + " config schema --study > " + (d / "schema.txt").string()) == 0);
+  std::ifstream in(d / "schema.txt");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == mltrain::config::study_schema_text());
+  for (const char* key : {"study.timeout  ", "sampler.name  ", "pruner.reduction_factor  ",
+                          "objective.direction  ", "trial.command  ", "space.<name>.low  "})
+    CHECK(text.find(key) != std::string::npos);
+  CHECK(text.find("duration (90s | 30m | 2h | never)") != std::string::npos);
+  CHECK(text.find("optim.lr") == std::string::npos);  // not the experiment's schema
+}

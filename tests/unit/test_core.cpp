@@ -1,0 +1,75 @@
+// core: the oneDNN kernel route against LibTorch's kernels, SHA-256 against FIPS 180-4.
+#include <catch2/catch.hpp>
+
+#include "temp_dir.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "mltrain/core/error.hpp"
+#include "mltrain/core/runtime.hpp"
+#include "mltrain/core/sha256.hpp"
+
+using namespace mltrain;
+
+TEST_CASE(
+    "kernel route: oneDNN sgemm matches LibTorch's kernel for mm/addmm/linear and their gradients",
+    "[route]") {
+  torch::manual_seed(1);
+  struct Shape {
+    int64_t m, k, n;
+  };
+  for (auto s : {Shape{128, 784, 512}, Shape{7, 3, 5}, Shape{1, 64, 1}, Shape{33, 1, 17}}) {
+    INFO(s.m << "x" << s.k << "x" << s.n);
+    auto a = torch::randn({s.m, s.k}), b = torch::randn({s.k, s.n}), bias = torch::randn({s.n});
+    auto w = torch::randn({s.n, s.k}, torch::requires_grad());
+    auto x = torch::randn({s.m, s.k}, torch::requires_grad());
+    runtime::set_kernel_route("native");
+    auto mm_ref = torch::mm(a, b), addmm_ref = torch::addmm(bias, a, b, 0.5, 2.0);
+    auto mmT_ref = torch::mm(b.t(), a.t());  // transposed views: no copy on the fast path
+    auto y_ref = torch::nn::functional::linear(x, w, bias);
+    y_ref.sum().backward();
+    auto gw_ref = w.grad().clone(), gx_ref = x.grad().clone();
+    w.mutable_grad() = torch::Tensor();
+    x.mutable_grad() = torch::Tensor();
+    runtime::set_kernel_route("onednn");
+    REQUIRE(runtime::kernel_route() == "onednn");
+    const double tol = 1e-4 * std::sqrt(double(s.k));
+    CHECK(torch::allclose(torch::mm(a, b), mm_ref, tol, tol));
+    CHECK(torch::allclose(torch::addmm(bias, a, b, 0.5, 2.0), addmm_ref, tol, tol));
+    CHECK(torch::allclose(torch::mm(b.t(), a.t()), mmT_ref, tol, tol));
+    auto y = torch::nn::functional::linear(x, w, bias);
+    CHECK(torch::allclose(y, y_ref, tol, tol));
+    y.sum().backward();
+    CHECK(torch::allclose(w.grad(), gw_ref, tol * 10, tol * 10));
+    CHECK(torch::allclose(x.grad(), gx_ref, tol * 10, tol * 10));
+    // out= and in-place variants, and dtypes the fast path leaves to LibTorch.
+    auto out = torch::empty({0});
+    torch::mm_out(out, a, b);
+    CHECK(torch::allclose(out, mm_ref, tol, tol));
+    auto c = addmm_ref.clone();
+    c.addmm_(a, b);
+    CHECK(torch::allclose(c, addmm_ref + mm_ref, tol * 4, tol * 4));
+    auto ad = a.to(torch::kDouble), bd = b.to(torch::kDouble);
+    CHECK(torch::allclose(torch::mm(ad, bd), mm_ref.to(torch::kDouble), tol, tol));
+  }
+  // beta = 0 ignores NaNs in self, as LibTorch does.
+  auto nan_self = torch::full({2, 2}, NAN);
+  auto r = torch::addmm(nan_self, torch::eye(2), torch::eye(2), /*beta=*/0, /*alpha=*/1);
+  CHECK(torch::equal(r, torch::eye(2)));
+  CHECK_THROWS_AS(runtime::set_kernel_route("mkl"), ConfigError);
+}
+
+TEST_CASE("SHA-256 matches FIPS 180-4 test vectors", "[sha256]") {
+  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Sha256 h;  // streaming in odd chunk sizes equals one shot
+  std::string million(1000000, 'a');
+  for (size_t i = 0; i < million.size(); i += 333)
+    h.update(million.data() + i, std::min<size_t>(333, million.size() - i));
+  CHECK(h.hex() == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}

@@ -1,0 +1,74 @@
+// model: the registry's shapes, names and init; TorchScript models from C++.
+#include <catch2/catch.hpp>
+
+#include "temp_dir.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "mltrain/core/error.hpp"
+#include "mltrain/model/model.hpp"
+#include "mltrain/optim/optimizer.hpp"
+
+using namespace mltrain;
+
+#ifndef MLTRAIN_SOURCE_DIR
+#define MLTRAIN_SOURCE_DIR "."
+#endif
+
+TEST_CASE("models: shapes, parameter names, init schemes", "[model]") {
+  config::ModelConfig mc;
+  for (const char* name : {"mlp", "cnn", "resnet"}) {
+    INFO(name);
+    mc.name = name;
+    mc.widths = {8, 16};
+    mc.depths = {1, 1};
+    auto m = model::build_model(mc, {1, 28, 28}, 10, 0);
+    auto y = m->forward(torch::randn({4, 1, 28, 28}));
+    CHECK(y.sizes() == torch::IntArrayRef({4, 10}));
+    CHECK(m->num_parameters() > 1000);
+    // Same seed, same weights.
+    auto m2 = model::build_model(mc, {1, 28, 28}, 10, 0);
+    auto p1 = m->named_parameters(), p2 = m2->named_parameters();
+    for (size_t i = 0; i < p1.size(); ++i) CHECK(torch::equal(p1[i].second, p2[i].second));
+  }
+  mc.name = "cnn";
+  auto cnn = model::build_model(mc, {1, 28, 28}, 10, 0);
+  CHECK(cnn->named_parameters()[0].first == "conv1.weight");
+  // orthogonal init: W W^T = I for a wide matrix
+  auto w = torch::empty({8, 32});
+  model::init_weights({{"fc.weight", w}}, "orthogonal");
+  CHECK(torch::allclose(torch::mm(w, w.t()), torch::eye(8), 1e-4, 1e-4));
+  auto k = torch::empty({256, 512});
+  model::init_weights({{"fc.weight", k}}, "kaiming_normal");
+  CHECK(k.std().item<double>() == Approx(std::sqrt(2.0 / 512)).epsilon(0.05));
+  auto bias = torch::ones({3});
+  model::init_weights({{"fc.bias", bias}}, "xavier_uniform");
+  CHECK(bias.abs().sum().item<float>() == 0.f);
+}
+
+TEST_CASE("TorchScript models load, run and train from C++", "[model]") {
+  config::ModelConfig mc;
+  mc.name = "torchscript";
+  mc.path = std::string(MLTRAIN_SOURCE_DIR) + "/tests/golden/tiny_script.pt";
+  auto m = model::build_model(mc, {1, 28, 28}, 10, 0);
+  auto params = m->named_parameters();
+  CHECK(params.front().first == "conv.weight");
+  config::OptimConfig oc;
+  auto opt = optim::Optimizer::create(oc, params);
+  auto x = torch::randn({16, 1, 28, 28});
+  auto y = torch::randint(0, 10, {16});
+  double first = 0, last = 0;
+  for (int i = 0; i < 30; ++i) {
+    auto loss = torch::nn::functional::cross_entropy(m->forward(x), y);
+    opt->zero_grad();
+    loss.backward();
+    opt->step(1e-2);
+    (i == 0 ? first : last) = loss.item<double>();
+  }
+  CHECK(last < first * 0.5);  // it memorises a fixed batch
+  mc.path = "/nonexistent.pt";
+  CHECK_THROWS_AS(model::build_model(mc, {1, 28, 28}, 10, 0), ConfigError);
+}
