@@ -232,7 +232,8 @@ bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors&
 
 // Gradients of the window -> one optimizer update: a short window (the epoch's end) rescaled to
 // the full one, fp16 unscaled, the pre-clip norm measured, an overflow or an unhealthy gradient
-// handled, then clip, step, EMA and rollback snapshots. Returns whether the update was applied.
+// handled, then clip, step, EMA and rollback snapshots. Returns whether the update was applied
+// (and records it, the LR and the loss scale in info).
 bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_samples,
                              double full_window, double lr, StepInfo& info) {
   if (window_samples != static_cast<int64_t>(full_window)) {
@@ -260,7 +261,20 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
   }
   if (scaler_) scaler_->update(found_inf);
   opt_.zero_grad();
+  info.skipped = !step_now;
+  info.lr = lr;
+  info.loss_scale = scaler_ ? scaler_->value() : 0;
   return step_now;
+}
+
+// The window's last batch is done: progress moves past it, into the next epoch at its end.
+void Trainer::advance_progress(int64_t last_batch_index, int64_t batches_per_epoch) {
+  progress_.step += 1;
+  progress_.batch_in_epoch = last_batch_index + 1;
+  if (progress_.batch_in_epoch >= batches_per_epoch) {
+    progress_.epoch += 1;
+    progress_.batch_in_epoch = 0;
+  }
 }
 
 // An evaluation inside fit(): the plateau schedule, time to target, early stopping and adaptive
@@ -366,23 +380,15 @@ void Trainer::fit() {
 
       // The optimizer step for the window.
       const double lr = lr_at(opt_.steps());
-      const bool step_now = optimizer_step(params, window_samples, full_window, lr, info);
+      optimizer_step(params, window_samples, full_window, lr, info);
       lap(Phase::kOptimizer);
 
-      info.skipped = !step_now;
       info.count = window_samples;
       info.loss /= std::max<int64_t>(1, window_samples);
-      info.lr = lr;
       info.label_smoothing = eps;
-      info.loss_scale = scaler_ ? scaler_->value() : 0;
       info.data_seconds = data_s;
       info.step_seconds = since(t_step);
-      progress_.step += 1;
-      progress_.batch_in_epoch = batch.index + 1;
-      if (progress_.batch_in_epoch >= bpe) {
-        progress_.epoch += 1;
-        progress_.batch_in_epoch = 0;
-      }
+      advance_progress(batch.index, bpe);
       progress_.train_seconds = seconds_before + since(fit_start);
 
       if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_))

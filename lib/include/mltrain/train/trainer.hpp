@@ -156,6 +156,7 @@ class Trainer {
   void evaluate_during_fit(double train_loss, double seconds_before,
                            std::chrono::steady_clock::time_point fit_start);
   void check_stop_signal();
+  void advance_progress(int64_t last_batch_index, int64_t batches_per_epoch);
 
   const config::ExperimentConfig& cfg_;
   torch::Device device_ = torch::kCPU;  // where the model's parameters live
