@@ -102,6 +102,8 @@ TEST_CASE("IDX reject table", "[idx]") {
       {std::string("\x01\x02\x08\x01", 4) + "abcd", "wrong magic: not an IDX file"},
       {idx_bytes(0x07, {2}, 2), "wrong magic: unknown IDX element type 0x07"},
       {idx_bytes(0x08, {}, 0), "declares 0 dimensions"},
+      {idx_bytes(0x0E, {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}, 8),
+       "more bytes than any file can hold"},
       {std::string("\0\0", 2), "too short for an IDX header"},
       {gz(idx_bytes(0x08, {100, 28, 28}, 78400), 200), "gzip"},
   };
@@ -135,6 +137,9 @@ TEST_CASE("npy reject table", "[npy]") {
       {npy_bytes("|u1", "()", 1), "scalar"},
       {std::string("\x93NUMPZ\x01\x00", 8), "wrong magic: not a .npy file"},
       {npy_bytes("|u1", "(2,)", 2, 9), "version 9 is not supported"},
+      {npy_bytes("|u1", "(99999999999999999999999,)", 8),
+       "dimension '99999999999999999999999' is too large"},
+      {npy_bytes("<f4", "(4294967296, 4294967296)", 8), "more bytes than any file can hold"},
   };
   int i = 0;
   for (const auto& [bytes, why] : rows) {

@@ -1,5 +1,8 @@
 #include "mltrain/data/dataset.hpp"
 
+#include <charconv>
+#include <cstdint>
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -61,6 +64,22 @@ std::string Array::shape_text() const {
 }
 
 namespace {
+
+// The payload size a header declares, checked: a product of dimensions that does not fit in 63
+// bits (a hostile or corrupt header) is a DataError, never a wrapped size that passes the
+// truncation check.
+size_t declared_payload_bytes(const Array& a, const std::string& path) {
+  uint64_t n = dtype_size(a.dtype);
+  for (const int64_t d : a.shape) {
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) ||
+        n > static_cast<uint64_t>(INT64_MAX))
+      throw DataError(path,
+                      "header declares shape " + a.shape_text() + " " + dtype_name(a.dtype) +
+                          ", more bytes than any file can hold",
+                      "the header is corrupt: re-create the file");
+  }
+  return static_cast<size_t>(n);
+}
 
 struct Bytes {
   std::shared_ptr<const void> storage;
@@ -164,7 +183,7 @@ Array parse_idx(const std::string& path, const Bytes& b) {
   const size_t header = 4 + 4 * static_cast<size_t>(ndim);
   if (b.size < header) throw DataError(path, "truncated: the IDX header itself is incomplete");
   for (int i = 0; i < ndim; ++i) a.shape.push_back(be32(b.data + 4 + 4 * i));
-  const size_t expect = header + static_cast<size_t>(a.numel()) * dtype_size(a.dtype);
+  const size_t expect = header + declared_payload_bytes(a, path);
   if (b.size < expect)
     throw DataError(path,
                     "truncated: header says " + a.shape_text() + " " + dtype_name(a.dtype) + " (" +
@@ -265,12 +284,18 @@ Array parse_npy(const std::string& path, const Bytes& b) {
     size_t j = i;
     while (j < inner.size() && std::isdigit(static_cast<unsigned char>(inner[j]))) ++j;
     if (j == i) throw DataError(path, "malformed .npy shape " + shape);
-    a.shape.push_back(std::stoll(inner.substr(i, j - i)));
+    int64_t d = 0;
+    const auto r = std::from_chars(inner.data() + i, inner.data() + j, d);
+    if (r.ec != std::errc())
+      throw DataError(
+          path, ".npy shape " + shape + ": dimension '" + inner.substr(i, j - i) + "' is too large",
+          "the header is corrupt: re-create the file");
+    a.shape.push_back(d);
     i = j;
   }
   if (a.shape.empty())
     throw DataError(path, ".npy holds a scalar; expected an array with a sample dimension");
-  const size_t expect = start + hlen + static_cast<size_t>(a.numel()) * dtype_size(a.dtype);
+  const size_t expect = start + hlen + declared_payload_bytes(a, path);
   if (b.size < expect)
     throw DataError(path, "truncated: header says " + a.shape_text() + " " + dtype_name(a.dtype) +
                               " (" + std::to_string(expect) + " bytes), file has " +
