@@ -1,5 +1,6 @@
-// safetensors: round trip, layout, corruption. TensorBoard event files: CRC32C against the standard check value, the writer/reader round trip,
-// corruption detection, and a real Fashion-MNIST run whose event scalars equal metrics.jsonl.
+// formats: safetensors (round trip, layout, corruption, hostile headers); TensorBoard event files
+// (CRC32C against the standard check value, the writer/reader round trip, corruption detection, and
+// a real Fashion-MNIST run whose event scalars equal metrics.jsonl).
 #include <catch2/catch.hpp>
 
 #include "temp_dir.hpp"
@@ -143,4 +144,38 @@ TEST_CASE("safetensors: round trip, layout, corruption", "[safetensors]") {
   CHECK_THROWS_WITH(formats::load_safetensors(path), Catch::Contains("do not fit the file"));
   std::ofstream(path, std::ios::binary) << std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
   CHECK_THROWS_AS(formats::load_safetensors(path), CheckpointError);
+}
+
+// Hostile headers: every size is checked against the file before anything is allocated.
+TEST_CASE("safetensors reject table: impossible shapes and offsets, malformed entries",
+          "[safetensors]") {
+  const auto d = fresh("st_reject");
+  auto file = [&](const std::string& header_json, size_t payload) {
+    const auto path = (d / "bad.safetensors").string();
+    const uint64_t hlen = header_json.size();
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&hlen), 8);
+    out << header_json << std::string(payload, '\0');
+    return path;
+  };
+  const std::pair<std::string, const char*> rows[] = {
+      {R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "impossible shape"},
+      {R"({"w":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,4]}})",
+       "impossible shape"},
+      {R"({"w":{"dtype":"F32","shape":[1000000000],"data_offsets":[0,4]}})", "do not fit the file"},
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,0]}})", "do not fit the file"},
+      {R"({"w":{"dtype":"F32","shape":"two","data_offsets":[0,8]}})", "malformed entry for 'w'"},
+      {R"({"w":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", "unsupported dtype Q7"},
+      {R"({"__metadata__":{"step":3}})", "malformed entry for '__metadata__'"},
+  };
+  for (const auto& [header, why] : rows) {
+    INFO(header);
+    const auto path = file(header, 8);
+    std::map<std::string, std::string> meta;
+    CHECK_THROWS_AS(formats::load_safetensors(path, &meta), CheckpointError);
+    CHECK_THROWS_WITH(formats::load_safetensors(path, &meta), Catch::Contains(why));
+  }
+  // The same shape with offsets that fit loads.
+  const auto ok = file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  CHECK(formats::load_safetensors(ok).at("w").numel() == 2);
 }

@@ -71,13 +71,13 @@ std::map<std::string, torch::Tensor> load_safetensors(
   const uint64_t base = 8 + hlen, data_size = bytes.size() - base;
   std::map<std::string, torch::Tensor> out;
   for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (metadata)
-        for (auto m = it.value().begin(); m != it.value().end(); ++m)
-          (*metadata)[m.key()] = m.value().get<std::string>();
-      continue;
-    }
     try {
+      if (it.key() == "__metadata__") {
+        if (metadata)
+          for (auto m = it.value().begin(); m != it.value().end(); ++m)
+            (*metadata)[m.key()] = m.value().get<std::string>();
+        continue;
+      }
       const auto dt = it.value().at("dtype").get<std::string>();
       const auto shape = it.value().at("shape").get<std::vector<int64_t>>();
       const auto offs = it.value().at("data_offsets").get<std::vector<uint64_t>>();
@@ -87,16 +87,22 @@ std::map<std::string, torch::Tensor> load_safetensors(
         if (dt == n) st = s, found = true;
       if (!found)
         throw CheckpointError(path, "tensor '" + it.key() + "' has unsupported dtype " + dt);
-      auto t = torch::empty(shape, torch::TensorOptions().dtype(st));
-      const uint64_t nbytes = t.numel() * t.element_size();
+      // Sizes are checked against the file before anything is allocated: a corrupt shape must not
+      // become a huge (or negative) allocation.
+      uint64_t nbytes = c10::elementSize(st);
+      for (const int64_t d : shape)
+        if (d < 0 || __builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes))
+          throw CheckpointError(path, "corrupt: tensor '" + it.key() + "' has an impossible shape");
       if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size ||
           offs[1] - offs[0] != nbytes)
         throw CheckpointError(
             path, "corrupt: offsets of '" + it.key() + "' do not fit the file (truncated?)");
+      auto t = torch::empty(shape, torch::TensorOptions().dtype(st));
       std::memcpy(t.data_ptr(), bytes.data() + base + offs[0], nbytes);
       out[it.key()] = t;
     } catch (const nlohmann::json::exception&) {
-      throw CheckpointError(path, "corrupt: malformed entry for '" + it.key() + "'");
+      throw CheckpointError(path, "corrupt: malformed entry for '" + it.key() + "'",
+                            "the file is damaged: use another checkpoint");
     }
   }
   return out;
