@@ -10,9 +10,10 @@ namespace mltrain::config {
 
 namespace {
 // "<positive number><unit>" or never/off, spaces ignored: the one tokenizer behind Period and
-// Duration. Returns false (with *why) when there is no positive number; `never` sets *never.
-bool split_amount(const std::string& raw, const char* example, double* v, std::string* unit,
-                  bool* never, std::string* why) {
+// Duration. Returns false (with *why) when there is no positive number; `never` sets *never;
+// *number is the amount as written (for messages).
+bool split_amount(const std::string& raw, const char* example, double* v, std::string* number,
+                  std::string* unit, bool* never, std::string* why) {
   std::string text;
   for (char c : raw)
     if (c != ' ') text += c;
@@ -21,18 +22,18 @@ bool split_amount(const std::string& raw, const char* example, double* v, std::s
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
     ++i;
-  const std::string number = text.substr(0, i);
+  *number = text.substr(0, i);
   *unit = text.substr(i);
-  if (number.empty()) {
+  if (number->empty()) {
     if (why)
       *why = std::string("expected a number followed by a unit (e.g. ") + example + "), got '" +
              raw + "'";
     return false;
   }
   char* end = nullptr;
-  *v = std::strtod(number.c_str(), &end);
-  if (end != number.c_str() + number.size() || !std::isfinite(*v) || *v <= 0) {
-    if (why) *why = "'" + number + "' is not a positive number";
+  *v = std::strtod(number->c_str(), &end);
+  if (end != number->c_str() + number->size() || !std::isfinite(*v) || *v <= 0) {
+    if (why) *why = "'" + *number + "' is not a positive number";
     return false;
   }
   return true;
@@ -41,11 +42,10 @@ bool split_amount(const std::string& raw, const char* example, double* v, std::s
 
 std::optional<Period> Period::try_parse(const std::string& raw, std::string* why) {
   double v = 0;
-  std::string unit;
+  std::string number, unit;
   bool never = false;
-  if (!split_amount(raw, "10ep, 500u", &v, &unit, &never, why)) return std::nullopt;
+  if (!split_amount(raw, "10ep, 500u", &v, &number, &unit, &never, why)) return std::nullopt;
   if (never) return Period::never();
-  const std::string number = raw.substr(0, raw.find_first_not_of("0123456789. "));
   if (unit == "u" || unit == "steps" || unit == "step") {
     if (v != std::floor(v)) {
       if (why) *why = "a step count must be a whole number, got '" + raw + "'";
@@ -69,9 +69,9 @@ std::optional<Period> Period::try_parse(const std::string& raw, std::string* why
 
 std::optional<Duration> Duration::try_parse(const std::string& raw, std::string* why) {
   double v = 0;
-  std::string unit;
+  std::string number, unit;
   bool never = false;
-  if (!split_amount(raw, "90s, 30m, 2h", &v, &unit, &never, why)) return std::nullopt;
+  if (!split_amount(raw, "90s, 30m, 2h", &v, &number, &unit, &never, why)) return std::nullopt;
   if (never) return Duration::never();
   if (unit == "s") return Duration::of_seconds(v);
   if (unit == "m" || unit == "min") return Duration::of_seconds(v * 60);

@@ -17,6 +17,7 @@
 #include "mltrain/core/fs.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/formats/safetensors.hpp"
+#include "mltrain/model/model.hpp"
 #include "mltrain/train/pipeline.hpp"
 
 namespace fs = std::filesystem;
@@ -219,11 +220,10 @@ Folded fold_registry(const train::TrainedModel& tm, const fs::path& out) {
   const auto& cfg = tm.cfg;
   config::ExperimentConfig fused_cfg = cfg;
   fused_cfg.model.batchnorm = false;
-  train::PipelineOptions po = train::model_only(&tm.splits);
-  fused_cfg.runtime.device = "cpu";
   Folded f;
-  f.model = std::shared_ptr<model::Model>(
-      train::build_pipeline(fused_cfg, dist::World{}, po)->model.release());
+  // The trained model's twin without BatchNorm, on the CPU like the model it is folded from.
+  f.model = model::build_model(fused_cfg.model, tm.splits.train.sample_shape, cfg.data.num_classes,
+                               cfg.run.seed);
   f.model->set_training(false);
   std::map<std::string, torch::Tensor> P, B, FP;
   for (auto& [n, t] : tm.model->named_parameters()) P[n] = t;
@@ -353,8 +353,8 @@ nlohmann::json FuseReport::to_json() const {
           {"torchscript_max_abs_diff", torchscript_max_abs_diff},
           {"before", timing_json(before)},
           {"after", timing_json(after)},
-          {"speedup_batch1", before.latency_ms_batch1 / after.latency_ms_batch1},
-          {"speedup_batch128", after.samples_per_s_batch128 / before.samples_per_s_batch128},
+          {"speedup_batch1", speedup_batch1()},
+          {"speedup_batch128", speedup_batch128()},
           {"files", {{"torchscript", torchscript_file}, {"dir", out_dir}}}};
 }
 
@@ -369,11 +369,11 @@ std::string FuseReport::to_text() const {
     << " = 1e-4 x max(1, max |logit| " << format_fixed(max_abs_logit, 2)
     << ")); TorchScript file vs fused: " << config::format_double(torchscript_max_abs_diff) << "\n";
   o << "batch 1:   " << format_fixed(before.latency_ms_batch1, 3) << " ms -> "
-    << format_fixed(after.latency_ms_batch1, 3) << " ms ("
-    << format_fixed(before.latency_ms_batch1 / after.latency_ms_batch1, 2) << "x)\n";
+    << format_fixed(after.latency_ms_batch1, 3) << " ms (" << format_fixed(speedup_batch1(), 2)
+    << "x)\n";
   o << "batch 128: " << format_fixed(before.samples_per_s_batch128, 0) << " -> "
     << format_fixed(after.samples_per_s_batch128, 0) << " samples/s ("
-    << format_fixed(after.samples_per_s_batch128 / before.samples_per_s_batch128, 2) << "x)\n";
+    << format_fixed(speedup_batch128(), 2) << "x)\n";
   o << "wrote " << out_dir << "/{model.pt, model.safetensors, config.yaml, fuse.json}\n";
   return o.str();
 }

@@ -693,7 +693,6 @@ QuantizeReport quantize_run(const std::string& where, const QuantizeOptions& opt
 }
 
 nlohmann::json QuantizeReport::to_json() const {
-  const double n = static_cast<double>(test_samples);
   nlohmann::json layer_rows = nlohmann::json::array(), qparams = nlohmann::json::array();
   for (const auto& l : layers)
     layer_rows.push_back({{"name", l.name}, {"op", l.op}, {"mode", l.mode}});
@@ -713,14 +712,14 @@ nlohmann::json QuantizeReport::to_json() const {
       {"test_samples", test_samples},
       {"fp32_accuracy", fp32_accuracy()},
       {"int8_accuracy", int8_accuracy()},
-      {"accuracy_drop_points", 100.0 * (fp32_right - int8_right) / n},
-      {"prediction_agreement", agree / n},
+      {"accuracy_drop_points", accuracy_drop_points()},
+      {"prediction_agreement", prediction_agreement()},
       {"fp32_weight_bytes", fp32_weight_bytes},
       {"int8_weight_bytes", int8_weight_bytes},
-      {"size_ratio", double(fp32_weight_bytes) / int8_weight_bytes},
+      {"size_ratio", size_ratio()},
       {"fp32_samples_per_s_batch128", fp32_samples_per_s_batch128},
       {"int8_samples_per_s_batch128", int8_samples_per_s_batch128},
-      {"speedup_batch128", int8_samples_per_s_batch128 / fp32_samples_per_s_batch128},
+      {"speedup_batch128", speedup_batch128()},
       {"script",
        {{"path", script.path},
         {"bytes", script.bytes},
@@ -759,17 +758,16 @@ std::string QuantizeReport::to_text() const {
     std::string& list = l.mode == "fp32" ? f : q;
     list += (list.empty() ? "" : " ") + l.name;
   }
-  const double n = static_cast<double>(test_samples);
   o << "quantized: " << (q.empty() ? "-" : q) << "\nkept fp32: " << (f.empty() ? "-" : f) << "\n";
   o << "test accuracy: fp32 " << format_fixed(100 * fp32_accuracy(), 2) << " %, int8 "
     << format_fixed(100 * int8_accuracy(), 2) << " % (drop "
-    << format_fixed(100.0 * (fp32_right - int8_right) / n, 2) << " points; predictions agree on "
-    << format_fixed(100 * agree / n, 2) << " %)\n";
+    << format_fixed(accuracy_drop_points(), 2) << " points; predictions agree on "
+    << format_fixed(100 * prediction_agreement(), 2) << " %)\n";
   o << "weights: " << fp32_weight_bytes << " -> " << int8_weight_bytes << " bytes ("
-    << format_fixed(double(fp32_weight_bytes) / int8_weight_bytes, 2) << "x smaller)\n";
+    << format_fixed(size_ratio(), 2) << "x smaller)\n";
   o << "batch 128: fp32 " << format_fixed(fp32_samples_per_s_batch128, 0) << " -> int8 "
     << format_fixed(int8_samples_per_s_batch128, 0) << " samples/s ("
-    << format_fixed(int8_samples_per_s_batch128 / fp32_samples_per_s_batch128, 2) << "x)\n";
+    << format_fixed(speedup_batch128(), 2) << "x)\n";
   o << "model: " << script.path << " (TorchScript, " << script.bytes
     << " bytes; reloaded: max |diff| " << script.max_abs_diff << " on the first test batch, "
     << format_fixed(script.samples_per_s_batch128, 0)

@@ -48,17 +48,15 @@ class YamlWriter {
       return;
     }
     line(std::string(key) + ":");
+    YamlWriter w(indent_ + 2);  // each entry is a section named by its key
     for (auto& [name, item] : items) {
-      YamlWriter w(indent_ + 2);
       const bool plain = !name.empty() &&
                          name.find_first_not_of(
                              "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") ==
                              std::string::npos;
-      w.line((plain ? name : yaml_quote(name)) + ":");
-      YamlWriter inner(indent_ + 4);
-      item.visit(inner);
-      out_ << w.text() << inner.text();
+      w.section((plain ? name : yaml_quote(name)).c_str(), item, "");
     }
+    out_ << w.text();
   }
   std::string text() const { return out_.str(); }
 

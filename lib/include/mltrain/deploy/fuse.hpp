@@ -53,6 +53,10 @@ struct FuseReport {
   std::string torchscript_file, out_dir;
 
   bool within_tolerance() const { return max_abs_diff <= tolerance; }
+  double speedup_batch1() const { return before.latency_ms_batch1 / after.latency_ms_batch1; }
+  double speedup_batch128() const {
+    return after.samples_per_s_batch128 / before.samples_per_s_batch128;
+  }
   nlohmann::json to_json() const;
   std::string to_text() const;
 };

@@ -84,6 +84,14 @@ struct QuantizeReport {
 
   double fp32_accuracy() const { return test_samples ? double(fp32_right) / test_samples : 0; }
   double int8_accuracy() const { return test_samples ? double(int8_right) / test_samples : 0; }
+  double accuracy_drop_points() const {
+    return test_samples ? 100.0 * (fp32_right - int8_right) / test_samples : 0;
+  }
+  double prediction_agreement() const { return test_samples ? double(agree) / test_samples : 0; }
+  double size_ratio() const { return double(fp32_weight_bytes) / int8_weight_bytes; }
+  double speedup_batch128() const {
+    return int8_samples_per_s_batch128 / fp32_samples_per_s_batch128;
+  }
   nlohmann::json to_json() const;
   std::string to_text() const;
 };

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "mltrain/config/study.hpp"
 #include "mltrain/tune/space.hpp"
 
 namespace mltrain::tune {
@@ -25,19 +26,28 @@ struct Observation {
   bool pruned = false;  // stopped early: ranked after every complete trial by TPE
 };
 
+// The schema's defaults (config/study.hpp declares each sampler setting once).
+inline const config::SamplerSettings& sampler_defaults() {
+  static const config::SamplerSettings d;
+  return d;
+}
+
 struct SamplerOptions {
-  std::string name = "tpe";  // grid | random | tpe | gp
-  int n_startup = 10;        // random (tpe) / Latin-hypercube (gp) trials before the model is used
+  std::string name = sampler_defaults().name;  // grid | random | tpe | gp
+  // random (tpe) / Latin-hypercube (gp) trials before the model is used
+  int n_startup = static_cast<int>(sampler_defaults().n_startup);
   // TPE (Bergstra et al. 2011): l(x)/g(x) over n_candidates draws from l. The multivariate
   // estimator's bandwidth is Scott's rule on the good trials' spread per dimension (floor 0.1 of
   // the range), so it narrows as they cluster; defaults chosen on 40 seeds of the benchmark
   // functions (scripts/bench/tune/), gamma 0.1 / 32 candidates / floor 0.1 of those tried.
-  bool multivariate = true;  // one joint Parzen estimator (else one per parameter)
-  int n_candidates = 32;
+  bool multivariate =
+      sampler_defaults().multivariate;  // one joint Parzen estimator (else per parameter)
+  int n_candidates = static_cast<int>(sampler_defaults().n_candidates);
   double prior_weight = 1.0;
-  double gamma = 0.1;  // share of trials in the "good" group (capped at 25 trials)
+  double gamma =
+      sampler_defaults().gamma;  // share of trials in the "good" group (capped at 25 trials)
   // GP-EI: Matern-5/2 ARD kernel, hyperparameters by marginal likelihood.
-  double xi = 0.0;  // EI's exploration offset, in standardised units
+  double xi = sampler_defaults().xi;  // EI's exploration offset, in standardised units
 };
 
 class Sampler {
