@@ -12,6 +12,8 @@ pkgs=(
   dataset-fashion-mnist               # the real data: gzipped IDX under /usr/share/datasets/fashion-mnist
   python3-torch python3-numpy         # reference values and the Python baseline in benchmarks only
   python3-optuna                      # the tuner benchmark's side-by-side baseline (scripts/bench/tune/) only
+  python3-sklearn                     # metric goldens (tests/golden/) and the tabular data export (scripts/data/) only
+  fortunes                            # real English text for the character-level GPT job (/usr/share/games/fortunes)
   chromium                            # renders `mltrain report` pages in the report test (headless)
   slurmctld slurmd slurm-client munge # a real single-node Slurm for the Slurm tests (scripts/slurm/cluster.sh)
 )

@@ -18,7 +18,24 @@ void setup_config(CLI::App& app, Action& run) {
       sub->add_subcommand("check", "validate a config (all errors at once) without running it");
   check->add_option("config", *check_file, "experiment config")->required();
   check->add_option("overrides", *check_ov, "key.path=value overrides");
+  auto metrics_file = std::make_shared<std::string>();
+  auto metrics_ov = std::make_shared<std::vector<std::string>>();
+  auto* metrics = sub->add_subcommand(
+      "metrics", "the metrics a config's task reports (names for monitors and tune objectives)");
+  metrics->add_option("config", *metrics_file, "experiment config (omit: the defaults)");
+  metrics->add_option("overrides", *metrics_ov,
+                      "key.path=value overrides, e.g. task.name=regression");
   sub->require_subcommand(1);
+  metrics->callback([&run, metrics_file, metrics_ov] {
+    run = [metrics_file, metrics_ov] {
+      const auto cfg = config::load_experiment(*metrics_file, *metrics_ov);
+      for (const auto& m : config::task_metrics(cfg))
+        std::cout << m << "\t" << config::metric_mode(m) << "\n";
+      if (cfg.task.name == "custom")
+        std::cout << "eval_<name>\t(each scalar the model's forward returns next to 'loss')\n";
+      return 0;
+    };
+  });
   schema->callback([&run, study] {
     run = [study] {
       std::cout << (*study ? config::study_schema_text() : config::schema_text());

@@ -31,6 +31,33 @@ void setup_data(CLI::App& app, Action& run) {
     };
   });
 
+  struct TokenizeOpts {
+    std::vector<std::string> files;
+    std::string out;
+    bool bytes = false;
+    double val_fraction = 0.1;
+  };
+  auto t = std::make_shared<TokenizeOpts>();
+  auto* tok = sub->add_subcommand(
+      "tokenize",
+      "text files -> token streams for language models (train.bin, val.bin, meta.json)");
+  tok->add_option("files", t->files, "text files, concatenated in the order given")->required();
+  tok->add_option("-o,--output", t->out, "output folder (data.root of a tokens config)")
+      ->required();
+  tok->add_flag("--bytes", t->bytes,
+                "byte-level tokens (vocabulary 256): the only tokenizer built in")
+      ->required();
+  tok->add_option("--val-fraction", t->val_fraction, "the stream's last fraction held out")
+      ->check(CLI::Range(0.0, 0.5));
+  tok->callback([&run, t] {
+    run = [t] {
+      const auto r = data::tokenize_bytes(t->files, t->out, t->val_fraction);
+      std::cout << "wrote " << t->out << "/train.bin (" << r.train_tokens << " tokens), " << t->out
+                << "/val.bin (" << r.val_tokens << " tokens), meta.json (vocab 256)\n";
+      return 0;
+    };
+  });
+
   struct InspectOpts {
     std::string file, labels;
     int64_t num_classes = 1 << 30;

@@ -30,7 +30,7 @@ void setup_schedule(CLI::App& app, Action& run) {
     run = [o] {
       auto cfg = config::load_experiment(o->config, o->overrides);
       // Epoch-based periods need the epoch length: the loader the run would build knows it.
-      auto splits = train::load_splits(cfg.data);
+      auto splits = train::load_splits(cfg);
       data::LoaderOptions lo;
       lo.batch_size = cfg.data.batch_size;
       lo.drop_last = cfg.data.drop_last;

@@ -69,8 +69,14 @@ void setup_train(CLI::App& app, Action& run) {
       auto r = train::run_training(cfg, ro);
       if (r.rank != 0) return 0;  // rank 0 reports for the group
       std::ostream& human = opt->jsonl ? std::cerr : std::cout;
-      human << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ") after "
-            << r.steps << " steps, " << r.train_seconds << " s of training\n";
+      if (cfg.task.name == "classification") {
+        human << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ")";
+      } else {
+        human << "test";
+        for (const auto& [k, v] : r.test_metrics)
+          if (k.rfind("roc_auc_class", 0) != 0) human << " " << k << " " << v;
+      }
+      human << " after " << r.steps << " steps, " << r.train_seconds << " s of training\n";
       if (cfg.train.target_accuracy > 0) {
         if (r.time_to_target)
           human << "time to " << cfg.train.target_accuracy

@@ -18,12 +18,13 @@ BELOW = {
     "formats": {"core"},
     "data": {"core", "config"},
     "model": {"core", "config"},
+    "task": {"core", "config", "data", "model"},
     "optim": {"core", "config", "model"},
     "dist": {"core", "config", "model", "optim"},
-    "train": {"core", "config", "formats", "data", "model", "optim", "dist"},
+    "train": {"core", "config", "formats", "data", "model", "task", "optim", "dist"},
     "tune": {"core", "config"},
 }
-ENGINE = {"core", "config", "formats", "data", "model", "optim", "dist", "train"}
+ENGINE = {"core", "config", "formats", "data", "model", "task", "optim", "dist", "train"}
 for command_room in ("profile", "deploy", "landscape", "report"):
     BELOW[command_room] = set(ENGINE)
 BELOW["checklist"] = ENGINE | {"profile"}

@@ -1,5 +1,6 @@
 #include "mltrain/config/experiment.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -7,6 +8,106 @@
 #include "mltrain/config/writer.hpp"
 
 namespace mltrain::config {
+
+std::vector<std::string> task_metrics(const ExperimentConfig& c) {
+  std::vector<std::string> m = {"train_loss", "eval_loss"};
+  const auto& t = c.task;
+  if (t.name == "classification") {
+    m.push_back("eval_accuracy");
+    if (t.top_k > 1) m.push_back("eval_top" + std::to_string(t.top_k) + "_accuracy");
+  } else if (t.name == "regression") {
+    m.insert(m.end(), {"eval_mae", "eval_rmse", "eval_r2"});
+  } else if (t.name == "multilabel") {
+    m.insert(m.end(), {"eval_roc_auc_macro", "eval_f1_micro", "eval_f1_macro"});
+    for (int64_t k = 0; k < c.data.num_classes; ++k)
+      m.push_back("eval_roc_auc_class" + std::to_string(k));
+  } else if (t.name == "language_model") {
+    m.insert(m.end(), {"eval_accuracy", "eval_perplexity", "eval_bits_per_token"});
+  }
+  return m;
+}
+
+std::string metric_mode(const std::string& metric) {
+  for (const char* up : {"accuracy", "r2", "roc_auc", "f1"})
+    if (metric.find(up) != std::string::npos) return "max";
+  return "min";
+}
+
+std::string checkpoint_monitor(const ExperimentConfig& c) {
+  if (c.checkpoint.monitor != "auto") return c.checkpoint.monitor;
+  return c.task.name == "classification" ? "eval_accuracy" : "eval_loss";
+}
+
+std::string checkpoint_mode(const ExperimentConfig& c) {
+  return c.checkpoint.mode != "auto" ? c.checkpoint.mode : metric_mode(checkpoint_monitor(c));
+}
+
+// A monitored metric must be one the task reports (custom tasks: any eval_ name, checked against
+// the model's dict at the first evaluation).
+static void check_metric(const ExperimentConfig& c, Issues& issues, const std::string& file,
+                         const std::string& path, const std::string& name, bool train_ok) {
+  const auto known = task_metrics(c);
+  if (c.task.name == "custom" && name.rfind("eval_", 0) == 0) return;
+  if (std::find(known.begin(), known.end(), name) != known.end() &&
+      (train_ok || name != "train_loss"))
+    return;
+  std::string list;
+  for (const auto& k : known)
+    if (train_ok || k != "train_loss") list += (list.empty() ? "" : ", ") + k;
+  issues.add(file, path,
+             "'" + name + "' is not a metric of task " + c.task.name + "; it reports: " + list);
+}
+
+static void task_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
+  auto need = [&](bool ok, const std::string& path, const std::string& msg) {
+    if (!ok) issues.add(file, path, msg);
+  };
+  const std::string& task = c.task.name;
+  check_metric(c, issues, file, "schedule.monitor", c.schedule.monitor, false);
+  check_metric(c, issues, file, "label_smoothing.schedule.monitor",
+               c.label_smoothing.schedule.monitor, false);
+  if (c.checkpoint.monitor != "auto")
+    check_metric(c, issues, file, "checkpoint.monitor", c.checkpoint.monitor, false);
+  for (size_t i = 0; i < c.early_stopping.metrics.size(); ++i)
+    check_metric(c, issues, file, "early_stopping.metrics[" + std::to_string(i) + "].monitor",
+                 c.early_stopping.metrics[i].monitor, true);
+  need(c.task.pos_weight.empty() ||
+           static_cast<int64_t>(c.task.pos_weight.size()) == c.data.num_classes,
+       "task.pos_weight", "give one weight per class (data.num_classes) or none");
+  for (size_t i = 0; i < c.task.pos_weight.size(); ++i)
+    need(c.task.pos_weight[i] >= 0, "task.pos_weight",
+         "entry " + std::to_string(i) + " is negative: weights must be >= 0");
+  const bool tokens = c.data.dataset == "tokens";
+  if (task == "language_model")
+    need(tokens, "data.dataset",
+         "task language_model reads token streams: set data.dataset=tokens");
+  else if (task != "custom")
+    need(!tokens, "data.dataset",
+         "token streams are for task language_model (or custom): set task.name=language_model");
+  need(task == "classification" || task == "custom" || task == "language_model" ||
+           c.data.dataset == "files",
+       "data.dataset",
+       "fashion_mnist holds class labels only; task " + task +
+           " needs data.dataset=files with its own targets files");
+  need(c.model.name != "gpt" || task == "language_model", "model.name",
+       "gpt predicts the next token: use it with task.name=language_model");
+  need(c.model.name != "gpt" || c.model.n_embd % c.model.n_head == 0, "model.n_head",
+       "must divide model.n_embd (" + std::to_string(c.model.n_embd) + ")");
+  for (size_t i = 0; i < c.model.init_prefix_map.size(); ++i)
+    need(c.model.init_prefix_map[i].find('=') != std::string::npos, "model.init_prefix_map",
+         "entry " + std::to_string(i) + " '" + c.model.init_prefix_map[i] +
+             "' is not 'from=to' (e.g. 'module.=')");
+  const auto& a = c.data.augment;
+  need(task == "classification" || (a.mixup.p == 0 && a.cutmix.p == 0), "data.augment.mixup",
+       "mixup and cutmix mix class labels: they are for task classification only");
+  need(task == "classification" || c.label_smoothing.value == 0, "label_smoothing.value",
+       "label smoothing applies to class labels: set it to 0 for task " + task);
+  need(task == "classification" || c.train.target_accuracy == 0, "train.target_accuracy",
+       "time-to-accuracy needs classification accuracy: set it to 0 for task " + task);
+  need(task != "custom" || c.model.name == "torchscript", "model.name",
+       "task custom calls forward(inputs, targets) of a TorchScript model: set model.name to "
+       "torchscript and model.path");
+}
 
 static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
   auto need = [&](bool ok, const std::string& path, const std::string& msg) {
@@ -23,6 +124,7 @@ static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::s
   need(c.model.channels.size() == 2, "model.channels",
        "the cnn has exactly two conv layers: give 2 values");
   need(!c.model.hidden.empty(), "model.hidden", "give at least one hidden width");
+  task_checks(c, issues, file);
 }
 
 ExperimentConfig load_experiment(const std::string& path,

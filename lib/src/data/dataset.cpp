@@ -6,9 +6,11 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
+#include "mltrain/config/format.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
 
@@ -22,6 +24,10 @@ const char* dtype_name(DType t) {
       return "i8";
     case DType::kI16:
       return "i16";
+    case DType::kU16:
+      return "u16";
+    case DType::kU32:
+      return "u32";
     case DType::kI32:
       return "i32";
     case DType::kI64:
@@ -40,7 +46,9 @@ size_t dtype_size(DType t) {
     case DType::kI8:
       return 1;
     case DType::kI16:
+    case DType::kU16:
       return 2;
+    case DType::kU32:
     case DType::kI32:
     case DType::kF32:
       return 4;
@@ -261,8 +269,14 @@ Array parse_npy(const std::string& path, const Bytes& b) {
     a.dtype = DType::kU8;
   else if (descr == "|i1" || descr == "<i1")
     a.dtype = DType::kI8;
+  else if (descr == "<i2")
+    a.dtype = DType::kI16;
+  else if (descr == "<u2")
+    a.dtype = DType::kU16;
   else if (descr == "<i4")
     a.dtype = DType::kI32;
+  else if (descr == "<u4")
+    a.dtype = DType::kU32;
   else if (descr == "<i8")
     a.dtype = DType::kI64;
   else if (descr == "<f4")
@@ -270,8 +284,9 @@ Array parse_npy(const std::string& path, const Bytes& b) {
   else if (descr == "<f8")
     a.dtype = DType::kF64;
   else
-    throw DataError(path, ".npy dtype '" + descr + "' is not supported",
-                    "use uint8, int32/int64 or float32 in little-endian order (arr.astype(...))");
+    throw DataError(
+        path, ".npy dtype '" + descr + "' is not supported",
+        "use uint8, (u)int16/32, int64 or float32/64 in little-endian order (arr.astype(...))");
   if (fortran.find("True") != std::string::npos)
     throw DataError(path, ".npy array is in Fortran order",
                     "save numpy.ascontiguousarray(arr) instead");
@@ -335,47 +350,134 @@ Dataset Dataset::slice(int64_t begin, int64_t end) const {
   return d;
 }
 
+// One element of a numeric array as a double.
+static double element_as_double(const Array& a, int64_t i) {
+  const uint8_t* p = a.data + static_cast<size_t>(i) * dtype_size(a.dtype);
+  auto load = [p](auto x) {
+    std::memcpy(&x, p, sizeof x);
+    return static_cast<double>(x);
+  };
+  switch (a.dtype) {
+    case DType::kU8:
+      return *p;
+    case DType::kI8:
+      return static_cast<int8_t>(*p);
+    case DType::kI16:
+      return load(int16_t{});
+    case DType::kU16:
+      return load(uint16_t{});
+    case DType::kU32:
+      return load(uint32_t{});
+    case DType::kI32:
+      return load(int32_t{});
+    case DType::kI64:
+      return load(int64_t{});
+    case DType::kF32:
+      return load(float{});
+    case DType::kF64:
+      return load(double{});
+  }
+  return 0;
+}
+
+// The inputs of a data set (u8 or f32, [N, ...]; [N,H,W] gains a channel), targets still unset.
+static Dataset dataset_of_inputs(const Array& img) {
+  if (img.dtype != DType::kU8 && img.dtype != DType::kF32)
+    throw DataError(img.source,
+                    std::string("images must be u8 or f32, got ") + dtype_name(img.dtype),
+                    "convert with arr.astype(numpy.float32)");
+  if (img.shape.size() < 2)
+    throw DataError(img.source, "images need a sample dimension and at least one more, got shape " +
+                                    img.shape_text());
+  Dataset d;
+  d.source = img.source;
+  d.dtype = img.dtype;
+  d.count = img.shape[0];
+  d.sample_shape.assign(img.shape.begin() + 1, img.shape.end());
+  if (d.sample_shape.size() == 2)
+    d.sample_shape.insert(d.sample_shape.begin(), 1);  // [H,W] -> [1,H,W]
+  d.data = img.data;
+  d.storage = img.storage;
+  return d;
+}
+
 static std::shared_ptr<std::vector<int64_t>> labels_from(const Array& a, int64_t num_classes) {
   if (a.shape.size() != 1)
     throw DataError(a.source, "labels must be a 1-D array, got shape " + a.shape_text());
+  if (a.dtype == DType::kF32 || a.dtype == DType::kF64)
+    throw DataError(a.source, std::string("labels must be integers, got ") + dtype_name(a.dtype));
   auto out = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(a.numel()));
   for (int64_t i = 0; i < a.numel(); ++i) {
-    int64_t v = 0;
-    const uint8_t* p = a.data + static_cast<size_t>(i) * dtype_size(a.dtype);
-    switch (a.dtype) {
-      case DType::kU8:
-        v = *p;
-        break;
-      case DType::kI8:
-        v = static_cast<int8_t>(*p);
-        break;
-      case DType::kI16: {
-        int16_t x;
-        std::memcpy(&x, p, 2);
-        v = x;
-        break;
-      }
-      case DType::kI32: {
-        int32_t x;
-        std::memcpy(&x, p, 4);
-        v = x;
-        break;
-      }
-      case DType::kI64:
-        std::memcpy(&v, p, 8);
-        break;
-      default:
-        throw DataError(a.source,
-                        std::string("labels must be integers, got ") + dtype_name(a.dtype));
-    }
-    if (v < 0 || v >= num_classes)
+    const double v = element_as_double(a, i);  // exact for every label in range
+    if (v < 0 || v >= static_cast<double>(num_classes))
       throw DataError(a.source,
                       "label out of range at index " + std::to_string(i) + ": " +
-                          std::to_string(v) + " not in [0, " + std::to_string(num_classes) + ")",
+                          config::format_fixed(v, 0) + " not in [0, " +
+                          std::to_string(num_classes) + ")",
                       "fix the labels or set data.num_classes");
-    (*out)[static_cast<size_t>(i)] = v;
+    (*out)[static_cast<size_t>(i)] = static_cast<int64_t>(v);
   }
   return out;
+}
+
+int64_t Dataset::target_elems() const {
+  int64_t n = 1;
+  for (auto d : target_shape) n *= d;
+  return n;
+}
+
+// Float targets for `spec`, checked against the sample count (and 0/1 for multilabel).
+static void attach_float_targets(Dataset& d, const std::string& path, const TargetSpec& spec) {
+  Array a = read_array(path);
+  if (a.shape.empty() || a.shape[0] != d.count)
+    throw DataError(path,
+                    "shape mismatch: targets " + a.shape_text() + " for " +
+                        std::to_string(d.count) + " samples in " + d.source,
+                    "the first dimension of the targets must count the samples");
+  d.target_shape.assign(a.shape.begin() + 1, a.shape.end());
+  const bool multi_hot = spec.kind == TargetKind::kMultiHot;
+  if (multi_hot && d.target_shape != std::vector<int64_t>{spec.num_classes})
+    throw DataError(path,
+                    "multilabel targets must be [N, num_classes] = [N, " +
+                        std::to_string(spec.num_classes) + "], got " + a.shape_text(),
+                    "store one 0/1 column per class, or set data.num_classes");
+  auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(a.numel()));
+  const int64_t per = std::max<int64_t>(1, d.target_elems());
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double v = element_as_double(a, i);
+    const std::string where =
+        "sample " + std::to_string(i / per) + ", element " + std::to_string(i % per);
+    if (!std::isfinite(v))
+      throw DataError(path, "target at " + where + " is not finite",
+                      "drop or fill the NaN/inf targets before training");
+    if (multi_hot && v != 0 && v != 1)
+      throw DataError(path, "multilabel target at " + where + " is " + std::to_string(v),
+                      "store labels as 0/1 (multi-hot)");
+    (*values)[static_cast<size_t>(i)] = static_cast<float>(v);
+  }
+  d.targets = values;
+  d.labels = std::make_shared<std::vector<int64_t>>();
+  d.num_classes = spec.num_classes;
+}
+
+Dataset load_dataset(const std::string& images, const std::string& targets,
+                     const TargetSpec& spec) {
+  TargetSpec chosen = spec;
+  if (spec.kind == TargetKind::kAuto && !targets.empty() && !is_shard(images)) {
+    const Array a = read_array(targets);
+    const bool ids = a.shape.size() == 1 && a.dtype != DType::kF32 && a.dtype != DType::kF64;
+    chosen.kind = ids ? TargetKind::kClassId : TargetKind::kFloat;
+  }
+  if (chosen.kind == TargetKind::kClassId || chosen.kind == TargetKind::kAuto)
+    return load_dataset(images, targets, spec.num_classes);
+  if (is_shard(images))
+    throw DataError(images, "shards hold class labels; float and multilabel targets do not fit",
+                    "pass the inputs as .npy or IDX with a targets .npy");
+  if (targets.empty())
+    throw DataError(images, "no targets file given", "set the matching *_labels path");
+  Dataset d = dataset_of_inputs(read_array(images));
+  attach_float_targets(d, targets, chosen);
+  return d;
 }
 
 Dataset load_dataset(const std::string& images, const std::string& labels, int64_t num_classes) {
@@ -395,27 +497,13 @@ Dataset load_dataset(const std::string& images, const std::string& labels, int64
   if (labels.empty())
     throw DataError(images, "no labels file given", "set the matching *_labels path");
   Array lab = read_array(labels);
-  if (img.dtype != DType::kU8 && img.dtype != DType::kF32)
-    throw DataError(images, std::string("images must be u8 or f32, got ") + dtype_name(img.dtype),
-                    "convert with arr.astype(numpy.float32)");
-  if (img.shape.size() < 2)
-    throw DataError(images, "images need a sample dimension and at least one more, got shape " +
-                                img.shape_text());
   auto lbl = labels_from(lab, num_classes);
   if (static_cast<int64_t>(lbl->size()) != img.shape[0])
     throw DataError(labels,
                     "shape mismatch: " + std::to_string(lbl->size()) + " labels for " +
                         std::to_string(img.shape[0]) + " images in " + images,
                     "pair each images file with its own labels file");
-  Dataset d;
-  d.source = images;
-  d.dtype = img.dtype;
-  d.count = img.shape[0];
-  d.sample_shape.assign(img.shape.begin() + 1, img.shape.end());
-  if (d.sample_shape.size() == 2)
-    d.sample_shape.insert(d.sample_shape.begin(), 1);  // [H,W] -> [1,H,W]
-  d.data = img.data;
-  d.storage = img.storage;
+  Dataset d = dataset_of_inputs(img);
   d.labels = lbl;
   d.num_classes = num_classes;
   return d;

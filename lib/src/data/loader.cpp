@@ -76,8 +76,17 @@ Loader::Loader(Dataset ds, LoaderOptions opt)
   shape.insert(shape.end(), ds_.sample_shape.begin(), ds_.sample_shape.end());
   st_->slots.resize(static_cast<size_t>(opt_.prefetch));
   for (auto& s : st_->slots) {
-    s.x = compat::host_empty(shape, torch::kFloat32, opt_.pin_memory);
-    s.y = compat::host_empty({opt_.batch_size}, torch::kInt64, opt_.pin_memory);
+    s.x = compat::host_empty(shape, ds_.token_windows ? torch::kInt64 : torch::kFloat32,
+                             opt_.pin_memory);
+    if (ds_.token_windows) {
+      s.y = compat::host_empty(shape, torch::kInt64, opt_.pin_memory);
+    } else if (ds_.float_targets()) {
+      std::vector<int64_t> ys = {opt_.batch_size};
+      ys.insert(ys.end(), ds_.target_shape.begin(), ds_.target_shape.end());
+      s.y = compat::host_empty(ys, torch::kFloat32, opt_.pin_memory);
+    } else {
+      s.y = compat::host_empty({opt_.batch_size}, torch::kInt64, opt_.pin_memory);
+    }
   }
 }
 
@@ -103,15 +112,41 @@ void Loader::stop_workers() {
   st_->threads.clear();
 }
 
+// Token windows: inputs are tokens [iT, iT+T), targets the same shifted by one.
+static void fill_windows(const Dataset& ds, const std::vector<int64_t>& order, int64_t begin,
+                         int64_t end, int64_t* x, int64_t* y) {
+  const int64_t T = ds.sample_shape[0];
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t w = order[static_cast<size_t>(i)];
+    int64_t* xr = x + (i - begin) * T;
+    int64_t* yr = y + (i - begin) * T;
+    int64_t prev = ds.token(w, 0);
+    for (int64_t j = 0; j < T; ++j) {
+      xr[j] = prev;
+      yr[j] = prev = ds.token(w, j + 1);
+    }
+  }
+}
+
 void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& y2, double& lam) {
   const auto& ds = ds_;
+  if (ds.token_windows) {
+    const int64_t begin = b * opt_.batch_size;
+    const int64_t end = std::min<int64_t>(begin + opt_.batch_size, st_->order.size());
+    fill_windows(ds, st_->order, begin, end, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+    lam = 1.0;
+    y2 = torch::Tensor();
+    return;
+  }
   const auto& opt = opt_;
   const auto& order = st_->order;
   const int64_t begin = b * opt.batch_size;
   const int64_t end = std::min<int64_t>(begin + opt.batch_size, static_cast<int64_t>(order.size()));
   const int64_t elems = ds.sample_elems();
   float* xp = x.data_ptr<float>();
-  int64_t* yp = y.data_ptr<int64_t>();
+  int64_t* yp = ds.float_targets() ? nullptr : y.data_ptr<int64_t>();
+  float* yf = ds.float_targets() ? y.data_ptr<float>() : nullptr;
+  const int64_t target_elems = ds.float_targets() ? ds.target_elems() : 0;
   const float inv_std = 1.f / opt.std;
   const size_t bytes = ds.sample_bytes();
   const bool augment = aug_ && aug_->any_sample_op() && ds.sample_shape.size() == 3;
@@ -148,7 +183,11 @@ void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& 
       normalize_f32(reinterpret_cast<const float*>(ds.sample(idx)), dst, elems, inv_std,
                     -opt.mean * inv_std);
     }
-    yp[i - begin] = ds.label(idx);
+    if (yf)
+      std::memcpy(yf + (i - begin) * target_elems, ds.target(idx),
+                  static_cast<size_t>(target_elems) * sizeof(float));
+    else
+      yp[i - begin] = ds.label(idx);
   }
   lam = 1.0;
   y2 = torch::Tensor();

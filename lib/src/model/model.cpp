@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "mltrain/core/error.hpp"
+#include "gpt.hpp"
 
 namespace mltrain::model {
 namespace nn = torch::nn;
@@ -180,6 +181,16 @@ class ScriptModel : public Model {
                          "return logits from forward");
     return out.toTensor();
   }
+  c10::IValue forward_with_targets(const torch::Tensor& x, const torch::Tensor& y) override {
+    const size_t args = m_.get_method("forward").function().getSchema().arguments().size();
+    if (args != 3)  // self, inputs, targets
+      throw ConfigError("task.name",
+                        path_ + ": forward takes " + std::to_string(args - 1) +
+                            " argument(s); task custom calls forward(inputs, targets)",
+                        "script a model whose forward(self, inputs, targets) returns the loss "
+                        "(or a dict with 'loss'), or use another task");
+    return m_.forward({x, y});
+  }
   NamedTensors named_parameters() override {
     NamedTensors out;
     for (const auto& p : m_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
@@ -200,6 +211,14 @@ class ScriptModel : public Model {
 };
 
 }  // namespace
+
+c10::IValue Model::forward_with_targets(const torch::Tensor&, const torch::Tensor&) {
+  throw ConfigError("task.name",
+                    "task custom needs a model that computes its own loss; " + describe() +
+                        " returns outputs only",
+                    "set model.name=torchscript with a forward(inputs, targets), or pick the "
+                    "task that matches the data");
+}
 
 void init_weights(const NamedTensors& params, const std::string& scheme) {
   if (scheme == "default") return;
@@ -248,6 +267,13 @@ std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vect
     ResNet net(shape, c, num_classes);
     net->cl = c.channels_last;
     m = std::make_unique<ModuleModel<ResNet>>(net, "resnet");
+  } else if (c.name == "gpt") {
+    if (shape.size() != 1)
+      throw ConfigError(
+          "model.name",
+          "gpt reads token windows [T]; these samples are " + std::to_string(shape.size()) + "-D",
+          "set data.dataset=tokens");
+    m = make_gpt(c, num_classes);
   } else if (c.name == "torchscript") {
     if (!std::filesystem::exists(c.path))
       throw ConfigError("model.path", "TorchScript file '" + c.path + "' not found",

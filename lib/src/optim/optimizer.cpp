@@ -327,13 +327,20 @@ std::unique_ptr<Optimizer> Optimizer::create(const config::OptimConfig& cfg,
   for (const auto& [name, p] : params) {
     if (!p.requires_grad()) continue;
     ParamSlot s{name, p, 1.0, cfg.weight_decay};
+    bool frozen = false;
     for (size_t g = 0; g < cfg.param_groups.size(); ++g) {
       const auto& pg = cfg.param_groups[g];
       if (!glob_match(pg.pattern, name)) continue;
       s.lr_mult = pg.lr_mult;
       if (pg.weight_decay >= 0) s.weight_decay = pg.weight_decay;
+      frozen = pg.freeze;
       pattern_used[g] = true;
       break;
+    }
+    if (frozen) {                // no gradient is computed for it, and it gets no optimizer state
+      torch::Tensor shared = p;  // the same tensor
+      shared.requires_grad_(false);
+      continue;
     }
     opt->slots_.push_back(s);
   }

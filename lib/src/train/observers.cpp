@@ -72,7 +72,6 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
                       {"step", t.progress().step},
                       {"epoch", epoch_float(t)},
                       {"loss", w_.loss / w_.steps},
-                      {"accuracy", double(w_.correct) / w_.count},
                       {"samples_per_s", w_.count / w_.step_s},
                       {"data_wait", w_.data_s / w_.step_s},
                       {"lr", s.lr},
@@ -80,6 +79,8 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
                       {"grad_norm_max", w_.grad_norm_max},
                       {"skipped_steps", t.progress().skipped_steps},
                       {"time_s", t.progress().train_seconds}};
+  if (w_.units > 0) j["accuracy"] = w_.accuracy();
+  if (t.cfg().task.name == "language_model") j["tokens_per_s"] = w_.units / w_.step_s;
   if (t.cfg().label_smoothing.value > 0) j["label_smoothing"] = s.label_smoothing;
   if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;
   if (auto* aug = t.train_loader().augmenter(); aug && t.train_loader().augmented_samples() > 0) {
@@ -92,13 +93,22 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
 }
 
 void MetricsWriter::on_eval_end(Trainer& t, const EvalResult& r) {
-  write({{"event", "eval"},
-         {"step", t.progress().step},
-         {"epoch", epoch_float(t)},
-         {"loss", r.loss},
-         {"accuracy", r.accuracy},
-         {"samples_per_s", r.count / std::max(1e-9, r.seconds)},
-         {"time_s", t.progress().train_seconds}});
+  nlohmann::json j = {{"event", "eval"},
+                      {"step", t.progress().step},
+                      {"epoch", epoch_float(t)},
+                      {"samples_per_s", r.count / std::max(1e-9, r.seconds)},
+                      {"time_s", t.progress().train_seconds}};
+  for (const auto& [k, v] : r.metrics) j[k] = v;  // loss, accuracy, r2, ...
+  write(j);
+}
+
+// "loss 0.3120 accuracy 0.9012" or, for other tasks, their headline metrics.
+static std::string metrics_text(const EvalResult& r) {
+  std::string out;
+  for (const auto& [k, v] : r.metrics)
+    if (k.rfind("roc_auc_class", 0) != 0)
+      out += (out.empty() ? "" : " ") + k + " " + fmt::format("{:.4f}", v);
+  return out;
 }
 
 ConsoleReporter::ConsoleReporter(bool tty) : tty_(tty) {}
@@ -111,31 +121,35 @@ void ConsoleReporter::on_train_begin(Trainer& t) {
 void ConsoleReporter::on_step_end(Trainer& t, const StepInfo& s) {
   w_.add(s);
   const auto& p = t.progress();
+  // Accuracy where the task counts it; language models: tokens/s next to samples/s.
+  const std::string acc = w_.units > 0 ? fmt::format(" acc {:.4f}", w_.accuracy()) : "";
+  const std::string rate = t.cfg().task.name == "language_model"
+                               ? fmt::format("{:.0f} tokens/s", w_.units / w_.step_s)
+                               : fmt::format("{:.0f} samples/s", w_.count / w_.step_s);
   if (tty_) {
     if (p.train_seconds - last_draw_ < 0.2 && p.step != t.total_steps()) return;
     last_draw_ = p.train_seconds;
     const int width = 30;
     const int filled = static_cast<int>(width * double(p.step) / t.total_steps());
-    std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld  ep %lld  loss %.4f  acc %.3f  %.0f samples/s  ",
-                 filled, "##############################", width - filled, "", (long long)p.step,
-                 (long long)t.total_steps(), (long long)p.epoch, w_.loss / w_.steps,
-                 double(w_.correct) / w_.count, w_.count / w_.step_s);
+    std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld  ep %lld  loss %.4f %s  %s  ", filled,
+                 "##############################", width - filled, "", (long long)p.step,
+                 (long long)t.total_steps(), (long long)p.epoch, w_.loss / w_.steps, acc.c_str(),
+                 rate.c_str());
     if (w_.steps >= 50) w_ = Window{};
     return;
   }
   const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
   if (every <= 0 || (p.step % every != 0 && p.step != t.total_steps())) return;
-  spdlog::info(
-      "[train] step {}/{} epoch {:.2f} loss {:.4f} acc {:.4f} {:.0f} samples/s data-wait {:.1f}%",
-      p.step, t.total_steps(), epoch_float(t), w_.loss / w_.steps, double(w_.correct) / w_.count,
-      w_.count / w_.step_s, 100.0 * w_.data_s / w_.step_s);
+  spdlog::info("[train] step {}/{} epoch {:.2f} loss {:.4f}{} {} data-wait {:.1f}%", p.step,
+               t.total_steps(), epoch_float(t), w_.loss / w_.steps, acc, rate,
+               100.0 * w_.data_s / w_.step_s);
   w_ = Window{};
 }
 
 void ConsoleReporter::on_eval_end(Trainer& t, const EvalResult& r) {
   if (tty_) std::fprintf(stderr, "\n");
-  spdlog::info("[eval] step {} epoch {:.2f} loss {:.4f} accuracy {:.4f} ({:.1f}s elapsed)",
-               t.progress().step, epoch_float(t), r.loss, r.accuracy, t.progress().train_seconds);
+  spdlog::info("[eval] step {} epoch {:.2f} {} ({:.1f}s elapsed)", t.progress().step,
+               epoch_float(t), metrics_text(r), t.progress().train_seconds);
 }
 
 void ConsoleReporter::on_train_end(Trainer&) {
@@ -156,9 +170,8 @@ void CheckpointWriter::save(Trainer& t) {
   ts["schedule_history"] = t.schedule().history();
   std::optional<double> monitor;
   if (auto e = t.last_eval()) {
-    const double v = t.cfg().checkpoint.monitor == "eval_loss" ? e->loss : e->accuracy;
-    ts["eval"] = {{"loss", e->loss}, {"accuracy", e->accuracy}};
-    monitor = v;
+    monitor = e->metric(config::checkpoint_monitor(t.cfg()), "checkpoint.monitor");
+    ts["eval"] = e->metrics;
   }
   auto writer = [&](const fs::path& dir) {
     model::NamedTensors weights = t.model().named_parameters();

@@ -7,12 +7,29 @@
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/runtime.hpp"
 #include "mltrain/data/augment.hpp"
+#include "mltrain/task/task.hpp"
 
 namespace fs = std::filesystem;
 
 namespace mltrain::train {
 
-Splits load_splits(const config::DataConfig& c) {
+// Token streams: root/{train,val}.{bin,npy} unless train_images/test_images name the files.
+static void load_token_splits(const config::ExperimentConfig& cfg, Splits& s) {
+  const config::DataConfig& c = cfg.data;
+  auto pick = [&](const std::string& given, const char* stem) {
+    if (!given.empty()) return given;
+    const fs::path bin = fs::path(c.root) / (std::string(stem) + ".bin");
+    const fs::path npy = fs::path(c.root) / (std::string(stem) + ".npy");
+    if (fs::exists(bin) || !fs::exists(npy)) return bin.string();
+    return npy.string();
+  };
+  s.train = data::load_tokens(pick(c.train_images, "train"), cfg.model.block_size, c.vocab_size);
+  s.test = data::load_tokens(pick(c.test_images, "val"), cfg.model.block_size,
+                             s.train.num_classes);  // one vocabulary for both
+}
+
+Splits load_splits(const config::ExperimentConfig& cfg) {
+  const config::DataConfig& c = cfg.data;
   std::string tri = c.train_images, trl = c.train_labels, tei = c.test_images, tel = c.test_labels;
   if (c.dataset == "fashion_mnist") {
     const fs::path r = c.root;
@@ -26,11 +43,20 @@ Splits load_splits(const config::DataConfig& c) {
           "run scripts/install-deps.sh (Debian package dataset-fashion-mnist) or set data.root");
   }
   Splits s;
-  s.train = data::load_dataset(tri, trl, c.num_classes);
-  s.test = data::load_dataset(tei, tel, c.num_classes);
+  if (c.dataset == "tokens") {
+    load_token_splits(cfg, s);
+  } else {
+    const data::TargetSpec targets = task::target_spec(cfg);
+    s.train = data::load_dataset(tri, trl, targets);
+    s.test = data::load_dataset(tei, tel, targets);
+  }
   if (s.train.sample_shape != s.test.sample_shape)
     throw DataError(tei, "sample shape differs from the training set's",
                     "pair matching train and test files");
+  if (s.train.target_shape != s.test.target_shape ||
+      s.train.float_targets() != s.test.float_targets())
+    throw DataError(tel, "target shape differs from the training set's",
+                    "pair matching train and test target files");
   if (c.limit_train > 0) s.train = s.train.slice(0, c.limit_train);
   if (c.val_fraction > 0) {
     const int64_t nval = static_cast<int64_t>(s.train.count * c.val_fraction);
@@ -127,9 +153,11 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   runtime::apply({resolve_threads(cfg, world), cfg.runtime.kernel_route, cfg.runtime.allocator});
   p->device = prepare_device(cfg, distributed ? world.local_rank : 0);
   // Data, model and optimizer before anything is written: bad input fails first.
-  p->splits = opt.splits ? *opt.splits : load_splits(cfg.data);
-  p->model = model::build_model(cfg.model, p->splits.train.sample_shape, cfg.data.num_classes,
-                                cfg.run.seed);
+  p->splits = opt.splits ? *opt.splits : load_splits(cfg);
+  p->model = model::build_model(cfg.model, p->splits.train.sample_shape,
+                                task::model_outputs(cfg, p->splits.train), cfg.run.seed);
+  // Commands on a trained run (until kModel) load its checkpoint instead.
+  if (!cfg.model.init_from.empty() && opt.until != Stage::kModel) init_from(*p->model, cfg.model);
   p->model->to(p->device);  // before the optimizer takes its parameter list
   if (opt.until == Stage::kModel) return p;
 

@@ -171,11 +171,13 @@ static nlohmann::json finish_summary(Pipeline& p, RunResult& result) {
   result.test_loss = test.loss;
   result.train_seconds = trainer.progress().train_seconds;
   result.time_to_target = trainer.progress().time_to_target;
+  result.test_metrics = test.metrics;
   nlohmann::json summary = {{"event", "summary"},
                             {"step", result.steps},
-                            {"test_accuracy", test.accuracy},
-                            {"test_loss", test.loss},
+                            {"task", p.cfg.task.name},
                             {"train_seconds", result.train_seconds}};
+  for (const auto& [k, v] : test.metrics)
+    if (k.rfind("roc_auc_class", 0) != 0) summary["test_" + k] = v;
   if (result.time_to_target) summary["time_to_target_s"] = *result.time_to_target;
   if (p.dp) {
     const double wait = p.dp->comm_wait_seconds();
@@ -198,10 +200,17 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   // Data, model, optimizer and the step plan first: bad input fails before any run folder exists.
   const auto p = build_pipeline(cfg, world);
   Trainer& trainer = *p->trainer;
+  int64_t frozen = 0;
+  for (const auto& [name, t] : p->model->named_parameters())
+    if (!t.requires_grad()) frozen += t.numel();
   spdlog::info(
-      "[model] {}: {} parameters on {}; train {} samples, {} {} samples; {} loader workers{}",
-      p->model->describe(), p->model->num_parameters(), p->device.str(), p->splits.train.count,
-      p->splits.eval_name, p->splits.eval.count, p->train_loader->options().workers,
+      "[model] {}: {} parameters{} on {}; train {} samples, {} {} samples; {} loader workers{}",
+      p->model->describe(), p->model->num_parameters(),
+      frozen
+          ? fmt::format(" ({} frozen, {} trainable)", frozen, p->model->num_parameters() - frozen)
+          : std::string(),
+      p->device.str(), p->splits.train.count, p->splits.eval_name, p->splits.eval.count,
+      p->train_loader->options().workers,
       p->train_loader->options().pin_memory ? " (pinned memory)" : "");
 
   RunResult result;
@@ -227,7 +236,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
 
   CheckpointStore store(
       run_dir / "checkpoints",
-      {cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.mode == "max"});
+      {cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, config::checkpoint_mode(cfg) == "max"});
   if (ck) {
     restore_checkpoint(*ck, trainer);
     spdlog::info("[checkpoint] restored {} (step {}, epoch {}, batch {})", ck->dir.string(),

@@ -37,6 +37,12 @@ TrainedModel load_trained_model(const fs::path& p, const std::string& who) {
     throw CheckpointError(config.string(),
                           "missing: the run's resolved config is needed to rebuild the model");
   tm.cfg = config::load_experiment(config.string(), {});
+  // fuse, quantize and landscape check and report class logits (agreement, accuracy).
+  if (tm.cfg.task.name != "classification")
+    throw ConfigError("task.name",
+                      "`mltrain " + who + "` works on classifiers; " + config.string() +
+                          " trained task " + tm.cfg.task.name,
+                      "run it on a classification run (profile and tune take every task)");
   // The model as the run built it, on the CPU: these commands evaluate and export on the host.
   config::ExperimentConfig on_host = tm.cfg;
   on_host.runtime.device = "cpu";

@@ -84,6 +84,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
     : cfg_(cfg),
       model_(model),
       opt_(opt),
+      task_(task::make_task(cfg)),
       train_(train),
       eval_(eval),
       comm_(distributed.comm),
@@ -142,39 +143,54 @@ bool Trainer::next_on_device(data::Loader& loader, data::Batch& b, compat::CopyF
   return true;
 }
 
+double EvalResult::metric(const std::string& name, const std::string& key) const {
+  if (name == "eval_loss") return loss;
+  const auto it = name.rfind("eval_", 0) == 0 ? metrics.find(name.substr(5)) : metrics.end();
+  if (it != metrics.end()) return it->second;
+  std::string have;
+  for (const auto& [k, v] : metrics) have += (have.empty() ? "eval_" : ", eval_") + k;
+  throw ConfigError(key, "'" + name + "' is not among this run's metrics: " + have,
+                    "monitor one of them");
+}
+
+task::Amp Trainer::amp() const {
+  return {cfg_.amp.enabled, amp_dtype(cfg_.amp), device_.is_cuda()};
+}
+
 EvalResult Trainer::evaluate(data::Loader& loader) {
   const auto t0 = Clock::now();
   const bool use_ema = ema_ && cfg_.ema.evaluate;
   if (use_ema) ema_->swap();
   torch::NoGradGuard no_grad;
   model_.set_training(false);
-  double loss_sum = 0;
-  int64_t correct = 0, count = 0;
+  auto metrics = task_->accumulator();
+  int64_t count = 0;
   loader.start_epoch(0);
   data::Batch b;
   compat::CopyFence fence;
   while (next_on_device(loader, b, fence)) {
-    torch::Tensor logits;
-    {
-      compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), device_.is_cuda());
-      logits = model_.forward(b.x);
-    }
-    logits = logits.to(torch::kFloat32);
-    loss_sum += F::cross_entropy(logits, b.y, F::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
-    correct += logits.argmax(1).eq(b.y).sum().item<int64_t>();
+    metrics->add(task_->forward(model_, b, 0.0, amp()), b);
     count += b.y.size(0);
   }
   model_.set_training(true);
   if (use_ema) ema_->swap();
+  task::Reduce reduce;
   if (comm_ && comm_->size() > 1) {  // each rank evaluated its shard: sum over ranks
-    std::vector<torch::Tensor> sums = {
-        torch::tensor({loss_sum, double(correct), double(count)}, torch::kDouble)};
-    comm_->allreduce_sum(sums, "allreduce(eval metrics)");
-    loss_sum = sums[0][0].item<double>(), correct = int64_t(sums[0][1].item<double>()),
-    count = int64_t(sums[0][2].item<double>());
+    reduce.rank = comm_->rank(), reduce.world = comm_->size();
+    reduce.sum = [this](std::vector<torch::Tensor>& t) {
+      comm_->allreduce_sum(t, "allreduce(eval metrics)");
+    };
+    std::vector<torch::Tensor> n = {torch::tensor({double(count)}, torch::kDouble)};
+    comm_->allreduce_sum(n, "allreduce(eval count)");
+    count = static_cast<int64_t>(n[0][0].item<double>());
   }
-  return {count ? loss_sum / count : 0, count ? double(correct) / count : 0, count, since(t0)};
+  EvalResult r;
+  r.metrics = metrics->compute(reduce);
+  r.loss = r.metrics.count("loss") ? r.metrics["loss"] : NAN;
+  if (r.metrics.count("accuracy")) r.accuracy = r.metrics["accuracy"];
+  r.count = count;
+  r.seconds = since(t0);
+  return r;
 }
 
 void Trainer::take_snapshot() {
@@ -282,15 +298,14 @@ void Trainer::advance_progress(int64_t last_batch_index, int64_t batches_per_epo
 void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
                                   std::chrono::steady_clock::time_point fit_start) {
   last_eval_ = evaluate(eval_);
-  schedule_->observe(
-      opt_.steps(), cfg_.schedule.monitor == "eval_loss" ? last_eval_->loss : last_eval_->accuracy);
+  if (cfg_.schedule.name == "plateau")
+    schedule_->observe(opt_.steps(), last_eval_->metric(cfg_.schedule.monitor, "schedule.monitor"));
   if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
       last_eval_->accuracy >= cfg_.train.target_accuracy)
     progress_.time_to_target = seconds_before + since(fit_start);
-  const std::string why = early_.update({{"eval_loss", last_eval_->loss},
-                                         {"eval_accuracy", last_eval_->accuracy},
-                                         {"train_loss", train_loss}},
-                                        progress_.step);
+  std::map<std::string, double> values = {{"train_loss", train_loss}};
+  for (const auto& [k, v] : last_eval_->metrics) values["eval_" + k] = v;
+  const std::string why = early_.update(values, progress_.step);
   if (!why.empty()) stop_reason_ = why;
   if (auto* aug = train_.augmenter(); aug && since_eval_count_ > 0)
     aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_, last_eval_->accuracy);
@@ -342,19 +357,10 @@ void Trainer::fit() {
       // A micro-batch: forward under autocast, loss in fp32, normalised by the samples of the
       // whole accumulation window, so k micro-batches of b equal one batch of k*b.
       const double eps = smoothing_->lr(opt_.steps());
-      torch::Tensor logits;
       if (dp_) dp_->broadcast_buffers();
-      {
-        compat::AutocastGuard amp(cfg_.amp.enabled, amp_dtype(cfg_.amp), device_.is_cuda());
-        logits = model_.forward(batch.x);
-      }
-      logits = logits.to(torch::kFloat32);
-      const auto ce_opts = F::CrossEntropyFuncOptions().label_smoothing(eps);
-      auto loss = F::cross_entropy(logits, batch.y, ce_opts);
-      if (batch.y2.defined())  // mixup/cutmix: the same mix of the two label sets
-        loss = loss * batch.lam + F::cross_entropy(logits, batch.y2, ce_opts) * (1 - batch.lam);
+      const task::Step out = task_->forward(model_, batch, eps, amp());
       const int64_t b = batch.y.size(0);
-      auto part = loss * (static_cast<double>(b) / full_window);
+      auto part = out.loss * (static_cast<double>(b) / full_window);
       lap(Phase::kForward);
       const bool final_micro = micro + 1 >= accumulate_ || batch.index + 1 >= bpe;
       // No all-reduce on non-final accumulation micro-steps, nor while the optimizer exchanges
@@ -366,11 +372,14 @@ void Trainer::fit() {
         dp_->finish_backward();
         lap(Phase::kAllreduce);
       }
-      info.loss += loss.item<double>() * b;
-      const int64_t correct = logits.argmax(1).eq(batch.y).sum().item<int64_t>();
-      info.correct += correct;
-      since_eval_correct_ += correct;
-      since_eval_count_ += b;
+      info.loss += out.loss.item<double>() * b;
+      if (out.correct.defined()) {  // train accuracy (tasks that count argmax hits)
+        const int64_t correct = out.correct.item<int64_t>();
+        info.correct += correct;
+        info.units += out.units;
+        since_eval_correct_ += correct;
+        since_eval_count_ += out.units;
+      }
       window_samples += b;
       const bool epoch_end = batch.index + 1 >= bpe;
       if (++micro < accumulate_ && !epoch_end) {

@@ -14,6 +14,40 @@
 
 namespace mltrain::config {
 
+// What the model learns: the loss on its outputs and the metrics reported on the held-out split
+// (names: task_metrics()). Targets: class ids (classification), float arrays of any per-sample
+// shape (regression), 0/1 arrays [N, num_classes] (multilabel), token streams (language_model).
+struct TaskConfig {
+  std::string name = "classification";
+  std::string loss = "mse";
+  double huber_delta = 1.0;
+  std::vector<double> pos_weight;
+  double threshold = 0.5;
+  int64_t top_k = 5;
+  int64_t ignore_index = -100;
+  template <class V>
+  void visit(V& v) {
+    v.field("name", name,
+            "classification (cross-entropy) | regression | multilabel (BCE with logits) | "
+            "language_model (next-token cross-entropy) | custom (a TorchScript model whose "
+            "forward(inputs, targets) returns the loss, or a dict with loss and named metrics)",
+            one_of({"classification", "regression", "multilabel", "language_model", "custom"}));
+    v.field("loss", loss, "regression: mse | l1 | huber", one_of({"mse", "l1", "huber"}));
+    v.field("huber_delta", huber_delta, "regression, huber: where the loss turns linear",
+            positive<double>());
+    v.field("pos_weight", pos_weight,
+            "multilabel: weight of the positive term per class (empty: 1 for every class)");
+    v.field("threshold", threshold,
+            "multilabel: sigmoid probability at or above which a label is "
+            "predicted (F1)",
+            in_range(0.0, 1.0));
+    v.field("top_k", top_k, "classification: also report top-k accuracy (0 or 1: off)",
+            non_negative<int64_t>());
+    v.field("ignore_index", ignore_index,
+            "language_model: target token id that counts neither in the loss nor the metrics");
+  }
+};
+
 struct RunConfig {
   std::string name = "";  // empty: the config file's stem
   std::string dir = "runs";
@@ -108,6 +142,7 @@ struct DataConfig {
   std::string root = "/usr/share/datasets/fashion-mnist";
   std::string train_images = "", train_labels = "", test_images = "", test_labels = "";
   int64_t num_classes = 10;
+  int64_t vocab_size = 0;
   int64_t limit_train = 0;
   double val_fraction = 0.0;
   int64_t batch_size = 128;
@@ -122,9 +157,16 @@ struct DataConfig {
   AugmentConfig augment;
   template <class V>
   void visit(V& v) {
-    v.field("dataset", dataset, "fashion_mnist (files under root) or files (the four paths below)",
-            one_of({"fashion_mnist", "files"}));
-    v.field("root", root, "folder holding the fashion_mnist IDX files");
+    v.field("dataset", dataset,
+            "fashion_mnist (files under root), files (the four paths below) or tokens (a token "
+            "stream: root/train.bin and root/val.bin from `mltrain data tokenize`, or "
+            "train_images/test_images as .bin or .npy)",
+            one_of({"fashion_mnist", "files", "tokens"}));
+    v.field("root", root, "folder holding the fashion_mnist IDX files, or the tokens' train/val");
+    v.field("vocab_size", vocab_size,
+            "tokens: vocabulary (0: meta.json's vocab_size beside the tokens, else the largest id "
+            "+ 1); every token must lie below it",
+            non_negative<int64_t>());
     v.field("train_images", train_images,
             "training images: IDX (.gz ok), .npy or .shard (dataset: files)");
     v.field("train_labels", train_labels,
@@ -164,9 +206,30 @@ struct ModelConfig {
   double dropout = 0.25;
   std::string init = "default";
   std::string path = "";
+  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 128;
+  bool bias = true;
+  std::string init_from = "";
+  bool init_strict = true;
+  std::vector<std::string> init_prefix_map;
   template <class V>
   void visit(V& v) {
-    v.field("name", name, "architecture", one_of({"mlp", "cnn", "resnet", "torchscript"}));
+    v.field("name", name, "architecture", one_of({"mlp", "cnn", "resnet", "gpt", "torchscript"}));
+    v.field("n_layer", n_layer, "gpt: transformer blocks", positive<int64_t>());
+    v.field("n_head", n_head, "gpt: attention heads (must divide n_embd)", positive<int64_t>());
+    v.field("n_embd", n_embd, "gpt: embedding width", positive<int64_t>());
+    v.field("block_size", block_size,
+            "gpt: context length; language-model windows (data.dataset: tokens) are this long",
+            positive<int64_t>());
+    v.field("bias", bias, "gpt: biases in Linear and LayerNorm layers");
+    v.field("init_from", init_from,
+            "start from these weights: an mltrain run or checkpoint folder, a .safetensors file, "
+            "or a PyTorch torch.save(model.state_dict()) file (empty: fresh init)");
+    v.field("init_strict", init_strict,
+            "init_from: every model tensor must be found with its shape (false: load what fits, "
+            "report missing, unexpected and mismatched keys by name)");
+    v.field("init_prefix_map", init_prefix_map,
+            "init_from: key renames 'from=to' applied to the file's key prefixes first (e.g. "
+            "'module.=' strips DataParallel's prefix)");
     v.field("hidden", hidden, "mlp: hidden layer widths", each_positive());
     v.field("channels", channels, "cnn: channels of its two 5x5 conv layers", each_positive());
     v.field("fc", fc, "cnn: width of the hidden fully connected layer", positive<int64_t>());
@@ -177,7 +240,10 @@ struct ModelConfig {
             "fuse` writes)");
     v.field("channels_last", channels_last,
             "cnn/resnet: NHWC activations and weights (oneDNN convolutions skip layout reorders)");
-    v.field("dropout", dropout, "dropout before the classifier", in_range(0.0, 0.95));
+    v.field("dropout", dropout,
+            "dropout before the classifier (gpt: on embeddings, attention weights and residual "
+            "branches)",
+            in_range(0.0, 0.95));
     v.field("init", init, "weight init",
             one_of({"default", "kaiming_normal", "kaiming_uniform", "xavier_normal",
                     "xavier_uniform", "orthogonal"}));
@@ -189,9 +255,12 @@ struct ParamGroupConfig {
   std::string pattern = "*";
   double lr_mult = 1.0;
   double weight_decay = -1.0;
+  bool freeze = false;
   template <class V>
   void visit(V& v) {
     v.field("pattern", pattern, "glob over parameter names (e.g. *.bias, fc*.weight)");
+    v.field("freeze", freeze,
+            "these parameters do not train: no gradient, no optimizer state (fine-tuning)");
     v.field("lr_mult", lr_mult, "multiplies the learning rate", non_negative<double>());
     v.field("weight_decay", weight_decay, "weight decay for this group (-1: optim.weight_decay)");
   }
@@ -279,8 +348,9 @@ struct ScheduleConfig {
     v.field("final_div_factor", final_div_factor, "onecycle: final LR = initial / final_div_factor",
             positive<double>());
     v.field("anneal", anneal, "onecycle: annealing shape", one_of({"cos", "linear"}));
-    v.field("monitor", monitor, "plateau: metric watched at each evaluation",
-            one_of({"eval_loss", "eval_accuracy"}));
+    v.field("monitor", monitor,
+            "plateau: metric watched at each evaluation (any of the task's metrics; `mltrain "
+            "config metrics` lists them)");
     v.field("mode", mode, "plateau: whether the metric should go down or up",
             one_of({"min", "max"}));
     v.field("patience", patience, "plateau: evaluations without improvement before a drop",
@@ -403,7 +473,7 @@ struct StopMetricConfig {
   bool check_finite = true;
   template <class V>
   void visit(V& v) {
-    v.field("monitor", monitor, "metric", one_of({"eval_loss", "eval_accuracy", "train_loss"}));
+    v.field("monitor", monitor, "metric: train_loss or any of the task's eval_ metrics");
     v.field("mode", mode, "min or max is better", one_of({"min", "max"}));
     v.field("min_delta", min_delta, "an improvement smaller than this does not count",
             non_negative<double>());
@@ -480,8 +550,8 @@ struct CheckpointConfig {
   Period every = Period::epochs(1);
   int64_t keep_last = 2;
   int64_t keep_best = 1;
-  std::string monitor = "eval_accuracy";
-  std::string mode = "max";
+  std::string monitor = "auto";
+  std::string mode = "auto";
   std::string resume = "auto";
   template <class V>
   void visit(V& v) {
@@ -489,9 +559,12 @@ struct CheckpointConfig {
             "save a checkpoint every period (also at the end and on SIGTERM/SIGINT)");
     v.field("keep_last", keep_last, "keep the newest N checkpoints", non_negative<int64_t>());
     v.field("keep_best", keep_best, "also keep the best N by monitor", non_negative<int64_t>());
-    v.field("monitor", monitor, "metric for best-k", one_of({"eval_accuracy", "eval_loss"}));
-    v.field("mode", mode, "whether larger or smaller monitor values are better",
-            one_of({"max", "min"}));
+    v.field("monitor", monitor,
+            "metric for best-k: any of the task's eval_ metrics (auto: the task's headline "
+            "metric, eval_accuracy for classification, else eval_loss)");
+    v.field("mode", mode,
+            "whether larger or smaller monitor values are better (auto: from the metric's name)",
+            one_of({"auto", "max", "min"}));
     v.field("resume", resume,
             "auto: continue the newest unfinished run of this name; never; or a checkpoint folder");
   }
@@ -539,6 +612,7 @@ struct DistributedConfig {
 
 struct ExperimentConfig {
   RunConfig run;
+  TaskConfig task;
   RuntimeConfig runtime;
   DataConfig data;
   ModelConfig model;
@@ -556,6 +630,7 @@ struct ExperimentConfig {
   template <class V>
   void visit(V& v) {
     v.section("run", run, "naming, output folder and seed");
+    v.section("task", task, "what is learnt: loss and held-out metrics");
     v.section("runtime", runtime, "threads, kernel route and allocator policy");
     v.section("data", data, "data set and loader");
     v.section("model", model, "architecture and init");
@@ -579,6 +654,15 @@ struct ExperimentConfig {
 ExperimentConfig load_experiment(const std::string& path,
                                  const std::vector<std::string>& overrides);
 std::string to_yaml(const ExperimentConfig& cfg);
+
+// The metrics a run of this config reports, with their global names: train_loss and the task's
+// eval_* metrics (custom tasks add the model's own names at run time).
+std::vector<std::string> task_metrics(const ExperimentConfig& cfg);
+// "max" for metrics where larger is better (accuracy, r2, roc_auc, f1), else "min".
+std::string metric_mode(const std::string& metric);
+// checkpoint.monitor / checkpoint.mode with `auto` resolved for the task.
+std::string checkpoint_monitor(const ExperimentConfig& cfg);
+std::string checkpoint_mode(const ExperimentConfig& cfg);
 std::string schema_text();
 
 }  // namespace mltrain::config

@@ -12,7 +12,7 @@
 
 namespace mltrain::data {
 
-enum class DType { kU8, kI8, kI16, kI32, kI64, kF32, kF64 };
+enum class DType { kU8, kI8, kI16, kU16, kI32, kU32, kI64, kF32, kF64 };
 const char* dtype_name(DType t);
 size_t dtype_size(DType t);
 
@@ -42,6 +42,20 @@ struct Dataset {
   std::shared_ptr<const std::vector<int64_t>> labels;
   int64_t label_offset = 0;  // first label of this view
   int64_t num_classes = 0;
+  // Float targets (regression, multilabel): count x target_elems() values, `target_shape` per
+  // sample ({} for one value). Null: the int64 class labels above.
+  std::shared_ptr<const std::vector<float>> targets;
+  std::vector<int64_t> target_shape;
+  bool float_targets() const { return targets != nullptr; }
+  int64_t target_elems() const;
+  const float* target(int64_t i) const {
+    return targets->data() + static_cast<size_t>((label_offset + i) * target_elems());
+  }
+
+  // Token windows (language models): `data` is a token stream, sample i is tokens [iT, iT+T) and
+  // its targets [iT+1, iT+T], T = sample_shape[0]; `num_classes` is the vocabulary.
+  bool token_windows = false;
+  int64_t token(int64_t i, int64_t j) const;  // token j of window i (j may be T: the last target)
 
   int64_t sample_elems() const;
   size_t sample_bytes() const { return static_cast<size_t>(sample_elems()) * dtype_size(dtype); }
@@ -52,6 +66,30 @@ struct Dataset {
 
 // images: any readable array; labels: IDX/npy file, or "" when images is a shard.
 Dataset load_dataset(const std::string& images, const std::string& labels, int64_t num_classes);
+
+// What the targets file holds: class ids in [0, num_classes) (1-D, integer), float values of any
+// per-sample shape (any numeric dtype, converted to float32), or 0/1 labels [N, num_classes];
+// kAuto: class ids when the file is a 1-D integer array, else float values.
+enum class TargetKind { kClassId, kFloat, kMultiHot, kAuto };
+struct TargetSpec {
+  TargetKind kind = TargetKind::kClassId;
+  int64_t num_classes = 0;
+};
+Dataset load_dataset(const std::string& images, const std::string& targets, const TargetSpec& spec);
+
+// A token stream (language models): a .npy of u8/u16/u32/i32/i64 tokens, or a raw .bin whose dtype
+// is named by meta.json beside it ({"dtype": "uint16"}, the default, or uint32/int32), cut into
+// non-overlapping windows of `block` + 1 tokens. vocab_size 0: from meta.json's "vocab_size", else
+// the largest token + 1. A token outside [0, vocab) or a stream shorter than one window: DataError
+// naming the token's offset.
+Dataset load_tokens(const std::string& path, int64_t block, int64_t vocab_size);
+// Byte-level tokens of UTF-8 text files, split into train/val (the last `val_fraction` of the
+// stream): writes <out>/train.bin, <out>/val.bin (uint16) and <out>/meta.json (vocab 256).
+struct TokenizeResult {
+  int64_t train_tokens = 0, val_tokens = 0;
+};
+TokenizeResult tokenize_bytes(const std::vector<std::string>& files, const std::string& out,
+                              double val_fraction);
 
 // Shard v1: a 4 KiB header, then fixed-size sample records, then int64 labels, each region
 // 4 KiB-aligned so readers can mmap it and gather samples straight from the page cache.

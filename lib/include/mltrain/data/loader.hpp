@@ -41,7 +41,9 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_
 int64_t auto_workers(int64_t cores);
 
 struct Batch {
-  torch::Tensor x, y;           // x: float [B, sample_shape...], y: int64 [B]
+  torch::Tensor x, y;           // x: float [B, sample_shape...]; y: int64 [B] class ids, or float
+                                // [B, target_shape...] for data sets with float targets; token
+                                // windows: x and y int64 [B, T], y = x shifted by one token
   torch::Tensor y2;             // mixup/cutmix partner labels (undefined when not mixed)
   double lam = 1.0;             // weight of y in the loss; 1 - lam for y2
   int64_t index = -1;           // batch number within the epoch

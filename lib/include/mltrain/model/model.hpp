@@ -22,6 +22,9 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  // forward(inputs, targets) of a model that computes its own loss (task custom): the loss tensor,
+  // or a dict with "loss" and named scalar metrics. Registry models have none (ConfigError).
+  virtual c10::IValue forward_with_targets(const torch::Tensor& x, const torch::Tensor& y);
   virtual NamedTensors named_parameters() = 0;
   virtual NamedTensors named_buffers() = 0;  // BatchNorm running stats, ...
   virtual void set_training(bool on) = 0;

@@ -4,6 +4,7 @@
 //   ConsoleReporter   a progress bar on a terminal; a log line per period when piped / under Slurm
 //   CheckpointWriter  periodic, final and on-signal checkpoints through CheckpointStore
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,17 +18,19 @@ namespace mltrain::train {
 // Window accumulator shared by the writers.
 struct Window {
   double loss = 0, step_s = 0, data_s = 0, grad_norm = 0, grad_norm_max = 0;
-  int64_t correct = 0, count = 0, steps = 0;
+  int64_t correct = 0, count = 0, units = 0, steps = 0;
   void add(const StepInfo& s) {
     loss += s.loss;
     correct += s.correct;
     count += s.count;
+    units += s.units;
     steps += 1;
     step_s += s.step_seconds;
     data_s += s.data_seconds;
     grad_norm += s.grad_norm;
     grad_norm_max = std::max(grad_norm_max, s.grad_norm);
   }
+  double accuracy() const { return units > 0 ? double(correct) / units : NAN; }
 };
 
 class MetricsWriter : public Observer {

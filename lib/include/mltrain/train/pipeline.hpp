@@ -30,7 +30,16 @@ struct Splits {
   std::string eval_name;  // "val" or "test"
 };
 // The data set's splits (DataError, exit 3, on a missing or malformed file).
-Splits load_splits(const config::DataConfig& cfg);
+Splits load_splits(const config::ExperimentConfig& cfg);  // targets read for cfg.task
+
+// model.init_from: copies the file's tensors into the model by name (after model.init_prefix_map).
+// Strict (model.init_strict): anything missing, unexpected or of another shape is a
+// CheckpointError (exit 3) naming the keys; otherwise what fits is loaded and the rest reported.
+struct InitReport {
+  int64_t loaded = 0;
+  std::vector<std::string> missing, unexpected, mismatched;
+};
+InitReport init_from(model::Model& model, const config::ModelConfig& cfg);
 
 enum class Stage {
   kModel,    // runtime, device, splits and the model on its device: commands on trained weights

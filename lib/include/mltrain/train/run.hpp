@@ -6,6 +6,7 @@
 //   RunResult r = run_training(cfg, {.config_path = path});
 //   // runs/<name>/v<N>/{config.yaml, env.json, metrics.jsonl, metrics.csv, status.json, checkpoints/}
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,7 +26,8 @@ struct RunOptions {
 struct RunResult {
   std::filesystem::path run_dir;
   int64_t steps = 0;
-  double test_accuracy = 0, test_loss = 0;
+  double test_accuracy = 0, test_loss = 0;     // accuracy: NaN for tasks without one
+  std::map<std::string, double> test_metrics;  // every metric of the task on the test split
   double train_seconds = 0;
   std::optional<double> time_to_target;
   bool resumed = false;

@@ -22,6 +22,7 @@
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
 #include "mltrain/optim/schedule.hpp"
+#include "mltrain/task/task.hpp"
 #include "mltrain/train/techniques.hpp"
 
 namespace mltrain::dist {
@@ -43,7 +44,8 @@ struct Progress {
 
 struct StepInfo {
   double loss = 0;
-  int64_t correct = 0, count = 0;
+  int64_t correct = 0, count = 0;  // count: samples
+  int64_t units = 0;               // what `correct` counts (samples, tokens); 0: not counted
   double lr = 0;
   double step_seconds = 0, data_seconds = 0;
   double grad_norm = 0;  // before clipping
@@ -53,9 +55,13 @@ struct StepInfo {
 };
 
 struct EvalResult {
-  double loss = 0, accuracy = 0;
+  double loss = 0, accuracy = NAN;  // accuracy: classification and language models only
+  task::Metrics metrics;            // every metric of the task, without the eval_ prefix
   int64_t count = 0;
   double seconds = 0;
+  // A metric by its global name ("eval_loss", "eval_r2"); ConfigError naming `key` if the task
+  // does not report it (custom tasks report what their model returns).
+  double metric(const std::string& name, const std::string& key) const;
 };
 
 class Trainer;
@@ -136,6 +142,7 @@ class Trainer {
   double data_wait_seconds() const { return train_.wait_seconds(); }
   data::Loader& train_loader() { return train_; }
   const torch::Device& device() const { return device_; }
+  const task::Task& task() const { return *task_; }
   const std::string& stop_reason() const { return stop_reason_; }
   void request_stop(std::string reason) { stop_reason_ = std::move(reason); }
 
@@ -148,6 +155,7 @@ class Trainer {
  private:
   bool handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params, double norm);
   void to_device(data::Batch& b) const;
+  task::Amp amp() const;
   bool next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence,
                       PhaseClock* phases = nullptr) const;
   void take_snapshot();
@@ -162,6 +170,7 @@ class Trainer {
   torch::Device device_ = torch::kCPU;  // where the model's parameters live
   model::Model& model_;
   optim::Optimizer& opt_;
+  std::unique_ptr<task::Task> task_;
   data::Loader& train_;
   data::Loader& eval_;
   std::vector<std::unique_ptr<Observer>> observers_;

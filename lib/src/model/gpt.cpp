@@ -1,0 +1,184 @@
+// A decoder-only transformer (GPT-2 layout, as Karpathy's nanoGPT): token and position embeddings,
+// n_layer pre-norm blocks of causal self-attention and a GELU MLP, a final LayerNorm and an
+// output layer tied to the token embedding. Init: N(0, 0.02) weights, zero biases, residual
+// projections N(0, 0.02 / sqrt(2 n_layer)) (GPT-2 paper, section 2.3).
+//
+// Parameter names: wte.weight, wpe.weight, h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,
+// mlp.c_proj}.{weight,bias}, ln_f.{weight,bias}; the tied output layer has no name of its own.
+#include "gpt.hpp"
+
+#include <cmath>
+
+#include "mltrain/core/error.hpp"
+
+namespace mltrain::model {
+namespace nn = torch::nn;
+namespace F = torch::nn::functional;
+
+namespace {
+
+// LayerNorm with an optional bias (LibTorch's has both or neither).
+struct NormImpl : nn::Module {
+  torch::Tensor weight, bias;
+  int64_t width;
+  NormImpl(int64_t n, bool with_bias) : width(n) {
+    weight = register_parameter("weight", torch::ones({n}));
+    if (with_bias) bias = register_parameter("bias", torch::zeros({n}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::layer_norm(x, {width}, weight, bias, 1e-5);
+  }
+};
+TORCH_MODULE(Norm);
+
+struct AttentionImpl : nn::Module {
+  nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  int64_t heads, width;
+  double dropout;
+  AttentionImpl(const config::ModelConfig& c)
+      : heads(c.n_head), width(c.n_embd), dropout(c.dropout) {
+    c_attn = register_module("c_attn",
+                             nn::Linear(nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)));
+    c_proj =
+        register_module("c_proj", nn::Linear(nn::LinearOptions(c.n_embd, c.n_embd).bias(c.bias)));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal) {
+    const int64_t B = x.size(0), T = x.size(1), hs = width / heads;
+    auto qkv = c_attn->forward(x).split(width, 2);
+    auto heads_of = [&](const torch::Tensor& t) {
+      return t.view({B, T, heads, hs}).transpose(1, 2);  // [B, heads, T, hs]
+    };
+    const auto q = heads_of(qkv[0]), k = heads_of(qkv[1]), v = heads_of(qkv[2]);
+    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
+    att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
+    att = torch::softmax(att, -1);
+    if (dropout > 0)
+      att = F::dropout(att, F::DropoutFuncOptions().p(dropout).training(is_training()));
+    auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, width});
+    y = c_proj->forward(y);
+    if (dropout > 0) y = F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training()));
+    return y;
+  }
+};
+TORCH_MODULE(Attention);
+
+struct MlpBlockImpl : nn::Module {
+  nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  double dropout;
+  explicit MlpBlockImpl(const config::ModelConfig& c) : dropout(c.dropout) {
+    c_fc =
+        register_module("c_fc", nn::Linear(nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)));
+    c_proj = register_module("c_proj",
+                             nn::Linear(nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto y = c_proj->forward(torch::gelu(c_fc->forward(x)));  // exact (erf) GELU, as nn.GELU()
+    if (dropout > 0) y = F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training()));
+    return y;
+  }
+};
+TORCH_MODULE(MlpBlock);
+
+struct BlockImpl : nn::Module {
+  Norm ln_1{nullptr}, ln_2{nullptr};
+  Attention attn{nullptr};
+  MlpBlock mlp{nullptr};
+  explicit BlockImpl(const config::ModelConfig& c) {
+    ln_1 = register_module("ln_1", Norm(c.n_embd, c.bias));
+    attn = register_module("attn", Attention(c));
+    ln_2 = register_module("ln_2", Norm(c.n_embd, c.bias));
+    mlp = register_module("mlp", MlpBlock(c));
+  }
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& causal) {
+    x = x + attn->forward(ln_1->forward(x), causal);
+    return x + mlp->forward(ln_2->forward(x));
+  }
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : nn::Module {
+  nn::Embedding wte{nullptr}, wpe{nullptr};
+  nn::ModuleList h{nullptr};
+  Norm ln_f{nullptr};
+  std::vector<Block> blocks;
+  int64_t block_size;
+  double dropout;
+  GptImpl(const config::ModelConfig& c, int64_t vocab)
+      : block_size(c.block_size), dropout(c.dropout) {
+    wte = register_module("wte", nn::Embedding(vocab, c.n_embd));
+    wpe = register_module("wpe", nn::Embedding(c.block_size, c.n_embd));
+    h = register_module("h", nn::ModuleList());
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      blocks.push_back(Block(c));
+      h->push_back(blocks.back());
+    }
+    ln_f = register_module("ln_f", Norm(c.n_embd, c.bias));
+    init(c);
+  }
+  void init(const config::ModelConfig& c) {
+    torch::NoGradGuard no_grad;
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+    for (auto& item : named_parameters()) {
+      const std::string& name = item.key();
+      torch::Tensor& p = item.value();
+      const std::string proj = "c_proj.weight";
+      const bool residual_proj = name.size() >= proj.size() &&
+                                 name.compare(name.size() - proj.size(), proj.size(), proj) == 0;
+      if (name.find("ln_") != std::string::npos) continue;  // LayerNorm: ones and zeros already
+      if (p.dim() >= 2)
+        p.normal_(0.0, residual_proj ? proj_std : 0.02);
+      else
+        p.zero_();
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& idx) {
+    const int64_t T = idx.size(1);
+    if (T > block_size)
+      throw ConfigError("model.block_size",
+                        "a window of " + std::to_string(T) +
+                            " tokens is longer than the context (" + std::to_string(block_size) +
+                            ")",
+                        "raise model.block_size");
+    const auto pos = torch::arange(T, idx.options().dtype(torch::kLong));
+    auto x = wte->forward(idx) + wpe->forward(pos);
+    if (dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(dropout).training(is_training()));
+    const auto causal =
+        torch::ones({T, T}, idx.options().dtype(torch::kBool)).triu(1);  // true: masked
+    for (auto& b : blocks) x = b->forward(x, causal);
+    return F::linear(ln_f->forward(x), wte->weight);  // output layer tied to the embedding
+  }
+};
+TORCH_MODULE(Gpt);
+
+class GptModel : public Model {
+ public:
+  GptModel(const config::ModelConfig& c, int64_t vocab)
+      : net_(c, vocab), desc_(describe_of(c, vocab)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return net_->forward(x); }
+  NamedTensors named_parameters() override {
+    NamedTensors out;
+    for (auto& p : net_->named_parameters()) out.emplace_back(p.key(), p.value());
+    return out;
+  }
+  NamedTensors named_buffers() override { return {}; }
+  void set_training(bool on) override { net_->train(on); }
+  void to(const torch::Device& device) override { net_->to(device); }
+  std::string describe() const override { return desc_; }
+
+ private:
+  static std::string describe_of(const config::ModelConfig& c, int64_t vocab) {
+    return "gpt(n_layer " + std::to_string(c.n_layer) + ", n_head " + std::to_string(c.n_head) +
+           ", n_embd " + std::to_string(c.n_embd) + ", block " + std::to_string(c.block_size) +
+           ", vocab " + std::to_string(vocab) + ")";
+  }
+  Gpt net_;
+  std::string desc_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gpt(const config::ModelConfig& c, int64_t vocab) {
+  return std::make_unique<GptModel>(c, vocab);
+}
+
+}  // namespace mltrain::model

@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""Real small data sets for the regression and multi-label jobs, exported once to .npy.
+
+  /usr/bin/python3 scripts/data/export_tabular.py [OUT_DIR]      (default: data/)
+
+- diabetes/: scikit-learn's bundled diabetes data (Efron et al. 2004; 442 patients, 10 baseline
+  features already centred and scaled, target: disease progression one year later), split 80/20
+  by a seeded permutation: {train,test}_x.npy (float32 [N, 10]), {train,test}_y.npy (float32 [N]).
+  The targets are standardised with the training split's mean and std (written to meta.json), so
+  MAE/RMSE are in standard deviations of the target and R^2 is unchanged.
+- fmnist_attributes/: a multi-label task on Fashion-MNIST's real images: each class mapped to
+  six attributes (below); {train,test}_labels.npy (float32 0/1 [N, 6]) to pair with the IDX images.
+Needs Debian's python3-sklearn and python3-numpy (installed by scripts/install-deps.sh).
+"""
+import gzip
+import json
+import os
+import sys
+
+import numpy as np
+from sklearn.datasets import load_diabetes
+
+out = sys.argv[1] if len(sys.argv) > 1 else "data"
+
+# ---- diabetes (regression) ----
+x, y = load_diabetes(return_X_y=True)
+perm = np.random.default_rng(0).permutation(len(y))
+n_train = int(0.8 * len(y))
+tr, te = perm[:n_train], perm[n_train:]
+mean, std = float(y[tr].mean()), float(y[tr].std())
+d = os.path.join(out, "diabetes")
+os.makedirs(d, exist_ok=True)
+for name, idx in (("train", tr), ("test", te)):
+    np.save(os.path.join(d, f"{name}_x.npy"), x[idx].astype(np.float32))
+    np.save(os.path.join(d, f"{name}_y.npy"), ((y[idx] - mean) / std).astype(np.float32))
+with open(os.path.join(d, "meta.json"), "w") as f:
+    json.dump({"source": "sklearn.datasets.load_diabetes", "train": len(tr), "test": len(te),
+               "target_mean": mean, "target_std": std}, f, indent=1)
+
+# ---- Fashion-MNIST attributes (multi-label) ----
+ATTRIBUTES = ["upper_body", "legs", "footwear", "long_sleeves", "closed_shoe", "carried"]
+# classes: 0 T-shirt/top 1 Trouser 2 Pullover 3 Dress 4 Coat 5 Sandal 6 Shirt 7 Sneaker 8 Bag 9 Ankle boot
+HAS = {
+    "upper_body": [0, 2, 3, 4, 6],
+    "legs": [1, 3],
+    "footwear": [5, 7, 9],
+    "long_sleeves": [2, 4, 6],
+    "closed_shoe": [7, 9],
+    "carried": [8],
+}
+table = np.zeros((10, len(ATTRIBUTES)), np.float32)
+for j, a in enumerate(ATTRIBUTES):
+    table[HAS[a], j] = 1
+root = "/usr/share/datasets/fashion-mnist"
+d = os.path.join(out, "fmnist_attributes")
+os.makedirs(d, exist_ok=True)
+for name, f in (("train", "train-labels-idx1-ubyte.gz"), ("test", "t10k-labels-idx1-ubyte.gz")):
+    with gzip.open(os.path.join(root, f)) as g:
+        labels = np.frombuffer(g.read(), np.uint8, offset=8)
+    np.save(os.path.join(d, f"{name}_labels.npy"), table[labels])
+with open(os.path.join(d, "meta.json"), "w") as f:
+    json.dump({"attributes": ATTRIBUTES, "classes_with_attribute": HAS}, f, indent=1)
+print(f"wrote {out}/diabetes ({len(tr)} train, {len(te)} test) and {out}/fmnist_attributes")
