@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <iostream>
 
 #include "commands.hpp"
@@ -28,7 +29,14 @@ void setup_config(CLI::App& app, Action& run) {
   sub->require_subcommand(1);
   metrics->callback([&run, metrics_file, metrics_ov] {
     run = [metrics_file, metrics_ov] {
-      const auto cfg = config::load_experiment(*metrics_file, *metrics_ov);
+      // `mltrain config metrics task.name=regression`: no file, overrides only.
+      std::vector<std::string> ov = *metrics_ov;
+      std::string file = *metrics_file;
+      if (file.find('=') != std::string::npos && !std::filesystem::exists(file)) {
+        ov.insert(ov.begin(), file);
+        file.clear();
+      }
+      const auto cfg = config::load_experiment(file, ov);
       for (const auto& m : config::task_metrics(cfg))
         std::cout << m << "\t" << config::metric_mode(m) << "\n";
       if (cfg.task.name == "custom")

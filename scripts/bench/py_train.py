@@ -10,12 +10,13 @@
     batches instead of a DataLoader.
 Prints one JSON line: samples/s over the timed steps and peak RSS.
 """
-import argparse, ctypes, json, os, resource, time
+import argparse, json, os, resource, time
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from py_dnnl import DnnlLinear  # Linear through oneDNN sgemm (expert mode)
 from py_models import CNN, MLP  # the same models and op order as mltrain
 
 p = argparse.ArgumentParser()
@@ -28,48 +29,6 @@ p.add_argument("--warmup", type=int, default=20)
 args = p.parse_args()
 torch.manual_seed(0)
 MEAN, STD = 0.2860, 0.3530
-
-_dnnl = ctypes.CDLL("libdnnl.so.2")
-_sgemm = _dnnl.dnnl_sgemm
-_sgemm.argtypes = [ctypes.c_char, ctypes.c_char] + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
-
-
-def sgemm(a, ta, b, tb, m, n, k, out, beta=0.0):
-    """out[m,n] = op(a) @ op(b) (+ beta*out); a, b contiguous row-major."""
-    lda = a.shape[1]
-    ldb = b.shape[1]
-    _sgemm(b"T" if ta else b"N", b"T" if tb else b"N", m, n, k, 1.0, a.data_ptr(), lda, b.data_ptr(), ldb, beta,
-           out.data_ptr(), n)
-    return out
-
-
-class DnnlLinearFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, b):
-        x = x.contiguous()
-        m, k = x.shape
-        n = w.shape[0]
-        y = b.expand(m, n).contiguous()
-        sgemm(x, False, w, True, m, n, k, y, beta=1.0)
-        ctx.save_for_backward(x, w)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        g = g.contiguous()
-        m, n = g.shape
-        k = x.shape[1]
-        gx = sgemm(g, False, w, False, m, k, n, torch.empty(m, k))
-        gw = sgemm(g, True, x, False, n, k, m, torch.empty(n, k))
-        return gx, gw, g.sum(0)
-
-
-class DnnlLinear(nn.Linear):
-    def forward(self, x):
-        return DnnlLinearFn.apply(x, self.weight, self.bias)
-
 
 Linear = DnnlLinear if args.mode == "expert" else nn.Linear
 

@@ -10,6 +10,8 @@
   MAE/RMSE are in standard deviations of the target and R^2 is unchanged.
 - fmnist_attributes/: a multi-label task on Fashion-MNIST's real images: each class mapped to
   six attributes (below); {train,test}_labels.npy (float32 0/1 [N, 6]) to pair with the IDX images.
+- fmnist_footwear/: the sandal, sneaker and ankle-boot images relabelled 0..2, for fine-tuning a
+  new head on the main job's CNN: {train,test}_images.npy (u8 [N, 28, 28]), _labels.npy (int64).
 Needs Debian's python3-sklearn and python3-numpy (installed by scripts/install-deps.sh).
 """
 import gzip
@@ -60,4 +62,17 @@ for name, f in (("train", "train-labels-idx1-ubyte.gz"), ("test", "t10k-labels-i
     np.save(os.path.join(d, f"{name}_labels.npy"), table[labels])
 with open(os.path.join(d, "meta.json"), "w") as f:
     json.dump({"attributes": ATTRIBUTES, "classes_with_attribute": HAS}, f, indent=1)
-print(f"wrote {out}/diabetes ({len(tr)} train, {len(te)} test) and {out}/fmnist_attributes")
+# ---- Fashion-MNIST footwear (fine-tuning a head on a subset of classes) ----
+# Sandal, Sneaker, Ankle boot -> 0, 1, 2: for configs/fmnist_footwear_finetune.yaml, which starts
+# from the main job's 10-class CNN and trains a new 3-class head on top of its frozen layers.
+d = os.path.join(out, "fmnist_footwear")
+os.makedirs(d, exist_ok=True)
+for name, pre in (("train", "train"), ("test", "t10k")):
+    with gzip.open(os.path.join(root, f"{pre}-images-idx3-ubyte.gz")) as g:
+        images = np.frombuffer(g.read(), np.uint8, offset=16).reshape(-1, 28, 28)
+    with gzip.open(os.path.join(root, f"{pre}-labels-idx1-ubyte.gz")) as g:
+        labels = np.frombuffer(g.read(), np.uint8, offset=8)
+    keep = np.isin(labels, [5, 7, 9])
+    np.save(os.path.join(d, f"{name}_images.npy"), np.ascontiguousarray(images[keep]))
+    np.save(os.path.join(d, f"{name}_labels.npy"), np.searchsorted([5, 7, 9], labels[keep]).astype(np.int64))
+print(f"wrote {out}/diabetes ({len(tr)} train, {len(te)} test), {out}/fmnist_attributes, {out}/fmnist_footwear")

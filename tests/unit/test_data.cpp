@@ -362,3 +362,119 @@ TEST_CASE("augmented batches do not depend on the worker count", "[augment][load
   Loader plain(ds, o);
   CHECK_FALSE(torch::equal(collect(plain, 1)[0], runs[0][0]));  // augmentation did change the batch
 }
+
+// A .npy whose payload is given (little-endian values), unlike npy_bytes' filler.
+template <class T>
+static std::string npy_of(const std::string& descr, const std::string& shape,
+                          const std::vector<T>& values) {
+  std::string s = npy_bytes(descr, shape, 0);
+  s.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+  return s;
+}
+
+TEST_CASE("float and multi-hot targets: shapes, values and the batches they make", "[dataset]") {
+  auto x = put("tx.npy", npy_of<float>("<f4", "(4, 3)", std::vector<float>(12, 0.5f)));
+  auto y = put("ty.npy", npy_of<double>("<f8", "(4, 2)", {1, 2, 3, 4, 5, 6, 7, 8}));
+  const Dataset reg = load_dataset(x, y, TargetSpec{TargetKind::kFloat, 0});
+  CHECK(reg.float_targets());
+  CHECK(reg.target_shape == std::vector<int64_t>{2});
+  CHECK(reg.target(2)[1] == 6.0f);
+  Loader l(reg, {.batch_size = 3, .shuffle = false, .drop_last = false});
+  l.start_epoch(0);
+  Batch b;
+  REQUIRE(l.next(b));
+  CHECK(b.y.dtype() == torch::kFloat32);
+  CHECK(b.y.sizes() == torch::IntArrayRef({3, 2}));
+  CHECK(b.y[1][0].item<float>() == 3.0f);
+  REQUIRE(l.next(b));
+  CHECK(b.y.sizes() == torch::IntArrayRef({1, 2}));  // the short last batch keeps its sample
+  CHECK(b.y[0][1].item<float>() == 8.0f);
+  // kAuto: a 1-D integer file is class ids, anything else float values.
+  auto ids = put("tid.npy", npy_of<int64_t>("<i8", "(4,)", {0, 1, 2, 1}));
+  CHECK_FALSE(load_dataset(x, ids, TargetSpec{TargetKind::kAuto, 3}).float_targets());
+  CHECK(load_dataset(x, y, TargetSpec{TargetKind::kAuto, 3}).float_targets());
+
+  const std::pair<std::string, const char*> rows[] = {
+      {npy_of<float>("<f4", "(3, 2)", {1, 2, 3, 4, 5, 6}), "targets 3x2 for 4 samples"},
+      {npy_of<float>("<f4", "(4,)", {1, NAN, 3, 4}), "target at sample 1, element 0 is not finite"},
+  };
+  for (const auto& [bytes, why] : rows) {
+    INFO(why);
+    auto p = put("badt.npy", bytes);
+    CHECK_THAT(data_error([&] {
+                 load_dataset(x, p, TargetSpec{TargetKind::kFloat, 0});
+               }),
+               Catch::Contains(why));
+  }
+  auto hot = put("hot.npy", npy_of<float>("<f4", "(4, 2)", {1, 0, 0, 1, 1, 1, 0, 2}));
+  CHECK_THAT(data_error([&] {
+               load_dataset(x, hot, TargetSpec{TargetKind::kMultiHot, 2});
+             }),
+             Catch::Contains("multilabel target at sample 3, element 1 is 2"));
+  CHECK_THAT(data_error([&] {
+               load_dataset(x, y, TargetSpec{TargetKind::kMultiHot, 3});
+             }),
+             Catch::Contains("[N, num_classes] = [N, 3], got 4x2"));
+}
+
+TEST_CASE("token streams: windows shifted by one, vocabulary and length checked", "[tokens]") {
+  std::vector<uint16_t> t(41);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>(i * 7 % 50);
+  const auto bin = tmpdir() / "tok";
+  fs::create_directories(bin);
+  std::ofstream(bin / "train.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+  const Dataset d = load_tokens((bin / "train.bin").string(), 8, 0);
+  CHECK(d.token_windows);
+  CHECK(d.count == 5);         // (41 - 1) / 8 non-overlapping windows of 8 + 1 tokens
+  CHECK(d.num_classes == 50);  // no meta.json: the largest id + 1
+  Loader l(d, {.batch_size = 2, .shuffle = true, .seed = 3});
+  l.start_epoch(1);
+  Batch b;
+  REQUIRE(l.next(b));
+  REQUIRE(b.x.dtype() == torch::kInt64);
+  REQUIRE(b.x.sizes() == torch::IntArrayRef({2, 8}));
+  const auto order = epoch_order(5, 3, 1, 0, 1, true);
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t j = 0; j < 8; ++j) {
+      const int64_t at = order[r] * 8 + j;
+      CHECK(b.x[r][j].item<int64_t>() == t[at]);
+      CHECK(b.y[r][j].item<int64_t>() == t[at + 1]);
+    }
+  // The same from a .npy of uint32 tokens.
+  std::vector<uint32_t> t32(t.begin(), t.end());
+  const Dataset n = load_tokens(put("tok.npy", npy_of<uint32_t>("<u4", "(41,)", t32)), 8, 64);
+  CHECK(n.num_classes == 64);
+  CHECK(n.token(4, 8) == t[40]);
+
+  std::ofstream(bin / "meta.json") << R"({"dtype": "uint16", "vocab_size": 30})";
+  CHECK_THAT(
+      data_error([&] { load_tokens((bin / "train.bin").string(), 8, 0); }),
+      Catch::Contains("token 35 at offset 5 (token index) is outside the vocabulary [0, 30)"));
+  CHECK_THAT(data_error([&] { load_tokens((bin / "train.bin").string(), 41, 64); }),
+             Catch::Contains("holds 41 tokens, shorter than one window of 42"));
+  std::ofstream(bin / "meta.json") << R"({"dtype": "uint32"})";  // 82 bytes are not whole uint32s
+  CHECK_THAT(data_error([&] { load_tokens((bin / "train.bin").string(), 8, 0); }),
+             Catch::Contains("not a whole number of uint32 tokens"));
+  std::ofstream(bin / "meta.json") << R"({"dtype": "float16"})";
+  CHECK_THAT(data_error([&] { load_tokens((bin / "train.bin").string(), 8, 0); }),
+             Catch::Contains("token dtype 'float16' is not supported"));
+  CHECK_THAT(data_error([&] { load_tokens(put("f.npy", npy_bytes("<f4", "(64,)", 256)), 8, 0); }),
+             Catch::Contains("tokens must be integers, got f32"));
+}
+
+TEST_CASE("tokenize --bytes: the text's bytes, split train/val, with meta.json", "[tokens]") {
+  const auto src = tmpdir() / "text.txt";
+  std::ofstream(src) << "hello, world\n";
+  const auto out = tmpdir() / "tokens_out";
+  const auto r = tokenize_bytes({src.string(), src.string()}, out.string(), 0.25);
+  CHECK(r.train_tokens + r.val_tokens == 26);
+  CHECK(r.val_tokens == 6);
+  const Dataset d = load_tokens((out / "train.bin").string(), 4, 0);
+  CHECK(d.num_classes == 256);  // from meta.json
+  CHECK(d.token(0, 0) == 'h');
+  CHECK(d.token(1, 2) == ' ');  // "hello, world": byte 6
+  CHECK_THAT(
+      data_error([&] { tokenize_bytes({(tmpdir() / "absent").string()}, out.string(), 0.1); }),
+      Catch::Contains("cannot open"));
+}

@@ -1,4 +1,4 @@
-// fp32 mm/addmm on CPU -> oneDNN's sgemm.
+// fp32 mm/addmm/bmm on CPU -> oneDNN's sgemm.
 //
 // Why: Debian's LibTorch 1.13 sends these ops to libblas.so.3, which on a fresh Debian is the
 // reference BLAS (~2.5-6 GFLOP/s here). The same LibTorch links the system oneDNN (libdnnl.so.2),
@@ -7,7 +7,9 @@
 // reroutes every consumer at once: nn::Linear, matmul, the autograd backward of both, and
 // TorchScript models, without touching model code. Anything the fast path does not cover
 // (other dtypes, odd strides, empty sizes) goes to LibTorch's own structured kernels.
+#include <ATen/Parallel.h>
 #include <ATen/ops/addmm_native.h>
+#include <ATen/ops/bmm_native.h>
 #include <ATen/ops/mm_native.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -161,6 +163,84 @@ at::Tensor& route_addmm_(at::Tensor& self, const at::Tensor& m1, const at::Tenso
   return self;
 }
 
+// Batched matmul (attention's q @ k^T and att @ v, and their backward): one sgemm per matrix,
+// the batch split over LibTorch's threads (oneDNN runs each call single-threaded inside them).
+bool bmm_fast_path_ok(const at::Tensor& a, const at::Tensor& b) {
+  return a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1) &&
+         a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+         a.layout() == at::kStrided && b.layout() == at::kStrided && a.numel() > 0 &&
+         b.numel() > 0 && !a.is_neg() && !b.is_neg() && !a.is_conj() && !b.is_conj();
+}
+
+// How sgemm reads every matrix of a 3-D batch: row-major ('N') or a transposed view ('T') with
+// one leading dimension; a batch with neither layout is made contiguous once.
+struct BatchOperand {
+  at::Tensor keep;
+  const float* data = nullptr;
+  int64_t batch_stride = 0, ld = 0;
+  char trans = 'N';
+};
+
+BatchOperand batch_operand(const at::Tensor& t) {
+  const int64_t rows = t.size(1), cols = t.size(2);
+  BatchOperand op;
+  op.data = t.data_ptr<float>();
+  op.batch_stride = t.stride(0);
+  if (t.stride(2) == 1 && t.stride(1) >= std::max<int64_t>(1, cols)) {
+    op.ld = t.stride(1);
+  } else if (t.stride(1) == 1 && t.stride(2) >= std::max<int64_t>(1, rows)) {
+    op.trans = 'T';
+    op.ld = t.stride(2);
+  } else {
+    op.keep = t.contiguous();
+    op.data = op.keep.data_ptr<float>();
+    op.batch_stride = rows * cols;
+    op.ld = std::max<int64_t>(1, cols);
+  }
+  return op;
+}
+
+void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  const int64_t batch = a.size(0), M = a.size(1), K = a.size(2), N = b.size(2);
+  const BatchOperand A = batch_operand(a), B = batch_operand(b);
+  float* c = out.data_ptr<float>();
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int status =
+          dnnl_sgemm(A.trans, B.trans, M, N, K, 1.0f, A.data + i * A.batch_stride, A.ld,
+                     B.data + i * B.batch_stride, B.ld, 0.0f, c + i * M * N, N);
+      TORCH_CHECK(status == 0, "dnnl_sgemm failed with status ", status);
+    }
+  });
+}
+
+at::Tensor& native_bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
+  NativeOut<at::native::structured_bmm_out_cpu> op(out);
+  op.meta(self, mat2);
+  op.impl(self, mat2, out);
+  return out;
+}
+
+at::Tensor& route_bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
+  const int64_t B = self.size(0), M = self.size(1), N = mat2.size(2);
+  if (!bmm_fast_path_ok(self, mat2) || out.scalar_type() != at::kFloat)
+    return native_bmm_out(self, mat2, out);
+  if (out.sizes() != at::IntArrayRef({B, M, N})) out.resize_({B, M, N});
+  if (!out.is_contiguous()) return native_bmm_out(self, mat2, out);
+  bmm_into(out, self, mat2);
+  return out;
+}
+
+at::Tensor route_bmm(const at::Tensor& self, const at::Tensor& mat2) {
+  if (!bmm_fast_path_ok(self, mat2)) {
+    auto out = at::empty({0}, self.options());
+    return native_bmm_out(self, mat2, out);
+  }
+  auto out = at::empty({self.size(0), self.size(1), mat2.size(2)}, self.options());
+  bmm_into(out, self, mat2);
+  return out;
+}
+
 // Re-registering a kernel for an existing (op, dispatch key) makes LibTorch warn once per op; that
 // warning is expected here and would only confuse users, so it is swallowed during registration.
 struct QuietHandler : c10::WarningHandler {
@@ -191,6 +271,8 @@ void set_kernel_route(const std::string& route) {
     g_library->impl("addmm", TORCH_FN(route_addmm));
     g_library->impl("addmm.out", TORCH_FN(route_addmm_out));
     g_library->impl("addmm_", TORCH_FN(route_addmm_));
+    g_library->impl("bmm", TORCH_FN(route_bmm));
+    g_library->impl("bmm.out", TORCH_FN(route_bmm_out));
   }
   g_route = route;
 }

@@ -8,6 +8,7 @@
 #include "gpt.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "mltrain/core/error.hpp"
 
@@ -48,10 +49,11 @@ struct AttentionImpl : nn::Module {
     auto heads_of = [&](const torch::Tensor& t) {
       return t.view({B, T, heads, hs}).transpose(1, 2);  // [B, heads, T, hs]
     };
+    // The causal mask is added (0 / -inf) rather than applied with masked_fill, which LibTorch
+    // 1.13 runs unvectorised on the CPU: same values.
     const auto q = heads_of(qkv[0]), k = heads_of(qkv[1]), v = heads_of(qkv[2]);
-    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
-    att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
-    att = torch::softmax(att, -1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+    auto att = torch::softmax(torch::matmul(q, k.transpose(-2, -1)) * scale + causal, -1);
     if (dropout > 0)
       att = F::dropout(att, F::DropoutFuncOptions().p(dropout).training(is_training()));
     auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, width});
@@ -142,8 +144,10 @@ struct GptImpl : nn::Module {
     const auto pos = torch::arange(T, idx.options().dtype(torch::kLong));
     auto x = wte->forward(idx) + wpe->forward(pos);
     if (dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(dropout).training(is_training()));
-    const auto causal =
-        torch::ones({T, T}, idx.options().dtype(torch::kBool)).triu(1);  // true: masked
+    // -inf above the diagonal: position t attends to positions <= t only.
+    const auto causal = torch::full({T, T}, -std::numeric_limits<float>::infinity(),
+                                    idx.options().dtype(torch::kFloat32))
+                            .triu(1);
     for (auto& b : blocks) x = b->forward(x, causal);
     return F::linear(ln_f->forward(x), wte->weight);  // output layer tied to the embedding
   }

@@ -2,7 +2,6 @@
 // safetensors file, or a PyTorch state_dict saved with torch.save (read by LibTorch's pickle
 // loader; no Python).
 #include <spdlog/spdlog.h>
-#include <torch/serialize.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include "mltrain/formats/safetensors.hpp"
 #include "mltrain/train/checkpoint.hpp"
 #include "mltrain/train/pipeline.hpp"
+#include "state_dict.hpp"
 
 namespace fs = std::filesystem;
 
@@ -28,32 +28,6 @@ bool has_safetensors_header(const fs::path& p) {
   in.read(reinterpret_cast<char*>(&n), 8);
   in.read(&brace, 1);
   return in.good() && brace == '{' && n > 1 && n < (uint64_t(1) << 30);
-}
-
-// A torch.save(model.state_dict()) file: an (ordered) dict of names to tensors.
-Tensors read_state_dict(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue v;
-  try {
-    v = torch::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    throw CheckpointError(p.string(),
-                          "is neither safetensors, an mltrain checkpoint nor a loadable "
-                          "torch.save file (a whole pickled nn.Module needs Python classes)",
-                          "save weights with torch.save(model.state_dict(), path)");
-  }
-  if (!v.isGenericDict())
-    throw CheckpointError(p.string(), "holds a " + v.tagKind() + ", not a state_dict",
-                          "save weights with torch.save(model.state_dict(), path)");
-  Tensors out;
-  for (const auto& e : v.toGenericDict()) {
-    if (!e.key().isString() || !e.value().isTensor())
-      throw CheckpointError(p.string(), "is a dict, but not of names to tensors (a state_dict)",
-                            "save weights with torch.save(model.state_dict(), path)");
-    out[e.key().toStringRef()] = e.value().toTensor();
-  }
-  return out;
 }
 
 // The tensors of the newest intact checkpoint of a run, or of one checkpoint folder.
@@ -84,7 +58,7 @@ Tensors read_weights(const std::string& path) {
     return read_mltrain(p);
   }
   if (has_safetensors_header(p)) return formats::load_safetensors(path);
-  return read_state_dict(p);
+  return read_torch_save(path);
 }
 
 std::string first_names(const std::vector<std::string>& v) {
