@@ -18,14 +18,19 @@ void write_npy(const fs::path& p, const std::vector<int64_t>& shape, const std::
   f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
 }
 
+// Deterministic uniform draws in [-1, 1] (a linear congruential generator: the data is fixed).
+struct Uniform {
+  uint32_t s;
+  float operator()() {
+    s = s * 1664525u + 1013904223u;
+    return static_cast<float>(s >> 8) / static_cast<float>(1 << 24) * 2.f - 1.f;
+  }
+};
+
 // y = 2 x0 - x1 + 0.5 x2 (+ a little deterministic noise), 4 features in [-1, 1].
 void write_regression(const fs::path& dir, const std::string& split, int64_t n, uint32_t seed) {
   std::vector<float> x, y;
-  uint32_t s = seed;
-  auto u = [&s] {
-    s = s * 1664525u + 1013904223u;
-    return static_cast<float>(s >> 8) / static_cast<float>(1 << 24) * 2.f - 1.f;
-  };
+  Uniform u{seed};
   for (int64_t i = 0; i < n; ++i) {
     float f[4] = {u(), u(), u(), u()};
     x.insert(x.end(), f, f + 4);
@@ -225,5 +230,85 @@ TEST_CASE("fine-tuning: init_from a run, frozen body, only the head trains", "[c
     const auto len = ra[1].get<uint64_t>() - ra[0].get<uint64_t>();
     const bool same = a.substr(off(ra, a), len) == b.substr(off(rb, b), len);
     CHECK(same == (std::string(name) == "conv1.weight"));
+  }
+}
+
+TEST_CASE("profile and tune take every task: a regression run profiled, a study maximising r2",
+          "[cli][task]") {
+  auto d = tmpdir("task_tools");
+  write_regression(d, "train", 256, 1);
+  write_regression(d, "test", 64, 2);
+  auto prof = run("profile " + regression_args(d).substr(6) +
+                  " run.name=prof --wait 1 --warmup 1 --active 3 --json");
+  REQUIRE(prof.code == 0);
+  const auto j = json_of(prof.out);
+  CHECK(j["diagnosis"].contains("verdict"));
+  CHECK(j["measure"].is_object());
+
+  std::ofstream(d / "study.yaml")
+      << "study: {name: r2_study, dir: " << (d / "tune").string() << ", seed: 0, n_trials: 3}\n"
+      << "sampler: {name: random}\n"
+      << "objective: {metric: r2, direction: maximize}\n"
+      << "trial:\n  train: " << kSrc << "/configs/diabetes_regression.yaml\n"
+      << "  overrides: [train.duration=5ep, train.eval_every=5ep, run.dir=" << (d / "runs").string()
+      << ", data.train_images=" << (d / "train_x.npy").string()
+      << ", data.train_labels=" << (d / "train_y.npy").string()
+      << ", data.test_images=" << (d / "test_x.npy").string()
+      << ", data.test_labels=" << (d / "test_y.npy").string() << "]\n"
+      << "space:\n  optim.lr: {type: float, low: 1.0e-3, high: 3.0e-2, log: true}\n";
+  auto tune = run("tune " + (d / "study.yaml").string());
+  REQUIRE(tune.code == 0);
+  const auto csv = slurp(d / "tune/r2_study/trials.csv");
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 4);  // header + 3 trials
+  const auto rows = lines_of(d / "tune/r2_study/trials.csv");
+  for (size_t i = 1; i < rows.size(); ++i) {  // number,state,value (the trial's last r2),...
+    INFO(rows[i]);
+    CHECK_THAT(rows[i], Catch::Contains(",COMPLETE,"));
+    const double r2 = std::stod(rows[i].substr(rows[i].find("COMPLETE,") + 9));
+    CHECK(r2 > 0);
+    CHECK(r2 <= 1);
+  }
+  CHECK(fs::exists(d / "tune/r2_study/best.yaml"));
+}
+
+TEST_CASE("multilabel on 2 Gloo ranks: every held-out sample counted once, metrics as one process",
+          "[cli][task][dist]") {
+  auto d = tmpdir("multilabel_ddp");
+  // 8 features in [-1, 1]; 3 labels, each a sign of a feature combination. 257 test samples: odd,
+  // so an even split over 2 ranks would drop one.
+  auto write = [&](const std::string& split, int64_t n, uint32_t seed) {
+    std::vector<float> x, y;
+    Uniform u{seed};
+    for (int64_t i = 0; i < n; ++i) {
+      float f[8];
+      for (float& v : f) v = u();
+      x.insert(x.end(), f, f + 8);
+      y.push_back(f[0] > 0), y.push_back(f[1] + f[2] > 0), y.push_back(f[3] * f[4] > 0);
+    }
+    write_npy(d / (split + "_x.npy"), {n, 8}, x);
+    write_npy(d / (split + "_y.npy"), {n, 3}, y);
+  };
+  write("train", 1024, 3);
+  write("test", 257, 4);
+  const std::string common =
+      kSrc + "/configs/diabetes_regression.yaml task.name=multilabel data.num_classes=3 " +
+      "model.dropout=0 train.duration=4ep train.eval_every=4ep checkpoint.every=4ep run.dir=" +
+      d.string() + " data.train_images=" + (d / "train_x.npy").string() +
+      " data.train_labels=" + (d / "train_y.npy").string() +
+      " data.test_images=" + (d / "test_x.npy").string() +
+      " data.test_labels=" + (d / "test_y.npy").string();
+  REQUIRE(run("train " + common + " run.name=one data.batch_size=64").code == 0);
+  auto two = run("launch --nproc-per-node 2 -- mltrain train " + common +
+                 " run.name=two data.batch_size=32");
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  const auto a = last_record(d / "one/v0/metrics.jsonl", "eval");
+  const auto b = last_record(d / "two/v0/metrics.jsonl", "eval");
+  CHECK(a["samples"] == 257);
+  CHECK(b["samples"] == 257);
+  CHECK(a["roc_auc_macro"].get<double>() > 0.8);  // the labels are learnable
+  for (const char* m : {"loss", "roc_auc_macro", "f1_micro", "f1_macro"}) {
+    INFO(m);
+    CHECK(b[m].get<double>() == Approx(a[m].get<double>()).margin(2e-3));
   }
 }

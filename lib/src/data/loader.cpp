@@ -93,6 +93,8 @@ Loader::Loader(Dataset ds, LoaderOptions opt)
 Loader::~Loader() { stop_workers(); }
 
 int64_t Loader::samples_per_epoch() const {
+  if (opt_.world > 1 && opt_.cover_all)  // ranks below the remainder take one more
+    return ds_.count / opt_.world + (opt_.rank < ds_.count % opt_.world ? 1 : 0);
   const int64_t per_rank = opt_.world > 1 ? ds_.count / opt_.world : ds_.count;
   return per_rank;
 }
@@ -234,7 +236,12 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   stop_workers();
   auto& st = *st_;
   st.stop = false;
-  st.order = epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle);
+  if (opt_.world > 1 && opt_.cover_all) {
+    st.order.clear();
+    for (int64_t i = opt_.rank; i < ds_.count; i += opt_.world) st.order.push_back(i);
+  } else {
+    st.order = epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle);
+  }
   if (opt_.drop_last) st.order.resize(static_cast<size_t>(batches_per_epoch() * opt_.batch_size));
   st.num_batches = batches_per_epoch();
   epoch_ = epoch;

@@ -215,7 +215,20 @@ void curves_html(const std::vector<LoadedRun>& runs, std::ostream& h) {
     << chart(runs, "gradient norm (before clipping)", "train", "grad_norm", "L2 norm")
     << chart(runs, "throughput", "train", "samples_per_s", "samples/s")
     << chart(runs, "data-wait share of the step", "train", "data_wait", "share")
-    << chart(runs, "loss scale (fp16)", "train", "loss_scale", "scale") << "</div>\n";
+    << chart(runs, "loss scale (fp16)", "train", "loss_scale", "scale")
+    << chart(runs, "throughput (language models)", "train", "tokens_per_s", "tokens/s");
+  // Every other metric the runs' tasks report on the held-out split (r2, roc_auc_macro, ...).
+  std::set<std::string> task_metrics;
+  const std::set<std::string> shown = {"event",    "step",          "epoch",  "loss",
+                                       "accuracy", "samples_per_s", "time_s", "samples"};
+  for (const auto& r : runs)
+    for (const auto& m : r.metrics)
+      if (m.value("event", "") == "eval")
+        for (const auto& [k, v] : m.items())
+          if (v.is_number() && !shown.count(k) && k.rfind("roc_auc_class", 0) != 0)
+            task_metrics.insert(k);
+  for (const auto& k : task_metrics) h << chart(runs, "evaluation " + k, "eval", k, k);
+  h << "</div>\n";
 }
 
 // Settings that differ between the runs (all of them for a single run would be noise).

@@ -96,6 +96,7 @@ void MetricsWriter::on_eval_end(Trainer& t, const EvalResult& r) {
   nlohmann::json j = {{"event", "eval"},
                       {"step", t.progress().step},
                       {"epoch", epoch_float(t)},
+                      {"samples", r.count},  // over every rank
                       {"samples_per_s", r.count / std::max(1e-9, r.seconds)},
                       {"time_s", t.progress().train_seconds}};
   for (const auto& [k, v] : r.metrics) j[k] = v;  // loss, accuracy, r2, ...

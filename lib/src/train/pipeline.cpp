@@ -170,6 +170,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   eo.batch_size = cfg.data.eval_batch_size;
   eo.shuffle = false;
   eo.drop_last = false;
+  eo.cover_all = true;  // metrics over every held-out sample, whatever the world size
   eo.workers = std::min<int64_t>(lo.workers, 1);
   const data::Dataset eval =
       opt.eval_limit > 0 ? p->splits.eval.slice(0, std::min(p->splits.eval.count, opt.eval_limit))

@@ -81,139 +81,156 @@ class Reader {
   Ref run() {
     for (;;) {
       const uint8_t op = byte();
-      switch (op) {
-        case 0x80:
-          byte();
-          break;  // PROTO
-        case '.':
-          return pop();  // STOP
-        case 'c': {      // GLOBAL module\nname\n
-          auto g = make(Value::kGlobal);
-          const std::string module = line();
-          g->global.name = module + "." + line();
-          push(g);
-          break;
-        }
-        case '}':
-          push(make(Value::kDict));
-          break;
-        case ']':
-          push(make(Value::kList));
-          break;
-        case ')':
-          push(make(Value::kTuple));
-          break;
-        case '(':
-          marks_.push_back(stack_.size());
-          break;
-        case 't':
-          push(tuple_from(pop_mark()));
-          break;
-        case 0x85:
-          push(tuple_from(take(1)));
-          break;
-        case 0x86:
-          push(tuple_from(take(2)));
-          break;
-        case 0x87:
-          push(tuple_from(take(3)));
-          break;
-        case 'q':
-          memo_[byte()] = top();
-          break;
-        case 'r':
-          memo_[u32()] = top();
-          break;
-        case 'h':
-          push(memo(byte()));
-          break;
-        case 'j':
-          push(memo(u32()));
-          break;
-        case 'X': {
-          auto v = make(Value::kString);
-          v->s = bytes(u32());
-          push(v);
-          break;
-        }
-        case 0x8c: {  // SHORT_BINUNICODE
-          auto v = make(Value::kString);
-          v->s = bytes(byte());
-          push(v);
-          break;
-        }
-        case 'K':
-          push(integer(byte()));
-          break;
-        case 'M':
-          push(integer(u16()));
-          break;
-        case 'J':
-          push(integer(static_cast<int32_t>(u32())));
-          break;
-        case 0x8a:
-          push(integer(long1()));
-          break;
-        case 'G':
-          push(real());
-          break;
-        case 0x88:
-          push(boolean(true));
-          break;
-        case 0x89:
-          push(boolean(false));
-          break;
-        case 'N':
-          push(make(Value::kNone));
-          break;
-        case 's': {
-          auto v = pop(), k = pop();
-          as_dict(top())->pairs.emplace_back(k, v);
-          break;
-        }
-        case 'u': {
-          auto items = pop_mark();
-          auto d = as_dict(top());
-          for (size_t i = 0; i + 1 < items.size(); i += 2)
-            d->pairs.emplace_back(items[i], items[i + 1]);
-          break;
-        }
-        case 'a': {
-          auto v = pop();
-          top()->items.push_back(v);
-          break;
-        }
-        case 'e': {
-          auto items = pop_mark();
-          auto l = top();
-          l->items.insert(l->items.end(), items.begin(), items.end());
-          break;
-        }
-        case 'Q':
-          push(persistent(pop()));
-          break;
-        case 'R': {
-          auto args = pop(), fn = pop();
-          push(reduce(fn, args));
-          break;
-        }
-        case 'b':
-          pop();
-          break;      // BUILD: a state_dict's _metadata (versions), not needed
-        case 0x81: {  // NEWOBJ: cls.__new__(cls, *args), how pickle makes objects
-          pop();
-          const auto cls = pop();
-          fail("constructs " + (cls->kind == Value::kGlobal ? cls->global.name : "an object") +
-               ": not part of a state_dict (a whole pickled module or custom class?)");
-        }
-        default:
-          fail("pickle opcode 0x" + hex(op) + " at byte " + std::to_string(offset_ - 1) +
-               " is not one torch.save(state_dict) writes");
+      if (op == '.') return pop();  // STOP
+      if (op == 0x80) {             // PROTO
+        byte();
+        continue;
       }
+      if (!scalar(op) && !container(op) && !object(op))
+        fail("pickle opcode 0x" + hex(op) + " at byte " + std::to_string(offset_ - 1) +
+             " is not one torch.save(state_dict) writes");
     }
   }
 
  private:
+  // Strings, numbers, booleans, None.
+  bool scalar(uint8_t op) {
+    switch (op) {
+      case 'X':     // BINUNICODE
+      case 0x8c: {  // SHORT_BINUNICODE
+        auto v = make(Value::kString);
+        v->s = bytes(op == 'X' ? u32() : byte());
+        push(v);
+        return true;
+      }
+      case 'K':
+        push(integer(byte()));
+        return true;
+      case 'M':
+        push(integer(u16()));
+        return true;
+      case 'J':
+        push(integer(static_cast<int32_t>(u32())));
+        return true;
+      case 0x8a:
+        push(integer(long1()));
+        return true;
+      case 'G':
+        push(real());
+        return true;
+      case 0x88:
+        push(boolean(true));
+        return true;
+      case 0x89:
+        push(boolean(false));
+        return true;
+      case 'N':
+        push(make(Value::kNone));
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  // Tuples, lists, dicts, marks and the memo.
+  bool container(uint8_t op) {
+    switch (op) {
+      case '}':
+        push(make(Value::kDict));
+        return true;
+      case ']':
+        push(make(Value::kList));
+        return true;
+      case ')':
+        push(make(Value::kTuple));
+        return true;
+      case '(':
+        marks_.push_back(stack_.size());
+        return true;
+      case 't':
+        push(tuple_from(pop_mark()));
+        return true;
+      case 0x85:
+        push(tuple_from(take(1)));
+        return true;
+      case 0x86:
+        push(tuple_from(take(2)));
+        return true;
+      case 0x87:
+        push(tuple_from(take(3)));
+        return true;
+      case 'q':
+        memo_[byte()] = top();
+        return true;
+      case 'r':
+        memo_[u32()] = top();
+        return true;
+      case 'h':
+        push(memo(byte()));
+        return true;
+      case 'j':
+        push(memo(u32()));
+        return true;
+      case 's': {  // SETITEM
+        auto v = pop(), k = pop();
+        as_dict(top())->pairs.emplace_back(k, v);
+        return true;
+      }
+      case 'u': {  // SETITEMS
+        auto items = pop_mark();
+        auto d = as_dict(top());
+        for (size_t i = 0; i + 1 < items.size(); i += 2)
+          d->pairs.emplace_back(items[i], items[i + 1]);
+        return true;
+      }
+      case 'a': {  // APPEND
+        auto v = pop();
+        top()->items.push_back(v);
+        return true;
+      }
+      case 'e': {  // APPENDS
+        auto items = pop_mark();
+        auto l = top();
+        l->items.insert(l->items.end(), items.begin(), items.end());
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  // Globals and what they may build: OrderedDicts and tensors over persistent storages.
+  bool object(uint8_t op) {
+    switch (op) {
+      case 'c': {  // GLOBAL module\nname\n
+        auto g = make(Value::kGlobal);
+        const std::string module = line();
+        g->global.name = module + "." + line();
+        push(g);
+        return true;
+      }
+      case 'Q':
+        push(persistent(pop()));
+        return true;  // BINPERSID
+      case 'R': {     // REDUCE
+        auto args = pop(), fn = pop();
+        push(reduce(fn, args));
+        return true;
+      }
+      case 'b':
+        pop();
+        return true;  // BUILD: a state_dict's _metadata (versions), not needed
+      case 0x81: {    // NEWOBJ: cls.__new__(cls, *args), how pickle makes objects
+        pop();
+        const auto cls = pop();
+        fail("constructs " + (cls->kind == Value::kGlobal ? cls->global.name : "an object") +
+             ": not part of a state_dict (a whole pickled module or custom class?)");
+      }
+      default:
+        return false;
+    }
+  }
+
   [[noreturn]] void fail(const std::string& why) {
     throw CheckpointError(file_, "data.pkl: " + why,
                           "save the weights with torch.save(model.state_dict(), path)");

@@ -30,6 +30,8 @@ struct LoaderOptions {
   int64_t rank = 0, world = 1;
   float mean = 0.f, std = 1.f;  // x = (pixel/255 - mean) / std for u8; (x - mean) / std for f32
   bool pin_memory = false;      // slots in page-locked memory (only where CUDA exists)
+  bool cover_all = false;  // world > 1, evaluation: rank r reads samples r, r + world, ... (every
+                           // sample once over the ranks, unshuffled) instead of an even share
 };
 
 // Indices this rank visits in `epoch`. Every rank gets floor(N / world) samples of one global
