@@ -171,8 +171,7 @@ std::unique_ptr<Accumulator> Regression::accumulator() const {
 // ---- multilabel ----
 class Multilabel : public Task {
  public:
-  explicit Multilabel(const config::TaskConfig& c, int64_t classes)
-      : threshold_(c.threshold), classes_(classes) {
+  explicit Multilabel(const config::TaskConfig& c) : threshold_(c.threshold) {
     if (!c.pos_weight.empty())
       pos_weight_ = torch::tensor(std::vector<double>(c.pos_weight), torch::kFloat32);
   }
@@ -195,7 +194,6 @@ class Multilabel : public Task {
 
  private:
   double threshold_;
-  int64_t classes_;
   torch::Tensor pos_weight_;
 };
 
@@ -379,7 +377,7 @@ std::unique_ptr<Accumulator> Custom::accumulator() const {
 std::unique_ptr<Task> make_task(const config::ExperimentConfig& cfg) {
   const auto& t = cfg.task;
   if (t.name == "regression") return std::make_unique<Regression>(t);
-  if (t.name == "multilabel") return std::make_unique<Multilabel>(t, cfg.data.num_classes);
+  if (t.name == "multilabel") return std::make_unique<Multilabel>(t);
   if (t.name == "language_model") return std::make_unique<LanguageModel>(t.ignore_index);
   if (t.name == "custom") return std::make_unique<Custom>(cfg.model.path);
   return std::make_unique<Classification>(t.top_k, cfg.data.num_classes);

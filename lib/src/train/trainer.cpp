@@ -18,7 +18,6 @@ using Clock = std::chrono::steady_clock;
 static double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-namespace F = torch::nn::functional;
 static at::ScalarType amp_dtype(const config::AmpConfig& a) {
   return a.dtype == "fp16" ? at::kHalf : at::kBFloat16;
 }
