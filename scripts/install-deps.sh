@@ -8,10 +8,12 @@ pkgs=(
   clang-format python3                # scripts/check-format.sh (CI fails on unformatted C++); scripts/dev/ checks
   libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU, c10d) and its Gloo backend
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 zlib1g-dev
+  libturbojpeg0-dev libspng-dev       # JPEG and PNG decoding for image folders (data.format: image_folder)
 
   dataset-fashion-mnist               # the real data: gzipped IDX under /usr/share/datasets/fashion-mnist
   python3-torch python3-numpy         # reference values and the Python baseline in benchmarks only
   python3-optuna                      # the tuner benchmark's side-by-side baseline (scripts/bench/tune/) only
+  python3-pil python3-torchvision     # the image-folder export and the side-by-side loader benchmark only
   python3-sklearn                     # metric goldens (tests/golden/) and the tabular data export (scripts/data/) only
   fortunes                            # real English text for the character-level GPT job (/usr/share/games/fortunes)
   chromium                            # renders `mltrain report` pages in the report test (headless)

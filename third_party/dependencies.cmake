@@ -6,6 +6,7 @@ find_package(spdlog REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(Threads REQUIRED)
+find_package(PkgConfig)
 
 # Debian's LibTorch links the system oneDNN; mltrain calls its sgemm directly (core/kernel_route.cpp).
 # The pip/CUDA LibTorch links oneDNN statically and exports no sgemm: there the route is not

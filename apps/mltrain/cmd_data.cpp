@@ -1,36 +1,120 @@
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 
 #include "commands.hpp"
+#include "mltrain/config/format.hpp"
+#include "mltrain/core/error.hpp"
 #include "mltrain/data/dataset.hpp"
+#include "mltrain/data/sources.hpp"
 
 namespace mltrain::cli {
 
-void setup_data(CLI::App& app, Action& run) {
-  auto* sub = app.add_subcommand("data", "convert and inspect data files");
-  sub->require_subcommand(1);
+namespace {
 
+template <class Opts>
+data::Dataset convert_input(const Opts& c) {
+  const data::TargetSpec spec{
+      c.targets == "float" ? data::TargetKind::kFloat : data::TargetKind::kClassId, c.num_classes};
+  if (!c.images.empty()) return data::load_dataset(c.images, c.labels, spec);
+  if (c.input.empty())
+    throw ConfigError("data convert", "no input", "give an image folder, a .csv, or --images");
+  if (std::filesystem::is_directory(c.input)) {
+    data::FolderOptions fo;
+    fo.image = {c.size, c.mode == "rgb" ? 3 : 1, c.resize};
+    fo.skip_bad = c.skip_bad;
+    data::Dataset ds = data::load_image_folder(c.input, fo);
+    if (ds.skipped > 0) std::cout << "skipped " << ds.skipped << " unreadable images\n";
+    return ds;
+  }
+  data::CsvOptions co;
+  co.targets = c.target;
+  co.features = c.features;
+  co.categorical = c.categorical;
+  co.fill = c.fill;
+  co.standardize = false;  // training standardises with the training table's statistics
+  co.target_kind = spec.kind;
+  co.num_classes = c.num_classes;
+  return data::load_csv(c.input, co, nullptr);
+}
+
+template <class Opts>
+int convert(const Opts& c) {
+  const data::Dataset ds = convert_input(c);
+  if (c.out.size() > 6 && c.out.substr(c.out.size() - 6) == ".shard") {
+    data::write_shard(ds, c.out);
+    std::cout << "wrote " << c.out << ": " << ds.count << " samples of " << ds.sample_elems() << " "
+              << data::dtype_name(ds.dtype) << "\n";
+    return 0;
+  }
+  data::ChunkWriteOptions wo;
+  wo.chunk_bytes = c.chunk_mb << 20;
+  wo.jpeg = c.store == "jpeg";
+  wo.quality = c.quality;
+  const auto r = data::write_chunks(ds, c.out, wo);
+  std::cout << "wrote " << c.out << ": " << r.samples << " samples in " << r.chunks << " chunks, "
+            << config::format_fixed(static_cast<double>(r.bytes) / (1 << 20), 1) << " MiB ("
+            << c.store << " records)\n";
+  return 0;
+}
+
+}  // namespace
+
+static void setup_convert(CLI::App* sub, Action& run) {
   struct ConvertOpts {
-    std::string images, labels, out;
-    int64_t num_classes = 10;
+    std::string input, images, labels, out, store = "raw", mode = "gray", targets = "class";
+    std::string fill = "error";
+    std::vector<std::string> target, features, categorical;
+    int64_t num_classes = 10, size = 28, resize = 0, chunk_mb = 128;
+    int quality = 95;
+    bool skip_bad = false;
   };
   auto c = std::make_shared<ConvertOpts>();
   auto* conv = sub->add_subcommand(
-      "convert", "write a memory-mapped shard from IDX (.gz ok) or .npy images + labels");
-  conv->add_option("--images", c->images, "images file")->required();
-  conv->add_option("--labels", c->labels, "labels file")->required();
-  conv->add_option("-o,--output", c->out, "output .shard file")->required();
+      "convert",
+      "write a chunk set (a folder: ~128 MB chunks + index.json with SHA-256 per chunk) or a "
+      "single .shard from an image folder, a CSV table, or IDX/.npy images + labels");
+  conv->add_option("input", c->input,
+                   "an image folder (one sub-folder per class) or a .csv table; or use --images");
+  conv->add_option("--images", c->images, "IDX (.gz ok) or .npy images");
+  conv->add_option("--labels", c->labels, "labels (class ids) or targets file for --images");
+  conv->add_option("-o,--output", c->out, "output: a new folder (chunk set), or FILE.shard")
+      ->required();
   conv->add_option("--num-classes", c->num_classes, "labels must lie in [0, N)");
-  conv->callback([&run, c] {
-    run = [c] {
-      auto ds = data::load_dataset(c->images, c->labels, c->num_classes);
-      data::write_shard(ds, c->out);
-      std::cout << "wrote " << c->out << ": " << ds.count << " samples of " << ds.sample_elems()
-                << " " << data::dtype_name(ds.dtype) << "\n";
+  conv->add_option("--store", c->store, "chunk records: raw pixels, or jpeg (decoded on the fly)")
+      ->check(CLI::IsMember({"raw", "jpeg"}));
+  conv->add_option("--quality", c->quality, "--store jpeg: JPEG quality")
+      ->check(CLI::Range(1, 100));
+  conv->add_option("--chunk-mb", c->chunk_mb, "MiB per chunk file")->check(CLI::Range(1, 4096));
+  conv->add_option("--size", c->size, "image folders: side of the square samples");
+  conv->add_option("--mode", c->mode, "image folders: gray or rgb")
+      ->check(CLI::IsMember({"gray", "rgb"}));
+  conv->add_option("--resize", c->resize, "image folders: shorter side before the centre crop");
+  conv->add_flag("--skip-bad", c->skip_bad, "image folders: leave unreadable images out (counted)");
+  conv->add_option("--target", c->target, "CSV: target column(s) (default: the last)");
+  conv->add_option("--features", c->features, "CSV: feature columns (default: all others)");
+  conv->add_option("--categorical", c->categorical, "CSV: text columns mapped to ids");
+  conv->add_option("--fill", c->fill, "CSV: missing cells: error, mean, zero or a number");
+  conv->add_option("--targets", c->targets, "CSV / --labels: class ids or float values")
+      ->check(CLI::IsMember({"class", "float"}));
+  conv->callback([&run, c] { run = [c] { return convert(*c); }; });
+}
+
+static void setup_verify(CLI::App* sub, Action& run) {
+  auto verify_dir = std::make_shared<std::string>();
+  auto* ver = sub->add_subcommand("verify", "hash every chunk of a chunk set against index.json");
+  ver->add_option("dir", *verify_dir, "chunk set folder")->required();
+  ver->callback([&run, verify_dir] {
+    run = [verify_dir] {
+      data::verify_chunks(*verify_dir);
+      std::cout << *verify_dir << ": " << data::chunk_count(*verify_dir)
+                << " chunks match index.json\n";
       return 0;
     };
   });
+}
 
+static void setup_tokenize(CLI::App* sub, Action& run) {
   struct TokenizeOpts {
     std::vector<std::string> files;
     std::string out;
@@ -57,7 +141,9 @@ void setup_data(CLI::App& app, Action& run) {
       return 0;
     };
   });
+}
 
+static void setup_inspect(CLI::App* sub, Action& run) {
   struct InspectOpts {
     std::string file, labels;
     int64_t num_classes = 1 << 30;
@@ -101,6 +187,16 @@ void setup_data(CLI::App& app, Action& run) {
       return 0;
     };
   });
+}
+
+void setup_data(CLI::App& app, Action& run) {
+  auto* sub = app.add_subcommand("data", "convert and inspect data files");
+  sub->require_subcommand(1);
+
+  setup_convert(sub, run);
+  setup_verify(sub, run);
+  setup_tokenize(sub, run);
+  setup_inspect(sub, run);
 }
 
 }  // namespace mltrain::cli

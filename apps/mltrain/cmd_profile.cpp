@@ -1,7 +1,10 @@
+#include <filesystem>
 #include <iostream>
 
 #include "commands.hpp"
 #include "mltrain/config/experiment.hpp"
+#include "mltrain/core/error.hpp"
+#include "mltrain/core/fs.hpp"
 #include "mltrain/profile/profile.hpp"
 
 namespace mltrain::cli {
@@ -10,6 +13,7 @@ void setup_profile(CLI::App& app, Action& run) {
   auto opt = std::make_shared<profile::ProfileOptions>();
   auto json = std::make_shared<bool>(false);
   auto no_ops = std::make_shared<bool>(false);
+  auto apply = std::make_shared<std::string>();
   auto* sub = app.add_subcommand("profile",
                                  "find the bottleneck of a training config: mltrain profile "
                                  "CONFIG.yaml [key=value ...] [--sweep KEY=v1,v2]");
@@ -26,10 +30,20 @@ void setup_profile(CLI::App& app, Action& run) {
   sub->add_option("--out", opt->out_dir,
                   "folder for profile.json, phases.svg, report.txt, trace.json.gz "
                   "(default: <run.dir>/<run.name>/profile)");
+  sub->add_option("--apply", *apply,
+                  "with --sweep: write the resolved config with the fastest value to this file "
+                  "(a copy: CONFIG.yaml is left as it is)");
   sub->add_flag("--no-ops", *no_ops, "skip the operator-profiler pass");
   sub->add_flag("--json", *json, "print the JSON report instead of text");
-  sub->callback([opt, json, no_ops, &run] {
-    run = [opt, json, no_ops] {
+  sub->callback([opt, json, no_ops, apply, &run] {
+    run = [opt, json, no_ops, apply] {
+      if (!apply->empty() && opt->sweep.empty())
+        throw ConfigError("--apply", "needs --sweep KEY=v1,v2,...",
+                          "add e.g. --sweep data.workers=0,1,2");
+      if (!apply->empty() && std::filesystem::weakly_canonical(*apply) ==
+                                 std::filesystem::weakly_canonical(opt->config_path))
+        throw ConfigError("--apply", "would overwrite " + opt->config_path,
+                          "name a new file, e.g. " + opt->config_path + ".tuned.yaml");
       const auto cfg = config::load_experiment(opt->config_path, opt->overrides);
       profile::ProfileOptions o = *opt;
       o.ops = !*no_ops;
@@ -40,6 +54,18 @@ void setup_profile(CLI::App& app, Action& run) {
       else
         std::cout << report.to_text() << "files: " << o.out_dir
                   << "/{profile.json,phases.svg,report.txt}\n";
+      if (!apply->empty() && report.sweep) {
+        auto ov = opt->overrides;
+        ov.push_back(report.sweep->key + "=" + report.sweep->best);
+        const auto best = config::load_experiment(opt->config_path, ov);
+        write_file_atomic(*apply, "# " + opt->config_path + " with " + report.sweep->key + "=" +
+                                      report.sweep->best +
+                                      ", the fastest of `mltrain profile "
+                                      "--sweep " +
+                                      opt->sweep + "`\n" + config::to_yaml(best));
+        std::cerr << "wrote " << *apply << " (" << report.sweep->key << "=" << report.sweep->best
+                  << ")\n";
+      }
       return 0;
     };
   });

@@ -63,10 +63,13 @@ static int bench_gemm(int argc, char** argv) {
   return 0;
 }
 
-// The loader alone: samples/s it supplies with the config's options.
-static void bench_loader(const train::Splits& splits, const data::LoaderOptions& lo, int64_t steps,
-                         int64_t warmup, nlohmann::json& out) {
-  data::Loader loader(splits.train, lo);
+// The loader alone: samples/s it supplies with the config's options and augmentation (decoding,
+// augmenting, normalising and batching).
+static void bench_loader(const config::ExperimentConfig& cfg, const train::Splits& splits,
+                         const data::LoaderOptions& lo, int64_t steps, int64_t warmup,
+                         nlohmann::json& out) {
+  const auto owned = train::augmented_loader(cfg, splits.train, lo);
+  data::Loader& loader = *owned;
   int64_t n = 0, epoch = 0;
   data::Batch b;
   double sink = 0;
@@ -150,7 +153,7 @@ static int bench_main(int argc, char** argv) {
   const int64_t steps = cfg.train.duration.to_steps(splits.train.count / cfg.data.batch_size);
   const int64_t warmup = std::min<int64_t>(20, steps / 5);
 
-  const data::LoaderOptions lo = train::train_loader_options(cfg, base->device);
+  const data::LoaderOptions lo = train::train_loader_options(cfg, base->device, &splits.train);
   nlohmann::json out = {{"mode", mode},
                         {"model", cfg.model.name},
                         {"batch", lo.batch_size},
@@ -159,7 +162,7 @@ static int bench_main(int argc, char** argv) {
                         {"allocator", cfg.runtime.allocator}};
 
   if (mode == "loader") {
-    bench_loader(splits, lo, steps, warmup, out);
+    bench_loader(cfg, splits, lo, steps, warmup, out);
   } else if (mode == "bare") {
     bench_bare(*base, cfg, lo, steps, warmup, out);
   } else if (mode == "train") {

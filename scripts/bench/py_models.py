@@ -2,6 +2,7 @@
 py_train_cuda.py on a GPU). Same layers and the same op order as lib/src/model/model.cpp
 (ReLU after max-pooling: equal values, 4x fewer elements), so timings compare like with like.
 `Linear` lets the CPU expert baseline swap in its oneDNN-sgemm Linear."""
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -63,3 +64,21 @@ class ResNet(nn.Module):  # configs/fashion_mnist_resnet_recipe.yaml: widths [32
         x = F.relu(self.stem_bn(self.stem(x)))
         x = self.stages(x)
         return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class ExamplesCNN(nn.Module):  # pytorch/examples' mnist/main.py Net: mltrain trains it as TorchScript
+    def __init__(self, Linear=nn.Linear):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = Linear(9216, 128)
+        self.fc2 = Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = self.fc1(torch.flatten(self.dropout1(x), 1))
+        x = self.fc2(self.dropout2(F.relu(x)))
+        return F.log_softmax(x, dim=1)

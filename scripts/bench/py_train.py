@@ -17,10 +17,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from py_dnnl import DnnlLinear  # Linear through oneDNN sgemm (expert mode)
-from py_models import CNN, MLP  # the same models and op order as mltrain
+from py_models import CNN, MLP, ExamplesCNN  # the same models and op order as mltrain
 
 p = argparse.ArgumentParser()
-p.add_argument("--model", choices=["mlp", "cnn"], required=True)
+p.add_argument("--model", choices=["mlp", "cnn", "examples_cnn"], required=True)
+p.add_argument("--save-script", help="examples_cnn: write the model as TorchScript here and exit")
 p.add_argument("--mode", choices=["idiomatic", "expert"], required=True)
 p.add_argument("--images", required=True, help=".npy of uint8 [N,28,28]")
 p.add_argument("--labels", required=True, help=".npy of int64 [N]")
@@ -33,7 +34,10 @@ MEAN, STD = 0.2860, 0.3530
 Linear = DnnlLinear if args.mode == "expert" else nn.Linear
 
 
-model = MLP(Linear) if args.model == "mlp" else CNN(Linear)
+model = {"mlp": MLP, "cnn": CNN, "examples_cnn": ExamplesCNN}[args.model](Linear)
+if args.save_script:
+    torch.jit.script(ExamplesCNN()).save(args.save_script)
+    raise SystemExit(0)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 images = np.load(args.images, mmap_mode="r")
 labels = np.load(args.labels, mmap_mode="r")

@@ -10,17 +10,20 @@
   MAE/RMSE are in standard deviations of the target and R^2 is unchanged.
 - fmnist_attributes/: a multi-label task on Fashion-MNIST's real images: each class mapped to
   six attributes (below); {train,test}_labels.npy (float32 0/1 [N, 6]) to pair with the IDX images.
+- breast_cancer/: scikit-learn's Wisconsin diagnostic table as {train,test}.csv (header, text
+  classes "malignant"/"benign", a few blank cells in train) for `data.format: csv`.
 - fmnist_footwear/: the sandal, sneaker and ankle-boot images relabelled 0..2, for fine-tuning a
   new head on the main job's CNN: {train,test}_images.npy (u8 [N, 28, 28]), _labels.npy (int64).
 Needs Debian's python3-sklearn and python3-numpy (installed by scripts/install-deps.sh).
 """
+import csv
 import gzip
 import json
 import os
 import sys
 
 import numpy as np
-from sklearn.datasets import load_diabetes
+from sklearn.datasets import load_breast_cancer, load_diabetes
 
 out = sys.argv[1] if len(sys.argv) > 1 else "data"
 
@@ -75,4 +78,25 @@ for name, pre in (("train", "train"), ("test", "t10k")):
     keep = np.isin(labels, [5, 7, 9])
     np.save(os.path.join(d, f"{name}_images.npy"), np.ascontiguousarray(images[keep]))
     np.save(os.path.join(d, f"{name}_labels.npy"), np.searchsorted([5, 7, 9], labels[keep]).astype(np.int64))
+# ---- breast cancer (a CSV table: data.format csv) ----
+# scikit-learn's bundled Wisconsin diagnostic data (569 tumours, 30 real-valued features), written
+# as CSV with a header and text class names, split 80/20 by a seeded permutation; a few cells are
+# blanked in the training table (every 97th row's "mean texture") to exercise data.csv.fill.
+bc = load_breast_cancer()
+perm = np.random.default_rng(1).permutation(len(bc.target))
+n_train = int(0.8 * len(perm))
+d = os.path.join(out, "breast_cancer")
+os.makedirs(d, exist_ok=True)
+names = [n.replace(" ", "_") for n in bc.feature_names]
+for split, idx in (("train", perm[:n_train]), ("test", perm[n_train:])):
+    with open(os.path.join(d, f"{split}.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(names + ["diagnosis"])
+        for k, i in enumerate(idx):
+            row = [f"{v:.6g}" for v in bc.data[i]]
+            if split == "train" and k % 97 == 5:
+                row[1] = ""
+            w.writerow(row + [bc.target_names[bc.target[i]]])
+print(f"wrote {out}/breast_cancer/train.csv ({n_train} rows), test.csv ({len(perm) - n_train} rows)")
+
 print(f"wrote {out}/diabetes ({len(tr)} train, {len(te)} test), {out}/fmnist_attributes, {out}/fmnist_footwear")

@@ -17,3 +17,144 @@ TEST_CASE("data convert / inspect, and training from the shard", "[cli][shard]")
   auto bad = run("data inspect " + (d / "nope.shard").string());
   CHECK(bad.code == 3);
 }
+
+// The summary record `--jsonl` prints (stdout and stderr arrive together).
+static nlohmann::json summary_of(const std::string& out) {
+  const size_t at = out.rfind("{\"event\":\"summary\"");
+  REQUIRE(at != std::string::npos);
+  return nlohmann::json::parse(out.substr(at, out.find('\n', at) - at));
+}
+
+// Real Fashion-MNIST images exported as PNG and JPEG folders (scripts/data/fmnist_images.py).
+static fs::path image_folders(const fs::path& d) {
+  const auto r = sh("/usr/bin/python3 " + kSrc + "/scripts/data/fmnist_images.py --out " +
+                    d.string() + " --limit 400");
+  REQUIRE(r.code == 0);
+  return d;
+}
+
+TEST_CASE("train from PNG and JPEG folders, convert to a chunk set and train from it",
+          "[cli][folder][chunks]") {
+  const auto d = image_folders(tmpdir("folders"));
+  const std::string base = "train " + kSrc +
+                           "/configs/fmnist_png_folder.yaml run.dir=" + d.string() +
+                           " train.duration=30u train.eval_every=30u " +
+                           "checkpoint.every=never train.target_accuracy=0 --jsonl";
+  for (const char* fmt : {"png", "jpg"}) {
+    const std::string f = (d / (std::string("fmnist_") + fmt)).string();
+    const auto t = run(base + " run.name=" + fmt + " data.train_images=" + f +
+                       "/train data.test_images=" + f + "/test");
+    INFO(t.out);
+    REQUIRE(t.code == 0);
+    CHECK(summary_of(t.out)["test_accuracy"].get<double>() > 0.3);  // 10 classes: chance is 0.1
+  }
+  // Convert once (JPEG records, 64 KiB chunks), verify, and train from the chunk set.
+  const auto c = run("data convert " + (d / "fmnist_png/train").string() + " -o " +
+                     (d / "train.chunks").string() + " --store jpeg --chunk-mb 1");
+  REQUIRE(c.code == 0);
+  CHECK_THAT(c.out, Catch::Contains("400 samples in 1 chunks"));
+  CHECK(run("data verify " + (d / "train.chunks").string()).code == 0);
+  const auto t = run(base + " run.name=chunks data.format=auto data.train_images=" +
+                     (d / "train.chunks").string() +
+                     " data.test_images=" + (d / "fmnist_png/test").string() + " data.format=auto");
+  // The test split is a folder, which format auto does not read: a clear error, exit 3.
+  CHECK(t.code == 3);
+  CHECK_THAT(t.out, Catch::Contains("not a chunk set"));
+  CHECK(run("data convert " + (d / "fmnist_png/test").string() + " -o " +
+            (d / "test.chunks").string())
+            .code == 0);
+  const auto t2 =
+      run(base + " run.name=chunks data.format=auto data.train_images=" +
+          (d / "train.chunks").string() + " data.test_images=" + (d / "test.chunks").string());
+  INFO(t2.out);
+  REQUIRE(t2.code == 0);
+  CHECK(summary_of(t2.out)["test_accuracy"].get<double>() > 0.3);
+}
+
+TEST_CASE("bad images, tables and chunks: exit 3 naming the file, or skipped and counted",
+          "[cli][folder][bad]") {
+  const auto d = image_folders(tmpdir("bad_folders"));
+  const fs::path f = d / "fmnist_png";
+  const std::string base = "train " + kSrc +
+                           "/configs/fmnist_png_folder.yaml run.dir=" + d.string() +
+                           " train.duration=4u checkpoint.every=never " +
+                           "train.target_accuracy=0 data.train_images=" + (f / "train").string() +
+                           " data.test_images=" + (f / "test").string();
+  // A truncated PNG (header intact) in a class folder.
+  const fs::path victim = f / "train" / "3_dress" / "00003.png";
+  const std::string png = slurp(victim);
+  std::ofstream(victim, std::ios::binary) << png.substr(0, 45);
+  const auto t = run(base + " data.workers=1 data.drop_last=false");
+  CHECK(t.code == 3);
+  CHECK_THAT(t.out, Catch::Contains("00003.png"));
+  const auto s = run(base + " data.on_bad_sample=skip --jsonl");
+  INFO(s.out);
+  CHECK(s.code == 0);
+  CHECK_THAT(s.out, Catch::Contains("1 unreadable samples skipped"));
+  CHECK(summary_of(s.out)["skipped_samples"] == 1);
+
+  // An empty class folder.
+  fs::create_directories(f / "train" / "9z_empty");
+  const auto e = run(base + " data.num_classes=11");
+  CHECK(e.code == 3);
+  CHECK_THAT(e.out, Catch::Contains("empty class folder"));
+  fs::remove(f / "train" / "9z_empty");
+
+  // A CSV row with a missing cell and one with a non-numeric cell.
+  std::ofstream(d / "t.csv") << "a,b,y\n1,2,0\n3,4,1\n5,,0\n";
+  std::ofstream(d / "u.csv") << "a,b,y\n1,2,0\n3,oops,1\n";
+  const std::string csv = "train " + kSrc +
+                          "/configs/breast_cancer_csv.yaml run.dir=" + d.string() +
+                          " train.duration=4u checkpoint.every=never " +
+                          "data.csv.target=[y] data.csv.fill=error data.train_images=";
+  const auto m = run(csv + (d / "t.csv").string() + " data.test_images=" + (d / "t.csv").string());
+  CHECK(m.code == 3);
+  CHECK_THAT(m.out, Catch::Contains("t.csv:4, column 'b'"));
+  const auto nn = run(csv + (d / "u.csv").string() + " data.test_images=" + (d / "u.csv").string());
+  CHECK(nn.code == 3);
+  CHECK_THAT(nn.out, Catch::Contains("u.csv:3, column 'b': 'oops' is not a number"));
+
+  // A chunk whose bytes changed: `data verify` and training both name it.
+  REQUIRE(run("data convert --images " + kFmnist + "/t10k-images-idx3-ubyte.gz --labels " +
+              kFmnist + "/t10k-labels-idx1-ubyte.gz -o " + (d / "t.chunks").string() +
+              " --chunk-mb 1")
+              .code == 0);
+  {
+    std::fstream c(d / "t.chunks" / "chunk-00002.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    c.seekp(100);
+    c.put('\x01');
+  }
+  const auto v = run("data verify " + (d / "t.chunks").string());
+  CHECK(v.code == 3);
+  CHECK_THAT(v.out, Catch::Contains("chunk-00002.bin"));
+  const auto tc = run("train " + kSrc + "/configs/fashion_mnist_mlp.yaml run.dir=" + d.string() +
+                      " data.dataset=files data.train_images=" + (d / "t.chunks").string() +
+                      " data.test_images=" + (d / "t.chunks").string() + " train.duration=1ep");
+  CHECK(tc.code == 3);
+  CHECK_THAT(tc.out, Catch::Contains("chunk-00002.bin"));
+}
+
+TEST_CASE("a CSV table trains, and profile --sweep --apply writes the fastest value into a copy",
+          "[cli][csv][profile]") {
+  const auto d = tmpdir("csv_train");
+  REQUIRE(sh("/usr/bin/python3 " + kSrc + "/scripts/data/export_tabular.py " + d.string()).code ==
+          0);
+  const std::string args = kSrc + "/configs/breast_cancer_csv.yaml run.dir=" + d.string() +
+                           " data.train_images=" + (d / "breast_cancer/train.csv").string() +
+                           " data.test_images=" + (d / "breast_cancer/test.csv").string();
+  const auto t = run("train " + args + " train.duration=10ep train.eval_every=10ep --jsonl");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  CHECK(summary_of(t.out)["test_accuracy"].get<double>() > 0.9);
+  const fs::path tuned = d / "tuned.yaml";
+  const auto p = run("profile " + args + " --no-ops --warmup 2 --active 4 --sweep " +
+                     "data.workers=0,1 --apply " + tuned.string());
+  INFO(p.out);
+  REQUIRE(p.code == 0);
+  const std::string y = slurp(tuned);
+  CHECK((y.find("workers: 0") != std::string::npos || y.find("workers: 1") != std::string::npos));
+  CHECK_THAT(y, Catch::Contains("format: \"csv\""));
+  CHECK(run("config check " + tuned.string()).code == 0);
+  CHECK(run("profile " + args + " --apply " + tuned.string()).code == 2);  // no --sweep
+}

@@ -229,7 +229,7 @@ void loader_checks(const Context& c, Report& rep, double cold_mbs) {
     rep.skip("data.augmentation_cost", "data", c.no_cfg,
              "per-sample augmentation runs on the loader threads");
   } else {
-    data::LoaderOptions lo = train::train_loader_options(c.cfg, c.device);
+    data::LoaderOptions lo = train::train_loader_options(c.cfg, c.device, &c.splits->train);
     const auto loader = train::augmented_loader(c.cfg, c.splits->train, lo);
     data::Loader& l = *loader;
     const bool augmenting = l.augmenter() != nullptr;

@@ -1,6 +1,7 @@
 #include "mltrain/config/experiment.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -113,6 +114,16 @@ static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::s
   auto need = [&](bool ok, const std::string& path, const std::string& msg) {
     if (!ok) issues.add(file, path, msg);
   };
+  need(c.data.format == "auto" || c.data.dataset == "files", "data.format",
+       c.data.format + " reads data.train_images/test_images: set data.dataset=files");
+  const std::string& d = c.data.csv.delimiter;
+  need(d.size() == 1 || d == "\\t", "data.csv.delimiter",
+       "'" + d + "' is not one character: use e.g. ',' ';' '|' or '\\t'");
+  const std::string& f = c.data.csv.fill;
+  char* end = nullptr;
+  const bool numeric = !f.empty() && (std::strtod(f.c_str(), &end), end && *end == 0);
+  need(f == "error" || f == "mean" || f == "zero" || numeric, "data.csv.fill",
+       "'" + f + "' is not error, mean, zero or a number");
   if (c.data.dataset == "files") {
     need(!c.data.train_images.empty(), "data.train_images", "required when data.dataset is files");
     need(!c.data.test_images.empty(), "data.test_images", "required when data.dataset is files");

@@ -28,13 +28,45 @@ float bilinear(const float* src, int64_t h, int64_t w, double y, double x, float
                             dy * ((1 - dx) * at(iy + 1, ix) + dx * at(iy + 1, ix + 1)));
 }
 
+// Luma of an RGB pixel (ITU-R 601, as PIL's convert("L") and torchvision's rgb_to_grayscale).
+float luma(float r, float g, float b) { return 0.299f * r + 0.587f * g + 0.114f * b; }
+
+// Saturation (blend with the luma image) and hue rotation (in HSV) of a planar RGB image.
+void saturate_and_rotate_hue(float* px, int64_t hw, double sat, double hue) {
+  float* r = px;
+  float* g = px + hw;
+  float* b = px + 2 * hw;
+  for (int64_t i = 0; i < hw; ++i) {
+    const float l = luma(r[i], g[i], b[i]);
+    float c[3] = {r[i], g[i], b[i]};
+    for (float& v : c) v = std::clamp(static_cast<float>(l + (v - l) * sat), 0.f, 1.f);
+    if (hue != 0) {
+      const float mx = std::max({c[0], c[1], c[2]}), mn = std::min({c[0], c[1], c[2]});
+      const float d = mx - mn;
+      if (d > 0) {
+        double h = mx == c[0]   ? std::fmod((c[1] - c[2]) / d, 6.0)
+                   : mx == c[1] ? (c[2] - c[0]) / d + 2
+                                : (c[0] - c[1]) / d + 4;
+        h = std::fmod(h / 6.0 + hue + 1.0, 1.0) * 6.0;
+        const double s = d / mx, v = mx;
+        const int k = static_cast<int>(h) % 6;
+        const double f = h - std::floor(h), p = v * (1 - s), q = v * (1 - s * f),
+                     t = v * (1 - s * (1 - f));
+        const double rgb[6][3] = {{v, t, p}, {q, v, p}, {p, v, t}, {p, q, v}, {t, p, v}, {v, p, q}};
+        for (int j = 0; j < 3; ++j) c[j] = static_cast<float>(rgb[k][j]);
+      }
+    }
+    r[i] = c[0], g[i] = c[1], b[i] = c[2];
+  }
+}
+
 }  // namespace
 
 Augmenter::Augmenter(const config::AugmentConfig& cfg, uint64_t seed) : cfg_(cfg), seed_(seed) {}
 
 bool Augmenter::any_sample_op() const {
   return cfg_.crop.p > 0 || cfg_.flip.p > 0 || cfg_.rotate.p > 0 || cfg_.color.p > 0 ||
-         cfg_.erase.p > 0;
+         cfg_.grayscale.p > 0 || cfg_.erase.p > 0;
 }
 bool Augmenter::any_batch_op() const { return cfg_.mixup.p > 0 || cfg_.cutmix.p > 0; }
 
@@ -97,6 +129,15 @@ bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progre
                  b = rng.uniform(-1, 1) * cfg_.brightness * s;
     for (int64_t i = 0; i < c * h * w; ++i)
       px[i] = static_cast<float>(std::clamp((px[i] - mean) * k + mean + b, 0.0, 1.0));
+    // Drawn only when set, so runs without them keep their random streams.
+    const double sat = cfg_.saturation > 0 ? 1 + rng.uniform(-1, 1) * cfg_.saturation * s : 1.0;
+    const double hue = cfg_.hue > 0 ? rng.uniform(-1, 1) * cfg_.hue * s : 0.0;
+    if (c == 3 && (sat != 1 || hue != 0)) saturate_and_rotate_hue(px, h * w, sat, hue);
+    changed = true;
+  }
+  if (c == 3 && active(cfg_.grayscale, progress) && rng.uniform() < cfg_.grayscale.p) {
+    for (int64_t i = 0; i < h * w; ++i)
+      px[i] = px[h * w + i] = px[2 * h * w + i] = luma(px[i], px[h * w + i], px[2 * h * w + i]);
     changed = true;
   }
   if (active(cfg_.erase, progress) && rng.uniform() < cfg_.erase.p * s) {

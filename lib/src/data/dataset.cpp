@@ -344,10 +344,20 @@ Dataset Dataset::slice(int64_t begin, int64_t end) const {
   Dataset d = *this;
   begin = std::clamp<int64_t>(begin, 0, count);
   end = std::clamp<int64_t>(end, begin, count);
-  d.data = data + static_cast<size_t>(begin) * sample_bytes();
+  if (reader)
+    d.reader_offset = reader_offset + begin;
+  else
+    d.data = data + static_cast<size_t>(begin) * sample_bytes();
   d.label_offset = label_offset + begin;
   d.count = end - begin;
   return d;
+}
+
+const uint8_t* Dataset::sample_into(int64_t i, std::vector<uint8_t>& buf) const {
+  if (!reader) return sample(i);
+  buf.resize(sample_bytes());
+  reader->read(reader_offset + i, buf.data());
+  return buf.data();
 }
 
 // One element of a numeric array as a double.

@@ -25,7 +25,12 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_
     for (int64_t i = n - 1; i > 0; --i)
       std::swap(perm[static_cast<size_t>(i)], perm[rng.below(static_cast<uint64_t>(i + 1))]);
   }
+  return rank_share(perm, rank, world);
+}
+
+std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world) {
   if (world <= 1) return perm;
+  const int64_t n = static_cast<int64_t>(perm.size());
   const int64_t per_rank = n / world;
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(per_rank));
@@ -34,10 +39,34 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_
   return mine;
 }
 
-int64_t auto_workers(int64_t cores) {
-  // Gathering + normalising one batch costs ~1/20 of a training step here; one worker keeps up
-  // on small machines and leaves the cores to compute; larger machines get up to 4.
-  return std::clamp<int64_t>(cores / 4, 1, 4);
+std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int64_t window,
+                                   uint64_t seed, int64_t epoch, int64_t rank, int64_t world) {
+  // Chunks (of the underlying set; a slice may start mid-chunk) in a seeded order, then the
+  // samples of each group of `window` consecutive chunks shuffled together.
+  const int64_t first = offset / chunk, last = (offset + n - 1) / chunk;
+  std::vector<int64_t> chunks;
+  for (int64_t c = first; c <= last; ++c) chunks.push_back(c);
+  SplitMix rng{seed * 0x100000001B3ull ^ (static_cast<uint64_t>(epoch) + 0xC4A2C5ull)};
+  for (size_t i = chunks.size(); i > 1; --i) std::swap(chunks[i - 1], chunks[rng.below(i)]);
+  std::vector<int64_t> perm;
+  perm.reserve(static_cast<size_t>(n));
+  for (size_t g = 0; g < chunks.size(); g += static_cast<size_t>(window)) {
+    const size_t begin = perm.size();
+    for (size_t k = g; k < std::min(chunks.size(), g + static_cast<size_t>(window)); ++k)
+      for (int64_t i = std::max(offset, chunks[k] * chunk);
+           i < std::min(offset + n, (chunks[k] + 1) * chunk); ++i)
+        perm.push_back(i - offset);
+    for (size_t i = perm.size(); i > begin + 1; --i)
+      std::swap(perm[i - 1], perm[begin + rng.below(i - begin)]);
+  }
+  return rank_share(perm, rank, world);
+}
+
+int64_t auto_workers(int64_t cores, int64_t gpus, int64_t chunks) {
+  int64_t n = std::max<int64_t>(cores, 1);
+  if (gpus > 0) n = std::min(n, 4 * gpus);
+  if (chunks > 0) n = std::min(n, chunks);
+  return n;
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void normalize_u8(
@@ -64,6 +93,7 @@ struct Loader::State {
   std::vector<int64_t> order;
   int64_t next_batch = 0, num_batches = 0;
   bool stop = false;
+  std::exception_ptr error;  // the first exception a worker raised; next() rethrows it
   double wait = 0;
   std::atomic<int64_t> aug_ns{0}, aug_samples{0}, fill_cpu_ns{0}, filled_samples{0};
   std::vector<std::thread> threads;
@@ -155,23 +185,25 @@ void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& 
   const double progress =
       static_cast<double>(epoch_ * batches_per_epoch() + b) / static_cast<double>(total_batches_);
   thread_local std::vector<float> pixels;
+  thread_local std::vector<uint8_t> made;  // on-demand samples (image folders, chunk sets)
   double aug_s = 0;
   for (int64_t i = begin; i < end; ++i) {
     const int64_t idx = order[static_cast<size_t>(i)];
     // Samples are random reads from the whole data set: start fetching the next one's cache
     // lines while this one is converted (measured: scripts/bench/train_speed.sh, loader rows).
-    if (i + 1 < end) {
+    if (i + 1 < end && !ds.reader) {
       const char* next =
           reinterpret_cast<const char*>(ds.sample(order[static_cast<size_t>(i + 1)]));
       for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off);
     }
     float* dst = xp + (i - begin) * elems;
+    const uint8_t* src = ds.sample_into(idx, made);
     if (augment) {  // pixels in [0, 1] -> augment -> normalise
       pixels.resize(static_cast<size_t>(elems));
       if (ds.dtype == DType::kU8)
-        normalize_u8(ds.sample(idx), pixels.data(), elems, 1.f / 255.f, 0.f);
+        normalize_u8(src, pixels.data(), elems, 1.f / 255.f, 0.f);
       else
-        std::memcpy(pixels.data(), ds.sample(idx), static_cast<size_t>(elems) * 4);
+        std::memcpy(pixels.data(), src, static_cast<size_t>(elems) * 4);
       const auto ta = std::chrono::steady_clock::now();
       const uint64_t key = static_cast<uint64_t>(epoch_) * static_cast<uint64_t>(ds.count) +
                            static_cast<uint64_t>(i);
@@ -180,10 +212,9 @@ void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& 
       aug_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
       for (int64_t j = 0; j < elems; ++j) dst[j] = (pixels[j] - opt.mean) * inv_std;
     } else if (ds.dtype == DType::kU8) {
-      normalize_u8(ds.sample(idx), dst, elems, inv_std / 255.f, -opt.mean * inv_std);
+      normalize_u8(src, dst, elems, inv_std / 255.f, -opt.mean * inv_std);
     } else {
-      normalize_f32(reinterpret_cast<const float*>(ds.sample(idx)), dst, elems, inv_std,
-                    -opt.mean * inv_std);
+      normalize_f32(reinterpret_cast<const float*>(src), dst, elems, inv_std, -opt.mean * inv_std);
     }
     if (yf)
       std::memcpy(yf + (i - begin) * target_elems, ds.target(idx),
@@ -236,11 +267,16 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   stop_workers();
   auto& st = *st_;
   st.stop = false;
+  st.error = nullptr;
   if (opt_.world > 1 && opt_.cover_all) {
     st.order.clear();
     for (int64_t i = opt_.rank; i < ds_.count; i += opt_.world) st.order.push_back(i);
   } else {
-    st.order = epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle);
+    st.order = ds_.chunk_samples > 0 && opt_.shuffle
+                   ? chunked_order(ds_.count, ds_.reader_offset, ds_.chunk_samples,
+                                   std::max<int64_t>(1, opt_.shuffle_window), opt_.seed, epoch,
+                                   opt_.rank, opt_.world)
+                   : epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle);
   }
   if (opt_.drop_last) st.order.resize(static_cast<size_t>(batches_per_epoch() * opt_.batch_size));
   st.num_batches = batches_per_epoch();
@@ -267,12 +303,19 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
           if (st.stop) return;
           slot.free = false;
         }
-        timed_fill(b, slot);
+        std::exception_ptr err;
+        try {
+          timed_fill(b, slot);
+        } catch (...) {  // a bad sample (DataError) reaches the training thread, not terminate()
+          err = std::current_exception();
+        }
         {
           std::lock_guard<std::mutex> lock(st.mu);
           slot.ready = b;
+          if (err && !st.error) st.error = err;
         }
         st.cv.notify_all();
+        if (err) return;
       }
     });
   }
@@ -304,9 +347,10 @@ bool Loader::next(Batch& out) {
     std::unique_lock<std::mutex> lock(st.mu);
     if (slot.ready != b) {
       auto t0 = std::chrono::steady_clock::now();
-      st.cv.wait(lock, [&] { return slot.ready == b; });
+      st.cv.wait(lock, [&] { return slot.ready == b || st.error; });
       st.wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
+    if (st.error) std::rethrow_exception(st.error);
   }
   const int64_t size = std::min<int64_t>(
       opt_.batch_size, static_cast<int64_t>(st.order.size()) - b * opt_.batch_size);

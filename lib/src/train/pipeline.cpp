@@ -3,10 +3,13 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <spdlog/spdlog.h>
+
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/runtime.hpp"
 #include "mltrain/data/augment.hpp"
+#include "mltrain/data/sources.hpp"
 #include "mltrain/task/task.hpp"
 
 namespace fs = std::filesystem;
@@ -28,6 +31,94 @@ static void load_token_splits(const config::ExperimentConfig& cfg, Splits& s) {
                              s.train.num_classes);  // one vocabulary for both
 }
 
+// Chunks mapped at once: two shuffle windows (the one being read and the next) plus one per
+// worker, unless data.memory_budget_mb caps it.
+static data::ChunkReadOptions chunk_options(const config::ExperimentConfig& cfg,
+                                            const std::string& dir) {
+  data::ChunkReadOptions o;
+  const int64_t workers = cfg.data.workers.is_auto() ? 4 : cfg.data.workers.resolve(0);
+  o.resident_chunks = 2 * cfg.data.shuffle_window + std::max<int64_t>(workers, 1);
+  if (cfg.data.memory_budget_mb > 0) {
+    const int64_t bytes = data::chunk_bytes(dir);
+    const int64_t fit =
+        cfg.data.memory_budget_mb * (int64_t{1} << 20) / std::max<int64_t>(bytes, 1);
+    if (fit < cfg.data.shuffle_window + 1)
+      throw ConfigError("data.memory_budget_mb",
+                        std::to_string(cfg.data.memory_budget_mb) + " MiB holds " +
+                            std::to_string(fit) + " chunks of " + std::to_string(bytes >> 20) +
+                            " MiB; a shuffle window needs " +
+                            std::to_string(cfg.data.shuffle_window + 1),
+                        "raise the budget, lower data.shuffle_window, or convert with a smaller "
+                        "--chunk-mb");
+    o.resident_chunks = std::min(o.resident_chunks, fit);
+  }
+  return o;
+}
+
+// data.format image_folder / csv, or a chunk set by its index.json. False: not one of these.
+static bool load_user_splits(const config::ExperimentConfig& cfg, const data::TargetSpec& targets,
+                             Splits& s) {
+  const config::DataConfig& c = cfg.data;
+  if (c.format == "image_folder") {
+    data::FolderOptions fo;
+    fo.image = {c.image.size, c.image.mode == "rgb" ? 3 : 1, c.image.resize};
+    fo.skip_bad = c.on_bad_sample == "skip";
+    fo.num_classes = c.num_classes;
+    s.train = data::load_image_folder(c.train_images, fo, &fo.classes);
+    s.test = data::load_image_folder(c.test_images, fo);
+    return true;
+  }
+  if (c.format == "csv") {
+    data::CsvOptions co;
+    co.header = c.csv.header;
+    co.delimiter = c.csv.delimiter == "\\t" ? '\t' : c.csv.delimiter[0];
+    co.features = c.csv.features;
+    co.targets = c.csv.target;
+    co.categorical = c.csv.categorical;
+    co.fill = c.csv.fill;
+    co.standardize = c.csv.standardize;
+    co.target_kind =
+        targets.kind == data::TargetKind::kAuto ? data::TargetKind::kFloat : targets.kind;
+    co.num_classes = c.num_classes;
+    data::CsvOptions::Learned learned;
+    s.train = data::load_csv(c.train_images, co, &learned);
+    co.reuse = &learned;
+    s.test = data::load_csv(c.test_images, co, nullptr);
+    return true;
+  }
+  if (!data::is_chunk_set(c.train_images)) {
+    for (const std::string& f : {c.train_images, c.test_images})
+      if (std::filesystem::is_directory(f))
+        throw DataError(f,
+                        "a folder, but neither a chunk set (no index.json) nor format image_folder",
+                        "set data.format=image_folder for a folder of class sub-folders, or "
+                        "point at a chunk set from `mltrain data convert`");
+    return false;
+  }
+  s.train = data::load_chunks(c.train_images, chunk_options(cfg, c.train_images));
+  if (std::filesystem::is_directory(c.test_images) && !data::is_chunk_set(c.test_images))
+    throw DataError(
+        c.test_images, "a folder, but not a chunk set (no index.json)",
+        "convert the test split too: mltrain data convert " + c.test_images + " -o DIR");
+  s.test = data::is_chunk_set(c.test_images)
+               ? data::load_chunks(c.test_images, chunk_options(cfg, c.test_images))
+               : data::load_dataset(c.test_images, c.test_labels, targets);
+  for (const data::Dataset* d : {&s.train, &s.test}) {
+    if (d->float_targets() == (targets.kind == data::TargetKind::kClassId))
+      throw DataError(d->source,
+                      d->float_targets()
+                          ? "holds float targets; task " + cfg.task.name + " needs class labels"
+                          : "holds class labels; task " + cfg.task.name + " needs float targets",
+                      "convert the data with targets matching the task");
+    if (!d->float_targets() && d->num_classes > c.num_classes)
+      throw DataError(d->source,
+                      "labels up to " + std::to_string(d->num_classes) +
+                          " classes, data.num_classes is " + std::to_string(c.num_classes),
+                      "set data.num_classes=" + std::to_string(d->num_classes));
+  }
+  return true;
+}
+
 Splits load_splits(const config::ExperimentConfig& cfg) {
   const config::DataConfig& c = cfg.data;
   std::string tri = c.train_images, trl = c.train_labels, tei = c.test_images, tel = c.test_labels;
@@ -45,8 +136,8 @@ Splits load_splits(const config::ExperimentConfig& cfg) {
   Splits s;
   if (c.dataset == "tokens") {
     load_token_splits(cfg, s);
-  } else {
-    const data::TargetSpec targets = task::target_spec(cfg);
+  } else if (const data::TargetSpec targets = task::target_spec(cfg);
+             !load_user_splits(cfg, targets, s)) {
     s.train = data::load_dataset(tri, trl, targets);
     s.test = data::load_dataset(tei, tel, targets);
   }
@@ -101,17 +192,28 @@ torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu) {
   return device;
 }
 
+// CSV features arrive standardised (data.csv.standardize) or as they are: no pixel scaling.
+static void set_normalisation(const config::ExperimentConfig& cfg, data::LoaderOptions& lo) {
+  const bool table = cfg.data.format == "csv";
+  lo.mean = table ? 0.f : static_cast<float>(cfg.data.mean);
+  lo.std = table ? 1.f : static_cast<float>(cfg.data.std);
+}
+
 data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg,
-                                         const torch::Device& device) {
+                                         const torch::Device& device, const data::Dataset* train) {
   data::LoaderOptions lo;
   lo.batch_size = cfg.data.batch_size;
-  lo.workers = cfg.data.workers.resolve(data::auto_workers(runtime::usable_cores()));
+  const int64_t chunks = train && train->chunk_samples > 0
+                             ? (train->count + train->chunk_samples - 1) / train->chunk_samples
+                             : 0;
+  lo.workers = cfg.data.workers.resolve(data::auto_workers(
+      runtime::usable_cores(), device.is_cuda() ? compat::cuda_device_count() : 0, chunks));
+  lo.shuffle_window = cfg.data.shuffle_window;
   lo.prefetch = cfg.data.prefetch;
   lo.shuffle = cfg.data.shuffle;
   lo.drop_last = cfg.data.drop_last;
   lo.seed = static_cast<uint64_t>(cfg.run.seed);
-  lo.mean = static_cast<float>(cfg.data.mean);
-  lo.std = static_cast<float>(cfg.data.std);
+  set_normalisation(cfg, lo);
   lo.pin_memory = device.is_cuda() && cfg.data.pin_memory;
   return lo;
 }
@@ -123,8 +225,8 @@ data::LoaderOptions plain_loader_options(const config::ExperimentConfig& cfg, in
   lo.shuffle = shuffle;
   lo.drop_last = drop_last;
   lo.seed = static_cast<uint64_t>(cfg.run.seed);
-  lo.mean = static_cast<float>(cfg.data.mean);
-  lo.std = static_cast<float>(cfg.data.std);
+  lo.shuffle_window = cfg.data.shuffle_window;
+  set_normalisation(cfg, lo);
   return lo;
 }
 
@@ -154,6 +256,10 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   p->device = prepare_device(cfg, distributed ? world.local_rank : 0);
   // Data, model and optimizer before anything is written: bad input fails first.
   p->splits = opt.splits ? *opt.splits : load_splits(cfg);
+  for (const data::Dataset* d : {&p->splits.train, &p->splits.test})
+    if (d->skipped > 0 && !opt.splits)
+      spdlog::warn("[data] {}: {} unreadable samples skipped (data.on_bad_sample: skip)", d->source,
+                   d->skipped);
   p->model = model::build_model(cfg.model, p->splits.train.sample_shape,
                                 task::model_outputs(cfg, p->splits.train), cfg.run.seed);
   // Commands on a trained run (until kModel) load its checkpoint instead.
@@ -161,7 +267,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   p->model->to(p->device);  // before the optimizer takes its parameter list
   if (opt.until == Stage::kModel) return p;
 
-  data::LoaderOptions lo = train_loader_options(cfg, p->device);
+  data::LoaderOptions lo = train_loader_options(cfg, p->device, &p->splits.train);
   lo.rank = world.rank, lo.world = world.size;  // each rank its shard of one global shuffle
   if (distributed && cfg.data.workers.is_auto()) lo.workers = std::min<int64_t>(lo.workers, 1);
   p->train_loader = std::make_unique<data::Loader>(p->splits.train, lo);

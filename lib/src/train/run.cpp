@@ -179,6 +179,8 @@ static nlohmann::json finish_summary(Pipeline& p, RunResult& result) {
   for (const auto& [k, v] : test.metrics)
     if (k.rfind("roc_auc_class", 0) != 0) summary["test_" + k] = v;
   if (result.time_to_target) summary["time_to_target_s"] = *result.time_to_target;
+  if (const int64_t skipped = p.splits.train.skipped + p.splits.test.skipped; skipped > 0)
+    summary["skipped_samples"] = skipped;  // data.on_bad_sample: skip
   if (p.dp) {
     const double wait = p.dp->comm_wait_seconds();
     summary["world_size"] = p.world.size;

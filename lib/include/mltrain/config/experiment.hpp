@@ -99,10 +99,10 @@ struct AugOpConfig {
 };
 
 struct AugmentConfig {
-  AugOpConfig crop, flip, rotate, color, erase, mixup, cutmix;
+  AugOpConfig crop, flip, rotate, color, grayscale, erase, mixup, cutmix;
   std::vector<double> crop_scale = {0.7, 1.0}, crop_ratio = {0.75, 1.3333333333333333};
   double rotate_degrees = 10.0;
-  double brightness = 0.2, contrast = 0.2;
+  double brightness = 0.2, contrast = 0.2, saturation = 0.0, hue = 0.0;
   std::vector<double> erase_scale = {0.02, 0.2};
   double mix_alpha = 0.2;
   bool adaptive = false;
@@ -117,10 +117,17 @@ struct AugmentConfig {
     v.section("flip", flip, "horizontal flip");
     v.section("rotate", rotate, "rotation by up to rotate_degrees, bilinear, background fill");
     v.field("rotate_degrees", rotate_degrees, "rotate: largest angle", in_range(0.0, 180.0));
-    v.section("color", color, "brightness and contrast jitter");
+    v.section("color", color, "brightness, contrast, saturation and hue jitter");
     v.field("brightness", brightness, "color: largest brightness shift (pixel units, [0,1] scale)",
             in_range(0.0, 1.0));
     v.field("contrast", contrast, "color: largest relative contrast change", in_range(0.0, 1.0));
+    v.field("saturation", saturation,
+            "color: largest relative saturation change (RGB images; blends with the luma image)",
+            in_range(0.0, 1.0));
+    v.field("hue", hue, "color: largest hue rotation as a fraction of the colour wheel (RGB)",
+            in_range(0.0, 0.5));
+    v.section("grayscale", grayscale,
+              "replace an RGB image by its luma in all three channels (RandomGrayscale)");
     v.section("erase", erase, "random erasing / cutout of one rectangle");
     v.field("erase_scale", erase_scale, "erase: area fraction range");
     v.section("mixup", mixup, "mixup of whole batches (Zhang et al. 2018)");
@@ -137,8 +144,54 @@ struct AugmentConfig {
   }
 };
 
+// Decoding of image folders and JPEG chunk records.
+struct ImageConfig {
+  int64_t size = 28;
+  std::string mode = "gray";
+  int64_t resize = 0;
+  template <class V>
+  void visit(V& v) {
+    v.field("size", size, "side of the square samples (after resize and centre crop)",
+            positive<int64_t>());
+    v.field("mode", mode, "gray (1 channel, ITU-R 601 luma) or rgb (3 channels)",
+            one_of({"gray", "rgb"}));
+    v.field("resize", resize,
+            "scale the shorter side to this before the centre crop (0: to size), as "
+            "torchvision's Resize + CenterCrop",
+            non_negative<int64_t>());
+  }
+};
+
+struct CsvConfig {
+  bool header = true;
+  std::string delimiter = ",";
+  std::vector<std::string> features;
+  std::vector<std::string> target;
+  std::vector<std::string> categorical;
+  std::string fill = "error";
+  bool standardize = true;
+  template <class V>
+  void visit(V& v) {
+    v.field("header", header, "the first row names the columns");
+    v.field("delimiter", delimiter, "one character, e.g. ',' ';' or '\\t'");
+    v.field("features", features,
+            "feature columns by name or 0-based index (empty: all but target)");
+    v.field("target", target,
+            "target column(s) by name or index (empty: the last column); regression may list "
+            "several, multilabel one 0/1 column per class");
+    v.field("categorical", categorical,
+            "text columns mapped to ids (the training table's sorted distinct values)");
+    v.field("fill", fill,
+            "missing cells (empty, NA, NaN, null): error, mean (the training column's), zero, or "
+            "a number");
+    v.field("standardize", standardize,
+            "features to zero mean and unit variance with the training table's statistics");
+  }
+};
+
 struct DataConfig {
   std::string dataset = "fashion_mnist";
+  std::string format = "auto";
   std::string root = "/usr/share/datasets/fashion-mnist";
   std::string train_images = "", train_labels = "", test_images = "", test_labels = "";
   int64_t num_classes = 10;
@@ -154,6 +207,11 @@ struct DataConfig {
   bool pin_memory = true;
   double mean = 0.2860;  // Fashion-MNIST training-set pixel mean / std, in [0, 1] units
   double std = 0.3530;
+  ImageConfig image;
+  CsvConfig csv;
+  std::string on_bad_sample = "error";
+  int64_t shuffle_window = 4;
+  int64_t memory_budget_mb = 0;
   AugmentConfig augment;
   template <class V>
   void visit(V& v) {
@@ -163,6 +221,10 @@ struct DataConfig {
             "train_images/test_images as .bin or .npy)",
             one_of({"fashion_mnist", "files", "tokens"}));
     v.field("root", root, "folder holding the fashion_mnist IDX files, or the tokens' train/val");
+    v.field("format", format,
+            "dataset files: auto (IDX, .npy, .shard or a chunk set, by content), image_folder "
+            "(train_images/test_images are folders with one sub-folder per class) or csv",
+            one_of({"auto", "image_folder", "csv"}));
     v.field("vocab_size", vocab_size,
             "tokens: vocabulary (0: meta.json's vocab_size beside the tokens, else the largest id "
             "+ 1); every token must lie below it",
@@ -190,6 +252,19 @@ struct DataConfig {
             "CUDA: batches in page-locked memory, copied to the GPU asynchronously");
     v.field("mean", mean, "normalisation mean (pixels scaled to [0,1] first)");
     v.field("std", std, "normalisation std", positive<double>());
+    v.section("image", image, "image folders and JPEG chunk sets: decoded size and colour mode");
+    v.section("csv", csv, "CSV tables (format: csv)");
+    v.field("on_bad_sample", on_bad_sample,
+            "a corrupt image or unreadable record: error (exit 3 naming it) or skip (image "
+            "folders: every image decoded once at load, bad ones left out and counted)",
+            one_of({"error", "skip"}));
+    v.field("shuffle_window", shuffle_window,
+            "chunk sets: chunks shuffled together (the global chunk order is shuffled too)",
+            positive<int64_t>());
+    v.field(
+        "memory_budget_mb", memory_budget_mb,
+        "chunk sets: most MiB of chunks mapped at once (0: 2 x shuffle_window + workers chunks)",
+        non_negative<int64_t>());
     v.section("augment", augment, "augmentation in the loader workers (training split only)");
   }
 };

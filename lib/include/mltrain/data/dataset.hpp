@@ -31,6 +31,15 @@ Array read_idx(const std::string& path);
 Array read_npy(const std::string& path);
 Array read_array(const std::string& path);  // by content (gzip / IDX / npy magic)
 
+// Samples made on demand: images decoded from files or from compressed chunk records, raw records
+// of a chunk set mapped a window at a time. read() is called from the loader's worker threads.
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  // Writes sample i (u8, the data set's sample_shape) to `dst`; DataError names the file on failure.
+  virtual void read(int64_t i, uint8_t* dst) const = 0;
+};
+
 // Images (u8 or f32, shape [N, ...]) with int64 labels in [0, num_classes).
 struct Dataset {
   std::string source;
@@ -57,9 +66,19 @@ struct Dataset {
   bool token_windows = false;
   int64_t token(int64_t i, int64_t j) const;  // token j of window i (j may be T: the last target)
 
+  // On-demand samples (image folders, chunk sets): `data` is null and `reader` makes sample i as
+  // its sample `reader_offset + i`. `chunk_samples` > 0: samples come in chunks of that many, and
+  // the loader shuffles a window of chunks at a time (see chunked_order in loader.hpp).
+  std::shared_ptr<const SampleSource> reader;
+  int64_t reader_offset = 0;
+  int64_t chunk_samples = 0;
+  int64_t skipped = 0;  // bad samples left out (data.on_bad_sample: skip), for the run summary
+
   int64_t sample_elems() const;
   size_t sample_bytes() const { return static_cast<size_t>(sample_elems()) * dtype_size(dtype); }
   const uint8_t* sample(int64_t i) const { return data + static_cast<size_t>(i) * sample_bytes(); }
+  // Sample i's bytes: a pointer into `data`, or made by `reader` into `buf`.
+  const uint8_t* sample_into(int64_t i, std::vector<uint8_t>& buf) const;
   int64_t label(int64_t i) const { return (*labels)[static_cast<size_t>(label_offset + i)]; }
   Dataset slice(int64_t begin, int64_t end) const;  // a view, no copy
 };

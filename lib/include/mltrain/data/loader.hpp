@@ -30,6 +30,7 @@ struct LoaderOptions {
   int64_t rank = 0, world = 1;
   float mean = 0.f, std = 1.f;  // x = (pixel/255 - mean) / std for u8; (x - mean) / std for f32
   bool pin_memory = false;      // slots in page-locked memory (only where CUDA exists)
+  int64_t shuffle_window = 4;   // chunk sets: chunks whose samples are shuffled together
   bool cover_all = false;  // world > 1, evaluation: rank r reads samples r, r + world, ... (every
                            // sample once over the ranks, unshuffled) instead of an even share
 };
@@ -39,8 +40,20 @@ struct LoaderOptions {
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank,
                                  int64_t world, bool shuffle);
 
+// The even rank share of a global permutation: rank r takes perm[r], perm[r + world], ...
+std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world);
+
+// Chunk sets: the chunks of samples [offset, offset + n) in a seeded order, the samples of each
+// group of `window` chunks shuffled together, then the rank share. A pure function of its
+// arguments, so {epoch, batch} still resumes mid-epoch exactly; at most ~2 windows of chunks are
+// being read at any time.
+std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int64_t window,
+                                   uint64_t seed, int64_t epoch, int64_t rank, int64_t world);
+
 // Workers for `auto`: enough to keep one consumer fed without starving the compute threads.
-int64_t auto_workers(int64_t cores);
+// The field guide's rule: min(usable cores, 4 x GPUs where there are GPUs, chunks where the data
+// is a chunk set); `gpus` or `chunks` 0: that term is left out.
+int64_t auto_workers(int64_t cores, int64_t gpus = 0, int64_t chunks = 0);
 
 struct Batch {
   torch::Tensor x, y;           // x: float [B, sample_shape...]; y: int64 [B] class ids, or float

@@ -1,0 +1,170 @@
+// Image folders in torchvision ImageFolder's layout, decoded on demand in the loader's workers.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "mltrain/core/error.hpp"
+#include "mltrain/core/runtime.hpp"
+#include "mltrain/data/sources.hpp"
+
+namespace fs = std::filesystem;
+
+namespace mltrain::data {
+
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) throw DataError(path, "cannot open", "check the path and its permissions");
+  const auto n = static_cast<size_t>(f.tellg());
+  std::vector<uint8_t> b(n);
+  f.seekg(0);
+  if (n > 0 && !f.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(n)))
+    throw DataError(path, "read failed after " + std::to_string(f.gcount()) + " bytes");
+  return b;
+}
+
+namespace {
+
+bool image_extension(const fs::path& p) {
+  std::string e = p.extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return std::tolower(c); });
+  return e == ".jpg" || e == ".jpeg" || e == ".png";
+}
+
+std::vector<std::string> class_folders(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec))
+    throw DataError(root, "not a folder",
+                    "point data.train_images/test_images at a folder with "
+                    "one sub-folder per class (torchvision ImageFolder)");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && e.path().filename().string()[0] != '.')
+      names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  if (names.empty())
+    throw DataError(root, "no class sub-folders", "put each class's images in root/<class>/");
+  return names;
+}
+
+class FolderSource : public SampleSource {
+ public:
+  FolderSource(std::vector<std::string> files, ImageSpec spec)
+      : files_(std::move(files)), spec_(spec) {}
+  void read(int64_t i, uint8_t* dst) const override {
+    const std::string& f = files_[static_cast<size_t>(i)];
+    decode_to_sample(read_file_bytes(f), f, spec_, dst);
+  }
+
+ private:
+  std::vector<std::string> files_;
+  ImageSpec spec_;
+};
+
+// Runs fn(i) for i in [0, n) on every usable core; the first exception is rethrown.
+template <class Fn>
+void parallel_for(int64_t n, Fn fn) {
+  const int64_t t = std::clamp<int64_t>(runtime::usable_cores(), 1, 16);
+  std::atomic<int64_t> next{0};
+  std::exception_ptr err;
+  std::mutex mu;
+  std::vector<std::thread> th;
+  for (int64_t k = 0; k < t; ++k)
+    th.emplace_back([&] {
+      for (int64_t i; (i = next++) < n;) try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!err) err = std::current_exception();
+          next = n;
+        }
+    });
+  for (auto& x : th) x.join();
+  if (err) std::rethrow_exception(err);
+}
+
+}  // namespace
+
+FolderListing list_image_folder(const std::string& root, const FolderOptions& opt) {
+  FolderListing l;
+  l.classes = class_folders(root);
+  if (!opt.classes.empty() && l.classes != opt.classes)
+    throw DataError(root,
+                    "class folders differ from the training split's (" +
+                        std::to_string(l.classes.size()) + " here, " +
+                        std::to_string(opt.classes.size()) + " there)",
+                    "give both splits the same class sub-folder names");
+  if (opt.num_classes > 0 && static_cast<int64_t>(l.classes.size()) != opt.num_classes)
+    throw DataError(root,
+                    std::to_string(l.classes.size()) + " class folders but data.num_classes is " +
+                        std::to_string(opt.num_classes),
+                    "set data.num_classes=" + std::to_string(l.classes.size()));
+  for (size_t c = 0; c < l.classes.size(); ++c) {
+    const fs::path dir = fs::path(root) / l.classes[c];
+    std::vector<std::string> files;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      if (!e.is_regular_file()) continue;
+      if (image_extension(e.path()))
+        files.push_back(e.path().string());
+      else
+        ++l.ignored;
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty() && !opt.skip_bad)
+      throw DataError(dir.string(), "empty class folder: no .jpg/.jpeg/.png images",
+                      "add images, remove the folder, or set data.on_bad_sample: skip");
+    for (auto& f : files) {
+      l.files.push_back(std::move(f));
+      l.labels.push_back(static_cast<int64_t>(c));
+    }
+  }
+  return l;
+}
+
+Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
+                          std::vector<std::string>* classes_out) {
+  if (!images_supported())
+    throw DataError(root, "this mltrain was built without JPEG/PNG support",
+                    "install libturbojpeg0-dev and libspng-dev, then rebuild");
+  FolderListing l = list_image_folder(root, opt);
+  // error: each header is checked now (a wrong format fails before training starts), the pixels
+  // when the loader decodes them. skip: every image is decoded once here, so the data set is
+  // fixed before the first batch and a resumed run sees the same samples.
+  std::vector<char> bad(l.files.size(), 0);
+  parallel_for(static_cast<int64_t>(l.files.size()), [&](int64_t i) {
+    const std::string& f = l.files[static_cast<size_t>(i)];
+    try {
+      const auto bytes = read_file_bytes(f);
+      if (opt.skip_bad) {
+        std::vector<uint8_t> px(opt.image.sample_bytes());
+        decode_to_sample(bytes, f, opt.image, px.data());
+      } else {
+        check_image_header(bytes.data(), bytes.size(), f);
+      }
+    } catch (const DataError&) {
+      if (!opt.skip_bad) throw;
+      bad[static_cast<size_t>(i)] = 1;
+    }
+  });
+  std::vector<std::string> files;
+  auto labels = std::make_shared<std::vector<int64_t>>();
+  for (size_t i = 0; i < l.files.size(); ++i)
+    if (!bad[i]) files.push_back(l.files[i]), labels->push_back(l.labels[i]);
+  Dataset d;
+  d.source = root;
+  d.dtype = DType::kU8;
+  d.count = static_cast<int64_t>(files.size());
+  d.sample_shape = {opt.image.channels, opt.image.size, opt.image.size};
+  d.skipped = static_cast<int64_t>(l.files.size() - files.size());
+  if (d.count == 0) throw DataError(root, "no readable images", "check the folder's images");
+  d.labels = labels;
+  d.num_classes = static_cast<int64_t>(l.classes.size());
+  d.reader = std::make_shared<FolderSource>(std::move(files), opt.image);
+  if (classes_out) *classes_out = l.classes;
+  return d;
+}
+
+}  // namespace mltrain::data
