@@ -250,8 +250,8 @@ class ChunkSource : public SampleSource {
     if (lo > hi || hi > m->size())
       throw DataError(where, "record " + std::to_string(k) + " lies outside the chunk",
                       "re-run `mltrain data convert`");
-    const std::vector<uint8_t> bytes(m->data() + lo, m->data() + hi);
-    decode_to_sample(bytes, where + " record " + std::to_string(k), spec_, dst);
+    decode_to_sample(m->data() + lo, static_cast<size_t>(hi - lo),
+                     where + " record " + std::to_string(k), spec_, dst);
   }
 
  private:

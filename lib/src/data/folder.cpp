@@ -3,28 +3,17 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/fs.hpp"
 #include "mltrain/core/runtime.hpp"
 #include "mltrain/data/sources.hpp"
 
 namespace fs = std::filesystem;
 
 namespace mltrain::data {
-
-std::vector<uint8_t> read_file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) throw DataError(path, "cannot open", "check the path and its permissions");
-  const auto n = static_cast<size_t>(f.tellg());
-  std::vector<uint8_t> b(n);
-  f.seekg(0);
-  if (n > 0 && !f.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(n)))
-    throw DataError(path, "read failed after " + std::to_string(f.gcount()) + " bytes");
-  return b;
-}
 
 namespace {
 
@@ -56,7 +45,8 @@ class FolderSource : public SampleSource {
       : files_(std::move(files)), spec_(spec) {}
   void read(int64_t i, uint8_t* dst) const override {
     const std::string& f = files_[static_cast<size_t>(i)];
-    decode_to_sample(read_file_bytes(f), f, spec_, dst);
+    const std::string bytes = read_file(f);
+    decode_to_sample(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), f, spec_, dst);
   }
 
  private:
@@ -137,12 +127,13 @@ Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
   parallel_for(static_cast<int64_t>(l.files.size()), [&](int64_t i) {
     const std::string& f = l.files[static_cast<size_t>(i)];
     try {
-      const auto bytes = read_file_bytes(f);
+      const std::string file = read_file(f);
+      const auto* bytes = reinterpret_cast<const uint8_t*>(file.data());
       if (opt.skip_bad) {
         std::vector<uint8_t> px(opt.image.sample_bytes());
-        decode_to_sample(bytes, f, opt.image, px.data());
+        decode_to_sample(bytes, file.size(), f, opt.image, px.data());
       } else {
-        check_image_header(bytes.data(), bytes.size(), f);
+        check_image_header(bytes, file.size(), f);
       }
     } catch (const DataError&) {
       if (!opt.skip_bad) throw;

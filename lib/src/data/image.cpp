@@ -237,9 +237,9 @@ void fit_image(const Image& im, const ImageSpec& spec, uint8_t* chw) {
       }
 }
 
-void decode_to_sample(const std::vector<uint8_t>& bytes, const std::string& where,
+void decode_to_sample(const uint8_t* bytes, size_t n, const std::string& where,
                       const ImageSpec& spec, uint8_t* chw) {
-  fit_image(decode_image(bytes.data(), bytes.size(), where, spec.channels), spec, chw);
+  fit_image(decode_image(bytes, n, where, spec.channels), spec, chw);
 }
 
 std::vector<uint8_t> encode_jpeg(const uint8_t* chw, int64_t c, int64_t h, int64_t w, int quality) {

@@ -20,7 +20,7 @@ Image decode_image(const uint8_t*, size_t, const std::string& where, int64_t) {
   unavailable(where);
 }
 void fit_image(const Image&, const ImageSpec&, uint8_t*) { unavailable("image"); }
-void decode_to_sample(const std::vector<uint8_t>&, const std::string& where, const ImageSpec&,
+void decode_to_sample(const uint8_t*, size_t, const std::string& where, const ImageSpec&,
                       uint8_t*) {
   unavailable(where);
 }

@@ -4,7 +4,9 @@
 //
 //   ImageSpec spec{.size = 28, .channels = 1};
 //   std::vector<uint8_t> chw(spec.sample_bytes());
-//   decode_to_sample(read_file_bytes("shoe.jpg"), "shoe.jpg", spec, chw.data());
+//   const std::string bytes = read_file("shoe.jpg");   // core/fs.hpp
+//   decode_to_sample(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "shoe.jpg",
+//                    spec, chw.data());
 //
 // Every failure (unknown format, truncated or corrupt stream, CMYK JPEG, a size beyond the
 // limits) raises DataError naming the file. Built without the libraries (MLTRAIN_WITH_IMAGES
@@ -39,7 +41,7 @@ Image decode_image(const uint8_t* bytes, size_t n, const std::string& where, int
 // Resize (shorter side, PIL-style triangle filter, antialiased when shrinking) + centre crop,
 // written channel-planar to `chw` (spec.sample_bytes() bytes).
 void fit_image(const Image& im, const ImageSpec& spec, uint8_t* chw);
-void decode_to_sample(const std::vector<uint8_t>& bytes, const std::string& where,
+void decode_to_sample(const uint8_t* bytes, size_t n, const std::string& where,
                       const ImageSpec& spec, uint8_t* chw);
 
 // Encoders for `mltrain data convert --store jpeg` and the tests. chw: u8 [c, h, w].

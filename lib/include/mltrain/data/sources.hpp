@@ -33,7 +33,6 @@ struct FolderListing {
 FolderListing list_image_folder(const std::string& root, const FolderOptions& opt);
 Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
                           std::vector<std::string>* classes_out = nullptr);
-std::vector<uint8_t> read_file_bytes(const std::string& path);
 
 // ---- CSV tables ----
 struct CsvOptions {
