@@ -201,6 +201,14 @@ TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]")
   CHECK(csv.rfind("event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,grad_norm,time_s\n",
                   0) == 0);
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 4 + 1);  // header, 4 train rows, 1 eval
+  // Train records carry the resident set (LibTorch alone maps more than 50 MiB).
+  std::istringstream jl(slurp(v0 / "metrics.jsonl"));
+  std::string first;
+  std::getline(jl, first);
+  const auto rec = nlohmann::json::parse(first);
+  CHECK(rec.at("event") == "train");
+  CHECK(rec.at("rss_mib").get<double>() > 50);
+  CHECK(rec.at("rss_mib").get<double>() < 4096);
   // The saved config re-runs as is.
   CHECK(run("train " + (v0 / "config.yaml").string() + " --print-config").code == 0);
   const std::string py =

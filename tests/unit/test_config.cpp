@@ -102,6 +102,8 @@ TEST_CASE("defaults alone are valid and overrides apply with precedence", "[conf
   CHECK(cfg.model.hidden == std::vector<int64_t>{8});
   CHECK(cfg.data.workers.value == 3);
   CHECK(cfg.train.duration == Period::steps(7));
+  CHECK(cfg.data.eval_batch_size.is_auto());  // auto: the training batch (pipeline resolves it)
+  CHECK(load_experiment("", {"data.eval_batch_size=300"}).data.eval_batch_size.value == 300);
   auto file = write_tmp("prec.yaml", "optim:\n  lr: 0.2\n  name: sgd\n");
   auto from_file = load_experiment(file, {});
   CHECK(from_file.optim.lr == 0.2);
@@ -126,6 +128,10 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
       {"data:\n  batch_size: 12.5\n",
        {"bad.yaml:2:15: data.batch_size: expected an integer, got '12.5'"}},
       {"data:\n  workers: many\n", {"data.workers: expected a non-negative integer or auto"}},
+      {"data:\n  eval_batch_size: 0\n",
+       {"bad.yaml:2:20: data.eval_batch_size: must be > 0 or auto"}},
+      {"model:\n  script_executor: simple\n",
+       {"model.script_executor: 'simple' is not one of: legacy, profiling"}},
       {"train:\n  duration: 10\n",
        {"train.duration: '10' has no unit: write 10ep (epochs) or 10u"}},
       {"train:\n  duration: never\n", {"train.duration: must not be 'never'"}},

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/model/model.hpp"
@@ -71,4 +72,35 @@ TEST_CASE("TorchScript models load, run and train from C++", "[model]") {
   CHECK(last < first * 0.5);  // it memorises a fixed batch
   mc.path = "/nonexistent.pt";
   CHECK_THROWS_AS(model::build_model(mc, {1, 28, 28}, 10, 0), ConfigError);
+}
+
+// model.script_executor picks TorchScript's graph executor (legacy: less memory on CPU, see
+// README "Memory"); both must train to the same losses from the same seed.
+TEST_CASE("TorchScript executors: legacy and profiling train identically", "[model]") {
+  auto losses = [](const std::string& executor) {
+    config::ModelConfig mc;
+    mc.name = "torchscript";
+    mc.path = std::string(MLTRAIN_SOURCE_DIR) + "/tests/golden/tiny_script.pt";
+    mc.script_executor = executor;
+    auto m = model::build_model(mc, {1, 28, 28}, 10, 0);
+    CHECK(torch::jit::getProfilingMode() == (executor == "profiling"));
+    auto opt = optim::Optimizer::create(config::OptimConfig{}, m->named_parameters());
+    torch::manual_seed(3);
+    auto x = torch::randn({16, 1, 28, 28});
+    auto y = torch::randint(0, 10, {16});
+    std::vector<double> out;
+    for (int i = 0; i < 8; ++i) {  // past the profiling executor's profiled runs
+      auto loss = torch::nn::functional::cross_entropy(m->forward(x), y);
+      opt->zero_grad();
+      loss.backward();
+      opt->step(1e-3);
+      out.push_back(loss.item<double>());
+    }
+    return out;
+  };
+  const auto legacy = losses("legacy"), profiling = losses("profiling");
+  REQUIRE(legacy.size() == profiling.size());
+  for (size_t i = 0; i < legacy.size(); ++i) CHECK(legacy[i] == Approx(profiling[i]).epsilon(1e-5));
+  CHECK(legacy.back() < legacy.front());
+  torch::jit::getProfilingMode() = true;  // LibTorch's default, for the tests after this one
 }

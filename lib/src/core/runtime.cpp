@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <mutex>
@@ -57,6 +58,12 @@ int64_t peak_rss_kib() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_maxrss;
+}
+int64_t current_rss_kib() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
 static std::string cpu_flags_of_interest() {

@@ -143,7 +143,7 @@ Measure measure(const config::ExperimentConfig& base, const train::Splits& split
   // One evaluation batch is enough: profiling never evaluates.
   train::PipelineOptions po;
   po.splits = &splits;
-  po.eval_limit = cfg.data.eval_batch_size;
+  po.eval_limit = cfg.data.eval_batch_size.resolve(cfg.data.batch_size);
   const auto p = train::build_pipeline(cfg, dist::World{}, po);
   Trainer& trainer = *p->trainer;
   if (trainer.total_steps() < o.wait + o.warmup + o.active)

@@ -8,6 +8,7 @@
 #include "mltrain/config/format.hpp"
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/runtime.hpp"
 #include "mltrain/formats/safetensors.hpp"
 
 namespace mltrain::train {
@@ -78,6 +79,7 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
                       {"grad_norm", w_.grad_norm / w_.steps},
                       {"grad_norm_max", w_.grad_norm_max},
                       {"skipped_steps", t.progress().skipped_steps},
+                      {"rss_mib", runtime::current_rss_kib() / 1024.0},
                       {"time_s", t.progress().train_seconds}};
   if (w_.units > 0) j["accuracy"] = w_.accuracy();
   if (t.cfg().task.name == "language_model") j["tokens_per_s"] = w_.units / w_.step_s;

@@ -273,7 +273,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   p->train_loader = std::make_unique<data::Loader>(p->splits.train, lo);
   data::LoaderOptions& eo = p->eval_options;
   eo = lo;
-  eo.batch_size = cfg.data.eval_batch_size;
+  eo.batch_size = cfg.data.eval_batch_size.resolve(cfg.data.batch_size);
   eo.shuffle = false;
   eo.drop_last = false;
   eo.cover_all = true;  // metrics over every held-out sample, whatever the world size

@@ -93,6 +93,10 @@ inline Check<std::vector<int64_t>> each_positive() {
             return std::string();
           }};
 }
+inline Check<Count> positive_or_auto() {
+  return {"> 0 or auto",
+          [](const Count& c) { return c.is_auto() || c.value > 0 ? "" : "must be > 0 or auto"; }};
+}
 inline Check<Period> period_enabled() {
   return {"not never", [](const Period& p) { return p.enabled() ? "" : "must not be 'never'"; }};
 }

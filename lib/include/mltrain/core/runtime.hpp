@@ -37,5 +37,7 @@ nlohmann::json describe();  // threads, route, allocator, versions, CPU flags
 // Minor page faults of this process so far (getrusage), and peak RSS in KiB.
 int64_t minor_faults();
 int64_t peak_rss_kib();
+// Resident set now (VmRSS: anonymous + file-backed mapped pages), KiB; 0 where /proc is absent.
+int64_t current_rss_kib();
 
 }  // namespace mltrain::runtime
