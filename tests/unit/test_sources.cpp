@@ -244,6 +244,37 @@ TEST_CASE("CSV: names, categories, fills, standardisation and text classes", "[c
   CHECK(s[0] == Approx(-1.2247449).epsilon(1e-5));  // (30 - 40) / std(30, 40, 50)
 }
 
+// RFC 4180 details the table reader re-splits rows for: "" inside quotes, quoted delimiters and
+// newlines, CRLF line ends, blank lines, a last row without a newline; error lines count the
+// newlines inside quoted cells.
+TEST_CASE("CSV: RFC 4180 quoting, CRLF, blank lines", "[csv]") {
+  const fs::path d = fresh_dir("csv_rfc");
+  std::ofstream(d / "q.csv") << "name,x,y\r\n"
+                                "\"say \"\"hi\"\"\",1,0\r\n"
+                                "\r\n"
+                                "\"two\nlines, here\",2,1\r\n"
+                                "plain,3,0";
+  CsvOptions o;
+  o.categorical = {"name"};
+  o.standardize = false;
+  o.num_classes = 2;
+  CsvOptions::Learned L;
+  const Dataset t = load_csv((d / "q.csv").string(), o, &L);
+  REQUIRE(t.count == 3);
+  CHECK(L.categories[0] ==
+        std::vector<std::string>{"plain", "say \"hi\"", "two\nlines, here"});  // sorted
+  const float* x = reinterpret_cast<const float*>(t.data);
+  CHECK(x[0] == 1);  // 'say "hi"'
+  CHECK(x[1] == 1);
+  CHECK(x[2] == 2);  // the quoted cell with a newline
+  CHECK(x[5] == 3);
+  CHECK(t.label(1) == 1);
+  std::ofstream(d / "bad.csv") << "name,x,y\n\"two\nlines, here\",1,0\nplain,oops,1\n";
+  o.reuse = &L;
+  const std::string e = error_of([&] { load_csv((d / "bad.csv").string(), o, nullptr); });
+  CHECK(e.find("bad.csv:4, column 'x'") != std::string::npos);  // line 4: the quoted newline counts
+}
+
 TEST_CASE("CSV bad input names file, line and column", "[csv][bad]") {
   const fs::path d = fresh_dir("csv_bad");
   auto err = [&](const std::string& text, CsvOptions o) {

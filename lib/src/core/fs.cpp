@@ -73,9 +73,19 @@ void write_file_atomic(const std::string& path, const std::string& content) {
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path, "cannot open: " + errno_text(), "check the path and permissions");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  // Sized from the file and read in place: a stringstream doubled and copied a 130 MB CSV 4 times.
+  std::string out;
+  std::error_code ec;
+  const auto size =
+      std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+  if (!ec && size > 0) out.resize(static_cast<size_t>(size));
+  in.read(out.data(), static_cast<std::streamsize>(out.size()));
+  out.resize(static_cast<size_t>(in.gcount()));
+  char buf[65536];  // what a pipe, or a file that grew, holds beyond that
+  while (in.read(buf, sizeof buf) || in.gcount() > 0)
+    out.append(buf, static_cast<size_t>(in.gcount()));
+  if (in.bad()) throw DataError(path, "read failed: " + errno_text(), "check the disk");
+  return out;
 }
 
 MappedFile::MappedFile(const std::string& path) {

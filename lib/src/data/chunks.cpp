@@ -55,10 +55,12 @@ json flush_chunk(ChunkOut& c, const fs::path& dir, int64_t index, bool jpeg) {
   AtomicFile f((dir / name).string());
   f.write(file.data(), file.size());
   f.commit();
-  json j = {{"file", name},
-            {"count", c.count},
-            {"bytes", file.size()},
-            {"sha256", sha256_hex(std::string(file.begin(), file.end()))}};
+  json j = {{"file", name}, {"count", c.count}, {"bytes", file.size()}, {"sha256", [&] {
+                                                                           Sha256 h;
+                                                                           h.update(file.data(),
+                                                                                    file.size());
+                                                                           return h.hex();
+                                                                         }()}};
   c = ChunkOut{};
   return j;
 }
@@ -129,6 +131,8 @@ ConvertReport write_chunks(const Dataset& ds, const std::string& dir,
   ConvertReport r;
   for (int64_t i = 0; i < ds.count; ++i) {
     const uint8_t* px = ds.sample_into(i, buf);
+    if (!opt.jpeg && cur.bytes.empty())  // one allocation per chunk, not a doubling series
+      cur.bytes.reserve(static_cast<size_t>(page_up(per * ds.sample_bytes())));
     if (opt.jpeg) {
       const auto enc =
           encode_jpeg(px, ds.sample_shape[0], ds.sample_shape[1], ds.sample_shape[2], opt.quality);

@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <map>
+#include <deque>
+#include <set>
+#include <string_view>
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
@@ -12,72 +14,119 @@ namespace mltrain::data {
 
 namespace {
 
+// The file's text and where each row starts: cells are split again when a pass reads the row, so a
+// table costs its text plus one offset per row, not one string per cell (a 130 MB table of 47 M
+// cells held as strings took 2 GB).
 struct Table {
+  std::string text;
   std::vector<std::string> header;
-  std::vector<std::vector<std::string>> rows;
+  std::vector<size_t> starts;  // offset of each data row in text
   std::vector<int64_t> lines;  // 1-based line of each row, for errors
+  char delim = ',';
 };
 
-// RFC 4180: quoted cells may hold delimiters, quotes ("") and newlines.
-Table parse(const std::string& path, const std::string& text, char delim, bool header) {
-  Table t;
-  std::vector<std::string> row;
-  std::string cell;
-  bool quoted = false, any = false;
-  int64_t line = 1, row_line = 1;
-  auto end_row = [&] {
-    row.push_back(std::move(cell));
-    cell.clear();
-    const bool blank = row.size() == 1 && row[0].empty();
-    if (!blank) {
-      t.rows.push_back(std::move(row));
-      t.lines.push_back(row_line);
+// One row's cells: views into the table's text, or into `unquoted` for quoted cells holding "".
+struct Row {
+  std::vector<std::string_view> cells;
+  std::deque<std::string> unquoted;  // a deque: growing it keeps earlier views valid
+  std::string_view operator[](int64_t c) const { return cells[static_cast<size_t>(c)]; }
+};
+
+// RFC 4180: quoted cells may hold delimiters, quotes ("") and newlines. Splits the row starting at
+// `pos`; returns the offset after its line end. `line` counts newlines, quoted ones included.
+size_t split(const std::string& text, size_t pos, char delim, Row& row, int64_t* line = nullptr) {
+  row.cells.clear();
+  row.unquoted.clear();
+  const size_t n = text.size();
+  while (true) {
+    size_t i = pos;
+    if (i < n && text[i] == '"') {  // quoted cell
+      std::string cell;
+      bool escaped = false;
+      size_t j = i + 1;
+      for (; j < n; ++j) {
+        if (text[j] == '"' && j + 1 < n && text[j + 1] == '"') {
+          cell += '"', ++j, escaped = true;
+        } else if (text[j] == '"') {
+          break;
+        } else {
+          if (text[j] == '\n' && line) ++*line;
+          cell += text[j];
+        }
+      }
+      if (j >= n) return std::string::npos;  // unterminated
+      // Text after the closing quote, up to the delimiter, belongs to the cell as written.
+      size_t k = j + 1;
+      while (k < n && text[k] != delim && text[k] != '\n') ++k;
+      size_t stop = k;
+      if (stop > j + 1 && text[stop - 1] == '\r') --stop;
+      if (escaped || stop > j + 1) {
+        cell.append(text, j + 1, stop - j - 1);
+        row.unquoted.push_back(std::move(cell));
+        row.cells.emplace_back(row.unquoted.back());
+      } else {
+        row.cells.emplace_back(text.data() + i + 1, j - i - 1);
+      }
+      i = k;
+    } else {
+      size_t k = i;
+      while (k < n && text[k] != delim && text[k] != '\n') ++k;
+      size_t stop = k;
+      if (stop > i && text[stop - 1] == '\r') --stop;
+      row.cells.emplace_back(text.data() + i, stop - i);
+      i = k;
     }
-    row.clear();
-    any = false;
-  };
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (quoted) {
-      if (ch == '"' && i + 1 < text.size() && text[i + 1] == '"')
-        cell += '"', ++i;
-      else if (ch == '"')
-        quoted = false;
-      else
-        cell += ch, line += ch == '\n';
+    if (i < n && text[i] == delim) {
+      pos = i + 1;
       continue;
     }
-    if (!any) row_line = line;
-    any = true;
-    if (ch == '"' && cell.empty())
-      quoted = true;
-    else if (ch == delim)
-      row.push_back(std::move(cell)), cell.clear();
-    else if (ch == '\n')
-      end_row(), ++line;
-    else if (ch != '\r')
-      cell += ch;
+    if (i < n && line) ++*line;  // the row's own newline
+    return i < n ? i + 1 : n;
   }
-  if (quoted)
-    throw DataError(path + ":" + std::to_string(row_line), "unterminated quoted cell",
-                    "close the quote (a quote inside a quoted cell is written \"\")");
-  if (any || !cell.empty()) end_row();
-  if (t.rows.empty()) throw DataError(path, "no rows", "the table is empty");
-  if (header) {
-    t.header = t.rows.front();
-    t.rows.erase(t.rows.begin());
-    t.lines.erase(t.lines.begin());
-  } else {
-    for (size_t c = 0; c < t.rows.front().size(); ++c) t.header.push_back(std::to_string(c));
+}
+
+Table parse(const std::string& path, std::string text, char delim, bool header) {
+  Table t;
+  t.text = std::move(text);
+  t.delim = delim;
+  Row row;
+  int64_t line = 1;
+  size_t ncol = 0;
+  bool first = true;
+  for (size_t pos = 0; pos < t.text.size();) {
+    const int64_t row_line = line;
+    const size_t next = split(t.text, pos, delim, row, &line);
+    if (next == std::string::npos)
+      throw DataError(path + ":" + std::to_string(row_line), "unterminated quoted cell",
+                      "close the quote (a quote inside a quoted cell is written \"\")");
+    const bool blank = row.cells.size() == 1 && row.cells[0].empty();
+    if (!blank) {
+      if (first && header) {
+        for (const auto& c : row.cells) t.header.emplace_back(c);
+        ncol = row.cells.size();
+      } else {
+        if (first) ncol = row.cells.size();
+        if (row.cells.size() != ncol)
+          throw DataError(
+              path + ":" + std::to_string(row_line),
+              "row has " + std::to_string(row.cells.size()) + " cells, the " +
+                  (header ? "header " : "first row ") + std::to_string(ncol),
+              "every row needs one cell per column (quote cells holding the delimiter)");
+        t.starts.push_back(pos);
+        t.lines.push_back(row_line);
+      }
+      first = false;
+    }
+    pos = next;
   }
-  for (size_t r = 0; r < t.rows.size(); ++r)
-    if (t.rows[r].size() != t.header.size())
-      throw DataError(path + ":" + std::to_string(t.lines[r]),
-                      "row has " + std::to_string(t.rows[r].size()) + " cells, the header " +
-                          std::to_string(t.header.size()),
-                      "every row needs one cell per column (quote cells holding the delimiter)");
+  if (t.starts.empty()) throw DataError(path, "no rows", "the table is empty");
+  if (!header)
+    for (size_t c = 0; c < ncol; ++c) t.header.push_back(std::to_string(c));
   return t;
 }
+
+// Cells of row r (re-split from the text).
+void cells(const Table& t, size_t r, Row& row) { split(t.text, t.starts[r], t.delim, row); }
 
 int64_t column(const Table& t, const std::string& path, const std::string& key,
                const std::string& what) {
@@ -94,13 +143,13 @@ int64_t column(const Table& t, const std::string& path, const std::string& key,
                   "columns are: " + names + " (or give a 0-based index)");
 }
 
-bool missing(const std::string& s) {
+bool missing(std::string_view s) {
   return s.empty() || s == "NA" || s == "N/A" || s == "NaN" || s == "nan" || s == "null";
 }
 
-bool number(const std::string& s, double* v) {
+bool number(std::string_view s, double* v) {
   size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
-  if (a == std::string::npos) return false;
+  if (a == std::string_view::npos) return false;
   const char* p = s.data() + a;
   const char* e = s.data() + b + 1;
   if (*p == '+') ++p;
@@ -141,110 +190,125 @@ Columns columns_of(const std::string& path, const Table& t, const CsvOptions& op
 void learn_columns(const Columns& cs, CsvOptions::Learned& L) {
   const Table& t = cs.t;
   const std::vector<int64_t>& fcols = cs.features;
-  const size_t F = fcols.size(), N = t.rows.size();
+  const size_t F = fcols.size(), N = t.starts.size();
+  std::vector<std::set<std::string, std::less<>>> seen(F);
+  std::vector<double> sum(F, 0.0);
+  std::vector<int64_t> n(F, 0);
+  Row row;
+  for (size_t r = 0; r < N; ++r) {
+    cells(t, r, row);
+    for (size_t f = 0; f < F; ++f) {
+      const std::string_view s = row[fcols[f]];
+      double v = 0;
+      if (missing(s)) continue;
+      if (cs.cat(fcols[f])) {
+        if (seen[f].find(s) == seen[f].end()) seen[f].emplace(s);
+      } else if (number(s, &v)) {
+        sum[f] += v, ++n[f];
+      }
+    }
+  }
   L.categories.assign(F, {});
   L.means.assign(F, 0.0);
   L.stds.assign(F, 1.0);
   for (size_t f = 0; f < F; ++f) {
-    const int64_t c = fcols[f];
-    double sum = 0;
-    int64_t n = 0;
-    for (size_t r = 0; r < N; ++r) {
-      const std::string& s = t.rows[r][static_cast<size_t>(c)];
-      double v = 0;
-      if (missing(s)) continue;
-      if (cs.cat(c))
-        L.categories[f].push_back(s);
-      else if (number(s, &v))
-        sum += v, ++n;
-    }
-    auto& k = L.categories[f];
-    std::sort(k.begin(), k.end());
-    k.erase(std::unique(k.begin(), k.end()), k.end());
-    L.means[f] = n > 0 ? sum / static_cast<double>(n) : 0.0;
+    L.categories[f].assign(seen[f].begin(), seen[f].end());  // sorted, distinct
+    L.means[f] = n[f] > 0 ? sum[f] / static_cast<double>(n[f]) : 0.0;
   }
 }
 
-// Features as floats: numbers, category ids, filled missing cells.
+// One feature cell as a float: a number, a category id, or the fill of a missing cell.
+double feature_value(const Columns& cs, const CsvOptions& opt, const CsvOptions::Learned& L,
+                     std::string_view s, size_t r, size_t f) {
+  const int64_t c = cs.features[f];
+  double v = 0;
+  if (missing(s)) {
+    if (opt.fill == "error")
+      throw DataError(where(cs.path, cs.t, r, c), "missing value",
+                      "fill the cell, or set data.csv.fill to mean, zero or a number");
+    return opt.fill == "mean" ? L.means[f] : opt.fill == "zero" ? 0.0 : std::stod(opt.fill);
+  }
+  if (cs.cat(c)) {
+    const auto& k = L.categories[f];
+    const auto it = std::lower_bound(k.begin(), k.end(), s);
+    if (it == k.end() || *it != s)
+      throw DataError(where(cs.path, cs.t, r, c),
+                      "category '" + std::string(s) + "' is not in the training table",
+                      "add it to the training data, or map it to a known value");
+    return static_cast<double>(it - k.begin());
+  }
+  if (!number(s, &v))
+    throw DataError(where(cs.path, cs.t, r, c), "'" + std::string(s) + "' is not a number",
+                    "fix the cell, or list the column in data.csv.categorical");
+  return v;
+}
+
+// Features as floats, row by row.
 std::shared_ptr<std::vector<float>> read_features(const Columns& cs, const CsvOptions& opt,
                                                   const CsvOptions::Learned& L) {
-  const Table& t = cs.t;
-  const std::string& path = cs.path;
-  const std::vector<int64_t>& fcols = cs.features;
-  const size_t F = fcols.size(), N = t.rows.size();
+  const size_t F = cs.features.size(), N = cs.t.starts.size();
   auto values = std::make_shared<std::vector<float>>(N * F);
-  for (size_t r = 0; r < N; ++r)
-    for (size_t f = 0; f < F; ++f) {
-      const int64_t c = fcols[f];
-      const std::string& s = t.rows[r][static_cast<size_t>(c)];
-      double v = 0;
-      if (missing(s)) {
-        if (opt.fill == "error")
-          throw DataError(where(path, t, r, c), "missing value",
-                          "fill the cell, or set data.csv.fill to mean, zero or a number");
-        v = opt.fill == "mean" ? L.means[f] : opt.fill == "zero" ? 0.0 : std::stod(opt.fill);
-      } else if (cs.cat(c)) {
-        const auto& k = L.categories[f];
-        const auto it = std::lower_bound(k.begin(), k.end(), s);
-        if (it == k.end() || *it != s)
-          throw DataError(where(path, t, r, c), "category '" + s + "' is not in the training table",
-                          "add it to the training data, or map it to a known value");
-        v = static_cast<double>(it - k.begin());
-      } else if (!number(s, &v)) {
-        throw DataError(where(path, t, r, c), "'" + s + "' is not a number",
-                        "fix the cell, or list the column in data.csv.categorical");
-      }
-      (*values)[r * F + f] = static_cast<float>(v);
-    }
+  Row row;
+  for (size_t r = 0; r < N; ++r) {
+    cells(cs.t, r, row);
+    for (size_t f = 0; f < F; ++f)
+      (*values)[r * F + f] =
+          static_cast<float>(feature_value(cs, opt, L, row[cs.features[f]], r, f));
+  }
   return values;
 }
 
 // Mean and standard deviation of each filled feature column (what the model sees).
 void learn_scale(const std::vector<float>& values, size_t N, size_t F, CsvOptions::Learned& L) {
-  const auto* v = &values;
+  std::vector<double> m(F, 0.0), q(F, 0.0);
+  for (size_t r = 0; r < N; ++r)
+    for (size_t f = 0; f < F; ++f) m[f] += values[r * F + f];
+  for (size_t f = 0; f < F; ++f) m[f] /= static_cast<double>(std::max<size_t>(N, 1));
+  for (size_t r = 0; r < N; ++r)
+    for (size_t f = 0; f < F; ++f) q[f] += std::pow(values[r * F + f] - m[f], 2);
   for (size_t f = 0; f < F; ++f) {
-    double m = 0, q = 0;
-    for (size_t r = 0; r < N; ++r) m += (*v)[r * F + f];
-    m /= static_cast<double>(std::max<size_t>(N, 1));
-    for (size_t r = 0; r < N; ++r) q += std::pow((*v)[r * F + f] - m, 2);
-    const double sd = std::sqrt(q / static_cast<double>(std::max<size_t>(N, 1)));
+    const double sd = std::sqrt(q[f] / static_cast<double>(std::max<size_t>(N, 1)));
     L.stds[f] = sd > 0 ? sd : 1.0;
-    L.scale_means.push_back(m);
+    L.scale_means.push_back(m[f]);
   }
 }
 
+// The target column as class ids: integers as written, or text names mapped to sorted ids.
 std::shared_ptr<std::vector<int64_t>> class_labels(const Columns& cs, const CsvOptions& opt,
                                                    CsvOptions::Learned& L) {
   const Table& t = cs.t;
   const std::string& path = cs.path;
-  const size_t N = t.rows.size();
+  const size_t N = t.starts.size();
   if (cs.targets.size() != 1)
     throw DataError(path, "classification takes one target column", "set one data.csv.target");
   const int64_t c = cs.targets[0];
+  Row row;
   bool text = !opt.reuse ? false : !L.class_names.empty();
-  if (!opt.reuse)
-    for (size_t r = 0; r < N && !text; ++r) {
+  if (!opt.reuse) {
+    std::set<std::string, std::less<>> names;
+    for (size_t r = 0; r < N; ++r) {
+      cells(t, r, row);
       double v = 0;
-      text = !number(t.rows[r][static_cast<size_t>(c)], &v);
+      text = text || !number(row[c], &v);
+      if (names.find(row[c]) == names.end()) names.emplace(row[c]);
     }
-  if (text && !opt.reuse) {
-    for (size_t r = 0; r < N; ++r) L.class_names.push_back(t.rows[r][static_cast<size_t>(c)]);
-    std::sort(L.class_names.begin(), L.class_names.end());
-    L.class_names.erase(std::unique(L.class_names.begin(), L.class_names.end()),
-                        L.class_names.end());
+    if (text) L.class_names.assign(names.begin(), names.end());
   }
   auto labels = std::make_shared<std::vector<int64_t>>(N);
   for (size_t r = 0; r < N; ++r) {
-    const std::string& s = t.rows[r][static_cast<size_t>(c)];
+    cells(t, r, row);
+    const std::string_view s = row[c];
     double v = -1;
     if (text) {
       const auto it = std::lower_bound(L.class_names.begin(), L.class_names.end(), s);
       if (it == L.class_names.end() || *it != s)
-        throw DataError(where(path, t, r, c), "class '" + s + "' is not in the training table",
+        throw DataError(where(path, t, r, c),
+                        "class '" + std::string(s) + "' is not in the training table",
                         "every test class must occur in training");
       v = static_cast<double>(it - L.class_names.begin());
     } else if (!number(s, &v) || v != std::floor(v)) {
-      throw DataError(where(path, t, r, c), "class label '" + s + "' is not an integer id",
+      throw DataError(where(path, t, r, c),
+                      "class label '" + std::string(s) + "' is not an integer id",
                       "use ids 0..K-1 or text class names in every row");
     }
     if (v < 0 || v >= static_cast<double>(opt.num_classes))
@@ -262,21 +326,24 @@ std::shared_ptr<std::vector<float>> float_targets(const Columns& cs, const CsvOp
   const Table& t = cs.t;
   const std::string& path = cs.path;
   const std::vector<int64_t>& tcols = cs.targets;
-  const size_t N = t.rows.size();
+  const size_t N = t.starts.size();
   const size_t T = tcols.size();
   auto targets = std::make_shared<std::vector<float>>(N * T);
-  for (size_t r = 0; r < N; ++r)
+  Row row;
+  for (size_t r = 0; r < N; ++r) {
+    cells(t, r, row);
     for (size_t k = 0; k < T; ++k) {
       const int64_t c = tcols[k];
       double v = 0;
-      if (!number(t.rows[r][static_cast<size_t>(c)], &v))
+      if (!number(row[c], &v))
         throw DataError(where(path, t, r, c),
-                        "target '" + t.rows[r][static_cast<size_t>(c)] + "' is not a number",
+                        "target '" + std::string(row[c]) + "' is not a number",
                         "targets must be numbers (missing targets are never filled)");
       if (opt.target_kind == TargetKind::kMultiHot && v != 0 && v != 1)
         throw DataError(where(path, t, r, c), "multilabel target must be 0 or 1", "fix the cell");
       (*targets)[r * T + k] = static_cast<float>(v);
     }
+  }
   if (opt.target_kind == TargetKind::kMultiHot && static_cast<int64_t>(T) != opt.num_classes)
     throw DataError(
         path,
@@ -288,10 +355,10 @@ std::shared_ptr<std::vector<float>> float_targets(const Columns& cs, const CsvOp
 }  // namespace
 
 Dataset load_csv(const std::string& path, const CsvOptions& opt, CsvOptions::Learned* learned) {
-  const Table t = parse(path, read_file(path), opt.delimiter, opt.header);
+  Table t = parse(path, read_file(path), opt.delimiter, opt.header);
   const Columns cs = columns_of(path, t, opt);
   CsvOptions::Learned L = opt.reuse ? *opt.reuse : CsvOptions::Learned{};
-  const size_t F = cs.features.size(), N = t.rows.size();
+  const size_t F = cs.features.size(), N = t.starts.size();
   if (!opt.reuse) learn_columns(cs, L);  // from this, the training, table
   if (L.categories.size() != F)
     throw DataError(path,
