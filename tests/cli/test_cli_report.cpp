@@ -85,13 +85,18 @@ TEST_CASE("runs table and an HTML report of two real runs, rendered by headless 
   CHECK(r.out.find("lr_high/v0") != std::string::npos);
   CHECK(r.out.find("lr_low/v0") != std::string::npos);
   CHECK(r.out.find("finished") != std::string::npos);
-  // A run whose process died leaves "running" with a dead pid: shown as stale, not running.
+  // A run whose process died leaves "running" with a dead pid: shown as interrupted (killed) at
+  // its last recorded step, with the checkpoint it resumes from; a torn last line is counted.
   {
     std::ofstream(d / "lr_low" / "v0" / "status.json")
         << R"({"state": "running", "step": 5, "pid": 999999})";
+    std::ofstream(d / "lr_low" / "v0" / "metrics.jsonl", std::ios::app) << "{\"event\":\"tra";
   }
   r = run("runs " + d.string());
-  CHECK(r.out.find("stale") != std::string::npos);
+  INFO(r.out);
+  CHECK_THAT(r.out, Catch::Contains("interrupted at step 64 (killed, pid 999999 gone; resumes "
+                                    "from step_64); 1 torn metrics line(s)"));
+  CHECK(r.out.find("running") == std::string::npos);
   CHECK(run("runs " + d.string() + "/nope").code == 3);
 
   const auto html = d / "report.html";

@@ -269,6 +269,22 @@ TEST_CASE("profile and tune take every task: a regression run profiled, a study 
     CHECK(r2 <= 1);
   }
   CHECK(fs::exists(d / "tune/r2_study/best.yaml"));
+
+  // A study in which no trial completes is a failure: exit 1 naming the study folder, after the
+  // summary (here every trial's training data is missing).
+  std::ofstream(d / "broken.yaml")
+      << "study: {name: broken, dir: " << (d / "tune").string() << ", seed: 0, n_trials: 2}\n"
+      << "sampler: {name: random}\n"
+      << "objective: {metric: r2, direction: maximize}\n"
+      << "trial:\n  train: " << kSrc << "/configs/diabetes_regression.yaml\n"
+      << "  overrides: [train.duration=1ep, run.dir=" << (d / "runs").string()
+      << ", data.train_images=" << (d / "missing.npy").string() << "]\n"
+      << "space:\n  optim.lr: {type: float, low: 1.0e-3, high: 3.0e-2, log: true}\n";
+  auto broken = run("tune " + (d / "broken.yaml").string());
+  INFO(broken.out);
+  CHECK(broken.code == 1);
+  CHECK_THAT(broken.out, Catch::Contains("tune/broken: no trial completed ("));
+  CHECK_THAT(broken.out, Catch::Contains("trials.csv"));
 }
 
 TEST_CASE("multilabel on 2 Gloo ranks: every held-out sample counted once, metrics as one process",

@@ -2,6 +2,8 @@
 // corpora, SIGKILL/SIGTERM resume, damaged checkpoints, the run folder.
 #include "cli_support.hpp"
 
+#include <map>
+
 TEST_CASE("--version, --help and usage errors", "[cli]") {
   auto v = run("--version");
   CHECK(v.code == 0);
@@ -109,16 +111,38 @@ TEST_CASE("SIGKILL mid-epoch, resume: final weights bitwise equal to an uninterr
   REQUIRE(run(join(ref, 1)).code == 0);
 
   auto args = small_run(d, "killed");
+  args.push_back("train.log_every=1u");  // a record per step: the progress the test waits on
   pid_t pid = spawn(args, d / "killed1.log");
-  // Wait until a mid-epoch checkpoint (step 20 of 46 per epoch) exists and training has gone on past it.
-  const fs::path latest = d / "killed/v0/checkpoints/latest";
+  // Wait until training has recorded step 23 (past the checkpoint at step 20, 46 steps per epoch):
+  // killed between checkpoints, the resumed run redoes the steps after the latest one.
+  const fs::path metrics = d / "killed/v0/metrics.jsonl";
   REQUIRE(wait_for(
-      [&] { return fs::exists(latest) && slurp(latest).find("step_20") != std::string::npos; },
+      [&] {
+        return fs::exists(metrics) && slurp(metrics).find("\"step\":23,") != std::string::npos;
+      },
       120));
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
   kill(pid, SIGKILL);
   CHECK(wait_exit(pid) == 128 + SIGKILL);
   CHECK(!fs::exists(d / "killed/v0/checkpoints/step_92"));
+  // `mltrain runs` tells what happened: killed, at which step, and where it will resume.
+  auto status = run("runs " + (d / "killed/v0").string());
+  CHECK(status.code == 0);
+  CHECK_THAT(status.out, Catch::Contains("interrupted at step "));
+  CHECK_THAT(status.out, Catch::Contains("(killed, pid " + std::to_string(pid) +
+                                         " gone; resumes "
+                                         "from step_"));
+  // Records written after the latest checkpoint (or torn by the kill) are what resume must drop.
+  const std::string latest = slurp(d / "killed/v0/checkpoints/latest");
+  const int64_t ck_step = std::stoll(latest.substr(latest.find("step_") + 5));
+  int64_t beyond = 0;
+  std::istringstream before(slurp(metrics));
+  for (std::string line; std::getline(before, line);) {
+    try {
+      beyond += nlohmann::json::parse(line).value("step", int64_t{0}) > ck_step;
+    } catch (const std::exception&) {
+      ++beyond;
+    }
+  }
 
   auto resumed = run(join(args, 1));
   REQUIRE(resumed.code == 0);
@@ -130,6 +154,18 @@ TEST_CASE("SIGKILL mid-epoch, resume: final weights bitwise equal to an uninterr
   CHECK(a == b);
   CHECK(slurp(d / "reference/v0/checkpoints/step_92/state.safetensors") ==
         slurp(d / "killed/v0/checkpoints/step_92/state.safetensors"));
+  // Each step is recorded once: the records the killed run wrote after its last checkpoint were
+  // dropped at resume and written again.
+  std::map<int64_t, int> seen;
+  std::istringstream jl(slurp(metrics));
+  for (std::string line; std::getline(jl, line);) {
+    const auto rec = nlohmann::json::parse(line);  // no torn line left either
+    if (rec.value("event", "") == "train") ++seen[rec.at("step").get<int64_t>()];
+  }
+  CHECK(seen.size() == 92);
+  for (const auto& [step, n] : seen) CHECK(n == 1);
+  CHECK((resumed.out.find("[metrics] dropped " + std::to_string(beyond) + " record") !=
+         std::string::npos) == (beyond > 0));
   // A finished run is not resumed again: the next invocation starts v1.
   auto again = run(join(args, 1) + " train.duration=1u");
   CHECK(again.code == 0);

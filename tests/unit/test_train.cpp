@@ -417,6 +417,11 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
   CHECK(latest->step == 30);
   CHECK_THROWS_WITH(train::CheckpointStore::load_dir(root / "step_50"),
                     Catch::Contains("no manifest.json"));
+  // Folders whose names only look like checkpoints (a step past int64) are ignored, not a throw.
+  fs::create_directories(root / "step_99999999999999999999999");
+  fs::create_directories(root / "step_1x");
+  CHECK(train::CheckpointStore::list_complete(root).size() == 3);
+  CHECK(store.load_latest(&warnings)->step == 30);
   // NaN monitors never count as best.
   auto root2 = mltrain::testing::fresh_temp_dir("train_ck2");
   train::CheckpointStore s2(root2, {1, 1, true});

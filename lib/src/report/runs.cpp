@@ -24,7 +24,7 @@ namespace mltrain::report {
 using config::format_fixed;
 namespace {
 
-std::vector<nlohmann::json> read_metrics(const fs::path& dir) {
+std::vector<nlohmann::json> read_metrics(const fs::path& dir, int64_t* torn = nullptr) {
   std::vector<nlohmann::json> out;
   std::ifstream in(dir / "metrics.jsonl");
   std::string line;
@@ -32,7 +32,8 @@ std::vector<nlohmann::json> read_metrics(const fs::path& dir) {
     if (line.empty()) continue;
     try {
       out.push_back(nlohmann::json::parse(line));
-    } catch (const std::exception&) {  // a line cut by a crash: the rest is still good
+    } catch (const std::exception&) {  // a line cut by a crash: the rest is still good, counted
+      if (torn) ++*torn;
     }
   }
   return out;
@@ -90,17 +91,16 @@ RunInfo read_run(const fs::path& dir) {
       r.detail = j.value("detail", "");
       const int pid = j.value("pid", 0);
       if (r.state == "running" && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-        r.state = "stale";
-        r.detail = "status says running but process " + std::to_string(pid) + " is gone (killed?)";
+        r.state = "killed";  // status.json was never updated: the step comes from the files
+        r.detail = "killed, pid " + std::to_string(pid) + " gone";
       }
     }
   } catch (const std::exception&) {
     r.detail = "unreadable status.json";
   }
-  if (r.state == "interrupted")
-    r.detail = "interrupted at step " + std::to_string(r.step) +
-               (r.detail.empty() ? "" : " (" + r.detail + ")");
-  for (const auto& m : read_metrics(dir)) {
+  int64_t torn = 0;
+  const auto metrics = read_metrics(dir, &torn);
+  for (const auto& m : metrics) {
     const std::string ev = m.value("event", "");
     if (ev == "eval" && m.value("accuracy", -1.0) > r.best_eval_accuracy) {
       r.best_eval_accuracy = m.value("accuracy", -1.0);
@@ -111,8 +111,20 @@ RunInfo read_run(const fs::path& dir) {
     if (m.contains("step") && r.state == "unknown")
       r.step = std::max(r.step, m.value("step", int64_t{0}));
   }
-  r.checkpoints =
-      static_cast<int>(train::CheckpointStore::list_complete(dir / "checkpoints").size());
+  const auto complete = train::CheckpointStore::list_complete(dir / "checkpoints");
+  r.checkpoints = static_cast<int>(complete.size());
+  if (r.state == "killed") {  // "interrupted at step k": the last record, and where it resumes
+    r.state = "interrupted";
+    for (const auto& m : metrics) r.step = std::max(r.step, m.value("step", int64_t{0}));
+    const std::string last = complete.empty() ? "" : complete.back().filename().string();
+    r.detail += "; " + (last.empty() ? std::string("no checkpoint, restarts from step 0")
+                                     : "resumes from " + last);  // sorted by step
+  }
+  if (r.state == "interrupted")
+    r.detail = "interrupted at step " + std::to_string(r.step) +
+               (r.detail.empty() ? "" : " (" + r.detail + ")");
+  if (torn > 0)
+    r.detail += (r.detail.empty() ? "" : "; ") + std::to_string(torn) + " torn metrics line(s)";
   return r;
 }
 
@@ -143,7 +155,7 @@ std::string runs_table(const std::vector<RunInfo>& runs) {
         r.best_eval_accuracy >= 0 ? format_fixed(100 * r.best_eval_accuracy, 2) + "%" : "-";
     std::snprintf(line, sizeof line, "%-34s %-12s %10s %8lld %10s %6d  %s\n", r.name.c_str(),
                   r.state.c_str(), best.c_str(), (long long)r.step, duration(r.seconds).c_str(),
-                  r.checkpoints, r.detail.substr(0, 80).c_str());
+                  r.checkpoints, r.detail.substr(0, 120).c_str());
     o << line;
   }
   if (runs.empty()) o << "(no runs)\n";

@@ -1,5 +1,6 @@
 #include "mltrain/train/checkpoint.hpp"
 
+#include <charconv>
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -18,7 +19,9 @@ int64_t step_of(const fs::path& p) {
   if (n.rfind("step_", 0) != 0) return -1;
   const std::string digits = n.substr(5);
   if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(digits);
+  int64_t step = -1;  // from_chars: a name too long for int64 is not a checkpoint, not a throw
+  const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  return r.ec == std::errc() && r.ptr == digits.data() + digits.size() ? step : -1;
 }
 }  // namespace
 

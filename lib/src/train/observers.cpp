@@ -2,12 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <iostream>
 
 #include "mltrain/config/format.hpp"
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/fs.hpp"
 #include "mltrain/core/runtime.hpp"
 #include "mltrain/formats/safetensors.hpp"
 
@@ -26,6 +29,47 @@ MetricsWriter::MetricsWriter(const fs::path& run_dir, bool tensorboard, bool eva
   jsonl_.open(run_dir / "metrics.jsonl", std::ios::app);
   csv_.open(run_dir / "metrics.csv", std::ios::app);
   if (fresh) csv_ << csv_header() << "\n" << std::flush;
+}
+
+int64_t MetricsWriter::rewind(const fs::path& run_dir, int64_t step) {
+  int64_t dropped = 0;  // metrics.jsonl records (metrics.csv holds the same rows)
+  auto keep_lines = [&](const fs::path& file, auto keep, bool count) {
+    std::ifstream in(file);
+    if (!in) return;
+    std::string line, out;
+    for (bool first = true; std::getline(in, line); first = false) {
+      if (keep(line, first))
+        out += line + "\n";
+      else
+        dropped += count;
+    }
+    in.close();
+    write_file_atomic(file.string(), out);
+  };
+  keep_lines(
+      run_dir / "metrics.jsonl",
+      [&](const std::string& line, bool) {
+        try {
+          const auto j = nlohmann::json::parse(line);
+          return !j.contains("step") || j["step"].get<int64_t>() <= step;
+        } catch (const std::exception&) {
+          return false;  // torn by the kill, or not JSON at all
+        }
+      },
+      true);
+  keep_lines(
+      run_dir / "metrics.csv",
+      [&](const std::string& line, bool first) {
+        if (first) return line == csv_header();
+        const size_t a = line.find(','), b = line.find(',', a + 1);
+        if (a == std::string::npos || b == std::string::npos) return false;
+        int64_t s = 0;
+        const auto r = std::from_chars(line.data() + a + 1, line.data() + b, s);
+        return r.ec == std::errc() && r.ptr == line.data() + b && s <= step &&
+               std::count(line.begin(), line.end(), ',') == 9;
+      },
+      false);
+  return dropped;
 }
 
 const char* MetricsWriter::csv_header() {

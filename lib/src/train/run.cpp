@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -40,9 +41,10 @@ fs::path choose_run_dir(const config::ExperimentConfig& cfg, bool* resuming) {
   if (fs::exists(base))
     for (const auto& e : fs::directory_iterator(base)) {
       const std::string n = e.path().filename().string();
+      int64_t v = -1;  // v<N>; a name too long for int64 is not a version, not a throw
       if (e.is_directory() && n.size() > 1 && n[0] == 'v' &&
-          n.find_first_not_of("0123456789", 1) == std::string::npos)
-        newest = std::max<int64_t>(newest, std::stoll(n.substr(1)));
+          std::from_chars(n.data() + 1, n.data() + n.size(), v).ptr == n.data() + n.size())
+        newest = std::max<int64_t>(newest, v);
     }
   *resuming = false;
   if (newest >= 0 && cfg.checkpoint.resume == "auto") {
@@ -249,6 +251,10 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   if (auto hooks = std::make_unique<TestHooks>(*p->model, world.rank); hooks->active())
     trainer.add_observer(std::move(hooks));
   if (writer) {  // rank 0 alone writes metrics, checkpoints and the console log
+    if (ck)
+      if (const int64_t n = MetricsWriter::rewind(run_dir, ck->step); n > 0)
+        spdlog::info("[metrics] dropped {} record(s) written after step {} (redone now)", n,
+                     ck->step);
     trainer.add_observer(
         std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard, opt.jsonl_stdout));
     trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));

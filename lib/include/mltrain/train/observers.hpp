@@ -42,6 +42,10 @@ class MetricsWriter : public Observer {
   void on_step_end(Trainer& t, const StepInfo& s) override;
   void on_eval_end(Trainer& t, const EvalResult& r) override;
   static const char* csv_header();
+  // Before a resume from the checkpoint at `step`: drops the records a killed run wrote after it
+  // (they are written again) and lines cut by the kill, from metrics.jsonl and metrics.csv, so
+  // each step is recorded once. Returns how many metrics.jsonl lines were dropped.
+  static int64_t rewind(const std::filesystem::path& run_dir, int64_t step);
 
  private:
   void write(const nlohmann::json& j);
