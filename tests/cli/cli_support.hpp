@@ -2,9 +2,12 @@
 // Shared by the CLI tests (one file per command, tests/cli/test_cli_<command>.cpp, one ctest entry
 // each): run the real `mltrain` binary, spawn and wait for it, fresh temp folders, small files.
 #include <catch2/catch.hpp>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <zlib.h>
@@ -27,6 +31,38 @@ namespace fs = std::filesystem;
 inline const std::string kBin = MLTRAIN_BIN;
 inline const std::string kSrc = MLTRAIN_SOURCE_DIR;
 inline const std::string kFmnist = "/usr/share/datasets/fashion-mnist";
+
+// The first of n consecutive loopback TCP ports that were free when asked (the kernel's pick for
+// the first, each next one checked by binding it): rendezvous ports for tests, never fixed ones,
+// so parallel ctest entries and leftovers from other runs cannot collide.
+inline int free_ports(int n = 1) {
+  auto bind_port = [](int port) {  // the bound socket's fd (port 0: the kernel picks), or -1
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    if (fd >= 0) ::close(fd);
+    return -1;
+  };
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int first = bind_port(0);
+    REQUIRE(first >= 0);
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    ::getsockname(first, reinterpret_cast<sockaddr*>(&a), &len);
+    const int port = ntohs(a.sin_port);
+    std::vector<int> held{first};
+    for (int k = 1; k < n && held.size() == size_t(k); ++k)
+      if (const int fd = port + k < 65536 ? bind_port(port + k) : -1; fd >= 0) held.push_back(fd);
+    const bool all = held.size() == size_t(n);
+    for (const int fd : held) ::close(fd);
+    if (all) return port;
+  }
+  FAIL("no " << n << " consecutive free loopback ports");
+  return 0;
+}
 
 struct Result {
   int code;

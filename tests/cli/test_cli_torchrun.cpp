@@ -29,8 +29,8 @@ TEST_CASE(
 
   // 1. One node, two workers: every rank a client of torchrun's own store.
   digest("one");
-  auto one = sh(torchrun + "--nproc_per_node 2 --master_port 29671 --no_python " + train +
-                " run.name=one");
+  auto one = sh(torchrun + "--nproc_per_node 2 --master_port " + std::to_string(free_ports()) +
+                " --no_python " + train + " run.name=one");
   INFO(one.out);
   REQUIRE(one.code == 0);
   CHECK(one.out.find(
@@ -42,8 +42,8 @@ TEST_CASE(
   // 2. Two "nodes" on this host (two agents, --nnodes 2): the multi-node path, one worker each.
   digest("two");
   const std::string agent =
-      "torchrun -r 1 -t 1 --nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port "
-      "29672 ";
+      "torchrun -r 1 -t 1 --nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " +
+      std::to_string(free_ports()) + " ";
   auto two = sh(in_dir + "{ " + agent + "--node_rank 1 --no_python " + train +
                 " run.name=two > node1.log 2>&1 & " + agent + "--node_rank 0 --no_python " + train +
                 " run.name=two; rc=$?; wait; exit $rc; }");
@@ -56,17 +56,17 @@ TEST_CASE(
 
   // 3. No agent (hand-set variables, two nodes): rank 0 serves the TCPStore and warns about it.
   digest("tcp");
-  const std::string env =
-      "MASTER_ADDR=127.0.0.1 MASTER_PORT=29673 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 LOCAL_RANK=0 ";
+  const std::string tcp_port = std::to_string(free_ports());
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + tcp_port +
+                          " WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 LOCAL_RANK=0 ";
   auto tcp =
       sh(in_dir + "{ " + env + "RANK=1 GROUP_RANK=1 " + train + " run.name=tcp > tcp1.log 2>&1 & " +
          env + "RANK=0 GROUP_RANK=0 " + train + " run.name=tcp; rc=$?; wait; exit $rc; }");
   INFO(tcp.out);
   REQUIRE(tcp.code == 0);
-  CHECK(
-      tcp.out.find(
-          "TCPStore on 127.0.0.1:29673: the port is unauthenticated and open on all interfaces") !=
-      std::string::npos);
+  CHECK(tcp.out.find("TCPStore on 127.0.0.1:" + tcp_port +
+                     ": the port is unauthenticated and open on all interfaces") !=
+        std::string::npos);
   CHECK(tcp.out.find("(local 0/1, node 0/2, torchrun) joined Gloo over TCPStore") !=
         std::string::npos);
   CHECK(lines_of(d / "tcp.0") == want);
@@ -76,16 +76,15 @@ TEST_CASE(
   ::setenv("MLTRAIN_TEST_KILL", "1:20", 1);
   const std::string longer =
       train + " train.duration=2ep checkpoint.every=8u distributed.timeout_s=30";
-  auto restart =
-      sh(torchrun + "--nproc_per_node 2 --master_port 29674 --max_restarts 1 --no_python " +
-         longer + " run.name=restart");
+  auto restart = sh(torchrun + "--nproc_per_node 2 --master_port " + std::to_string(free_ports()) +
+                    " --max_restarts 1 --no_python " + longer + " run.name=restart");
   INFO(restart.out);
   CHECK(restart.code == 0);
   CHECK(restart.out.find("resuming in") != std::string::npos);
   CHECK(restart.out.find("after 64 steps") != std::string::npos);
   // Without restarts torchrun fails, and its summary carries the survivor's own message (TORCHELASTIC_ERROR_FILE).
-  auto fail = sh(torchrun + "--nproc_per_node 2 --master_port 29675 --max_restarts 0 --no_python " +
-                 longer + " run.name=fail");
+  auto fail = sh(torchrun + "--nproc_per_node 2 --master_port " + std::to_string(free_ports()) +
+                 " --max_restarts 0 --no_python " + longer + " run.name=fail");
   ::unsetenv("MLTRAIN_TEST_KILL");
   INFO(fail.out);
   CHECK(fail.code != 0);

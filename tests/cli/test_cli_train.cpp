@@ -177,9 +177,14 @@ TEST_CASE("SIGTERM: checkpoint at the next step, exit 143, then resume and finis
   auto d = tmpdir("sigterm");
   auto args = small_run(d, "term");
   args.push_back("checkpoint.every=never");
+  args.push_back("train.log_every=1u");  // a record per step: the progress the test waits on
   pid_t pid = spawn(args, d / "term.log");
-  REQUIRE(wait_for([&] { return slurp(d / "term.log").find("[train]") != std::string::npos; }, 60));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const fs::path metrics = d / "term/v0/metrics.jsonl";
+  REQUIRE(wait_for(
+      [&] {
+        return fs::exists(metrics) && slurp(metrics).find("\"step\":5,") != std::string::npos;
+      },
+      60));
   kill(pid, SIGTERM);
   CHECK(wait_exit(pid) == 128 + SIGTERM);
   const auto status = slurp(d / "term/v0/status.json");

@@ -1,6 +1,7 @@
 // Checkpoint store: manifest last, fallback past damage, retention. Training techniques: goldens against PyTorch, the loss-scaler rule, accumulation equivalence and
 // gradient-health policies through the real Trainer, early stopping, EMA.
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include "temp_dir.hpp"
 
@@ -422,6 +423,36 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
   fs::create_directories(root / "step_1x");
   CHECK(train::CheckpointStore::list_complete(root).size() == 3);
   CHECK(store.load_latest(&warnings)->step == 30);
+  // A manifest with wrongly typed fields is a damaged checkpoint (a reason, not an exception).
+  fs::create_directories(root / "step_60");
+  formats::save_safetensors((root / "step_60" / "model.safetensors").string(),
+                            {{"w", torch::zeros({1})}});
+  std::ofstream(root / "step_60" / "trainer.json") << "{\"step\": 60}";
+  for (const char* manifest :
+       {R"({"files": {"model.safetensors": {"bytes": "12", "sha256": 5}, "trainer.json": {}}})",
+        R"({"files": ["model.safetensors"]})", R"({"files": {"../trainer.json": {"bytes": 1}}})",
+        R"([1, 2])"}) {
+    INFO(manifest);
+    std::ofstream(root / "step_60" / "manifest.json") << manifest;
+    CHECK_THAT(train::CheckpointStore::verify(root / "step_60"), Catch::Contains("manifest.json"));
+    CHECK_THROWS_AS(train::CheckpointStore::load_dir(root / "step_60"), CheckpointError);
+  }
+  // Leftovers of a killed writer are removed at the next start: a .partial checkpoint and temp
+  // files of dead processes; a live process's temp file stays.
+  const fs::path run = mltrain::testing::fresh_temp_dir("train_leftovers");
+  fs::create_directories(run / "checkpoints" / "step_7.partial");
+  std::ofstream(run / "checkpoints" / "latest.tmp.999999") << "step_7\n";
+  std::ofstream(run / "status.json.tmp.999998") << "{";
+  const std::string mine = "status.json.tmp." + std::to_string(::getpid());
+  std::ofstream(run / mine) << "{";
+  std::ofstream(run / "notes.tmp.txt") << "not ours";
+  const auto removed = train::CheckpointStore::remove_leftovers(run);
+  CHECK(removed.size() == 3);
+  CHECK_FALSE(fs::exists(run / "checkpoints" / "step_7.partial"));
+  CHECK_FALSE(fs::exists(run / "checkpoints" / "latest.tmp.999999"));
+  CHECK_FALSE(fs::exists(run / "status.json.tmp.999998"));
+  CHECK(fs::exists(run / mine));
+  CHECK(fs::exists(run / "notes.tmp.txt"));
   // NaN monitors never count as best.
   auto root2 = mltrain::testing::fresh_temp_dir("train_ck2");
   train::CheckpointStore s2(root2, {1, 1, true});

@@ -1,7 +1,10 @@
 #include "mltrain/train/checkpoint.hpp"
 
-#include <charconv>
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 
@@ -71,14 +74,21 @@ std::string CheckpointStore::verify(const fs::path& dir) {
   } catch (const std::exception&) {
     return "manifest.json does not parse";
   }
-  if (!manifest.contains("files")) return "manifest.json lists no files";
-  for (auto it = manifest["files"].begin(); it != manifest["files"].end(); ++it) {
-    const fs::path f = dir / it.key();
-    if (!fs::exists(f)) return it.key() + " is missing";
-    if (fs::file_size(f) != it.value().at("bytes").get<uint64_t>())
-      return it.key() + " has the wrong size (truncated?)";
-    if (sha256_file(f.string()) != it.value().at("sha256").get<std::string>())
-      return it.key() + " fails its SHA-256 check";
+  if (!manifest.is_object() || !manifest.contains("files") || !manifest["files"].is_object())
+    return "manifest.json lists no files";
+  try {  // wrongly typed fields make the checkpoint damaged (the caller falls back), never a throw
+    for (auto it = manifest["files"].begin(); it != manifest["files"].end(); ++it) {
+      if (it.key().empty() || it.key().find('/') != std::string::npos || it.key()[0] == '.')
+        return "manifest.json names '" + it.key() + "', not a file of this folder";
+      const fs::path f = dir / it.key();
+      if (!fs::is_regular_file(f)) return it.key() + " is missing";
+      if (fs::file_size(f) != it.value().at("bytes").get<uint64_t>())
+        return it.key() + " has the wrong size (truncated?)";
+      if (sha256_file(f.string()) != it.value().at("sha256").get<std::string>())
+        return it.key() + " fails its SHA-256 check";
+    }
+  } catch (const nlohmann::json::exception&) {
+    return "manifest.json has malformed entries";
   }
   for (const char* need : {"model.safetensors", "trainer.json"})
     if (!manifest["files"].contains(need)) return std::string(need) + " is not in the manifest";
@@ -103,6 +113,33 @@ LoadedCheckpoint CheckpointStore::load_dir(const fs::path& dir) {
     throw CheckpointError((dir / "trainer.json").string(), "malformed trainer state");
   }
   return ck;
+}
+
+std::vector<fs::path> CheckpointStore::remove_leftovers(const fs::path& run_dir) {
+  std::vector<fs::path> removed;
+  auto dead_writer = [](const std::string& name) {  // "<name>.tmp.<pid>" of a process that is gone
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos) return false;
+    const char* p = name.data() + at + 5;
+    const char* e = name.data() + name.size();
+    pid_t pid = 0;
+    const auto r = std::from_chars(p, e, pid);
+    return r.ec == std::errc() && r.ptr == e && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+  };
+  for (const fs::path& dir : {run_dir, run_dir / "checkpoints"}) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    std::vector<fs::path> doomed;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      const bool partial = e.is_directory() && name.rfind("step_", 0) == 0 && name.size() > 8 &&
+                           name.compare(name.size() - 8, 8, ".partial") == 0;
+      if (partial || (e.is_regular_file() && dead_writer(name))) doomed.push_back(e.path());
+    }
+    for (const auto& p : doomed)
+      if (fs::remove_all(p, ec) > 0) removed.push_back(p);
+  }
+  return removed;
 }
 
 std::vector<fs::path> CheckpointStore::list_complete(const fs::path& root) {

@@ -227,6 +227,8 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   result.rank = world.rank;
   if (writer) {
     fs::create_directories(run_dir);
+    for (const auto& left : CheckpointStore::remove_leftovers(run_dir))
+      spdlog::info("[run] removed {} (left by a killed run)", left.string());
     if (!result.resumed || !fs::exists(run_dir / "config.yaml"))
       write_file_atomic((run_dir / "config.yaml").string(), config::to_yaml(cfg));
     write_file_atomic((run_dir / "env.json").string(), env_json(cfg, opt).dump(2) + "\n");

@@ -52,6 +52,9 @@ class CheckpointStore {
   }  // sorted by step, ascending
   // The same listing for any folder, creating nothing (for read-only viewers: runs, report).
   static std::vector<std::filesystem::path> list_complete(const std::filesystem::path& root);
+  // Leftovers of a killed writer in a run folder and its checkpoints/: step_<N>.partial folders
+  // and temp files (<name>.tmp.<pid>) whose process is gone. Removes them, returns what it removed.
+  static std::vector<std::filesystem::path> remove_leftovers(const std::filesystem::path& run_dir);
   const std::filesystem::path& root() const { return root_; }
 
  private:
