@@ -1,6 +1,9 @@
 // `mltrain launch`: data parallelism over Gloo, failures, restarts, several nodes.
 #include "cli_support.hpp"
 
+#include <cstring>
+#include <map>
+
 TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and match one process",
           "[cli][dist]") {
   const auto d = tmpdir("ddp");
@@ -35,6 +38,64 @@ TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and mat
   CHECK_FALSE(fs::exists(d / "ddp" / "v1"));  // one run folder, written by rank 0 only
 }
 
+// Adam normalises away a constant factor on the gradients, so the test above cannot tell an
+// all-reduce that sums from one that averages. Plain SGD with a large step can: the same global
+// batch of 128 (one process, or 2 ranks x 64 holding the strided halves of each batch) must end in
+// the same weights; summed gradients would double every update.
+TEST_CASE(
+    "launch: plain SGD on 2 ranks x 64 ends where one process x 128 does (gradients averaged)",
+    "[cli][dist]") {
+  const auto d = tmpdir("ddp_sgd");
+  const std::string common =
+      kSrc +
+      "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 train.duration=10u "
+      "train.eval_every=never model.dropout=0 optim.name=sgd optim.momentum=0 optim.lr=0.5 "
+      "schedule.name=constant checkpoint.every=10u runtime.threads=1 run.dir=" +
+      d.string();
+  REQUIRE(run("train " + common + " run.name=single data.batch_size=128").code == 0);
+  auto two = run("launch --nproc-per-node 2 -- mltrain train " + common +
+                 " run.name=ddp data.batch_size=64");
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  // float32 tensors of a safetensors file, by name.
+  auto tensors = [](const fs::path& file) {
+    const std::string b = slurp(file);
+    uint64_t n = 0;
+    std::memcpy(&n, b.data(), 8);
+    const auto h = nlohmann::json::parse(b.substr(8, n));
+    std::map<std::string, std::vector<float>> out;
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      if (it.key() == "__metadata__") continue;
+      const auto o = it.value()["data_offsets"];
+      std::vector<float> v((o[1].get<size_t>() - o[0].get<size_t>()) / 4);
+      std::memcpy(v.data(), b.data() + 8 + n + o[0].get<size_t>(), v.size() * 4);
+      out[it.key()] = v;
+    }
+    return out;
+  };
+  const auto a = tensors(d / "single/v0/checkpoints/step_10/model.safetensors");
+  const auto b = tensors(d / "ddp/v0/checkpoints/step_10/model.safetensors");
+  REQUIRE(a.size() == 6);  // 3 Linear layers: weight and bias
+  double moved = 0, diff = 0;
+  for (const auto& [name, va] : a) {
+    const auto& vb = b.at(name);
+    REQUIRE(va.size() == vb.size());
+    for (size_t i = 0; i < va.size(); ++i) diff = std::max(diff, double(std::abs(va[i] - vb[i])));
+  }
+  // How far training moved the weights: the same run for 0 steps is the initial state.
+  REQUIRE(run("train " + common +
+              " run.name=init data.batch_size=128 train.duration=1u checkpoint.every=1u "
+              "optim.lr=1e-30")
+              .code == 0);
+  const auto w0 = tensors(d / "init/v0/checkpoints/step_1/model.safetensors");
+  for (const auto& [name, va] : a)
+    for (size_t i = 0; i < va.size(); ++i)
+      moved = std::max(moved, double(std::abs(va[i] - w0.at(name)[i])));
+  INFO("max |single - ddp| " << diff << ", max |single - initial| " << moved);
+  CHECK(moved > 1e-2);         // training did move the weights ...
+  CHECK(diff < 1e-3 * moved);  // ... and both runs moved them the same way
+}
+
 TEST_CASE(
     "a dead peer: the surviving rank fails fast, names the missing rank and dumps its last "
     "collectives",
@@ -47,8 +108,8 @@ TEST_CASE(
       "train.duration=2ep distributed.timeout_s=20 run.dir=" +
       d.string() + " run.name=dead";
   const std::string env =
-      "MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 "
-      "MLTRAIN_RUN_ID=dead$$ MLTRAIN_TEST_KILL=1:10 ";
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_ports()) +
+      " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MLTRAIN_RUN_ID=dead$$ MLTRAIN_TEST_KILL=1:10 ";
   const auto t0 = std::chrono::steady_clock::now();
   const std::string cmd = "cd " + d.string() + " && { (" + env + "RANK=0 LOCAL_RANK=0 " + train +
                           " > r0.log 2>&1; echo $? > r0.rc) & (" + env + "RANK=1 LOCAL_RANK=1 " +
@@ -204,11 +265,12 @@ TEST_CASE(
               "; rc=$?; wait; exit $rc; }");
   };
   ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "two").c_str(), 1);
-  auto two = nodes("--master-port 29677", " train.duration=1ep run.name=two");
+  const std::string p2 = std::to_string(free_ports());
+  auto two = nodes("--master-port " + p2, " train.duration=1ep run.name=two");
   ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
   INFO(two.out);
   REQUIRE(two.code == 0);
-  CHECK(two.out.find("[launch] attempt 0: node 0/2, 1 workers, rendezvous 127.0.0.1:29677") !=
+  CHECK(two.out.find("[launch] attempt 0: node 0/2, 1 workers, rendezvous 127.0.0.1:" + p2) !=
         std::string::npos);
   CHECK(two.out.find("(local 0/1, node 0/2, torchrun) joined Gloo over TCPStore") !=
         std::string::npos);
@@ -217,14 +279,15 @@ TEST_CASE(
   // Rank 1 (node 1) SIGKILLed at step 20: node 0's worker loses its peer; both launchers restart,
   // meet again on port + 1 and resume from the checkpoint.
   ::setenv("MLTRAIN_TEST_KILL", "1:20", 1);
-  auto restart = nodes("--master-port 29687 --max-restarts 1",
+  const int p3 = free_ports(2);  // the restart meets on port + 1
+  auto restart = nodes("--master-port " + std::to_string(p3) + " --max-restarts 1",
                        " train.duration=2ep checkpoint.every=8u run.name=restart");
   ::unsetenv("MLTRAIN_TEST_KILL");
   INFO(restart.out << "\nnode 1:\n" << slurp(d / "node1.log"));
   CHECK(restart.code == 0);
   CHECK(restart.out.find("missing: rank 1 (pid ") != std::string::npos);
-  CHECK(restart.out.find("[launch] attempt 1: node 0/2, 1 workers, rendezvous 127.0.0.1:29688") !=
-        std::string::npos);
+  CHECK(restart.out.find("[launch] attempt 1: node 0/2, 1 workers, rendezvous 127.0.0.1:" +
+                         std::to_string(p3 + 1)) != std::string::npos);
   CHECK(restart.out.find("resuming in") != std::string::npos);
   CHECK(restart.out.find("after 64 steps") != std::string::npos);
   CHECK(run("launch --nnodes 2 --nproc-per-node 1" + train).code ==
@@ -236,11 +299,10 @@ TEST_CASE(
     "waits",
     "[cli][dist]") {
   const auto d = tmpdir("nccl_cpu");
-  auto r =
-      sh("cd " + d.string() +
-         " && RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_PORT=29691 timeout 60 " +
-         kBin + " train " + kSrc +
-         "/configs/fashion_mnist_mlp.yaml distributed.backend=nccl run.dir=" + d.string());
+  auto r = sh("cd " + d.string() +
+              " && RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_PORT=" +
+              std::to_string(free_ports()) + " timeout 60 " + kBin + " train " + kSrc +
+              "/configs/fashion_mnist_mlp.yaml distributed.backend=nccl run.dir=" + d.string());
   INFO(r.out);
   CHECK(r.code == 2);
   CHECK(r.out.find("error: distributed.backend: nccl is not available in this build") !=
