@@ -55,12 +55,9 @@ json flush_chunk(ChunkOut& c, const fs::path& dir, int64_t index, bool jpeg) {
   AtomicFile f((dir / name).string());
   f.write(file.data(), file.size());
   f.commit();
-  json j = {{"file", name}, {"count", c.count}, {"bytes", file.size()}, {"sha256", [&] {
-                                                                           Sha256 h;
-                                                                           h.update(file.data(),
-                                                                                    file.size());
-                                                                           return h.hex();
-                                                                         }()}};
+  Sha256 hash;  // over the bytes as written, without a copy
+  hash.update(file.data(), file.size());
+  json j = {{"file", name}, {"count", c.count}, {"bytes", file.size()}, {"sha256", hash.hex()}};
   c = ChunkOut{};
   return j;
 }

@@ -51,6 +51,7 @@ int64_t MetricsWriter::rewind(const fs::path& run_dir, int64_t step) {
       [&](const std::string& line, bool) {
         try {
           const auto j = nlohmann::json::parse(line);
+          if (j.value("event", "") == "summary") return false;  // the resumed run writes its own
           return !j.contains("step") || j["step"].get<int64_t>() <= step;
         } catch (const std::exception&) {
           return false;  // torn by the kill, or not JSON at all
