@@ -210,7 +210,19 @@ TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer 
   const double per_step_after = (j["allreduce_bytes"].get<double>() - 33 * full) / (128 - 32);
   INFO("bytes per step after the freeze: " << per_step_after);
   CHECK(per_step_after < full / 30);
-  CHECK(j["test_accuracy"].get<double>() > 0.75);
+  // It learns as Adam does: the same run with Adam, accuracy within one point (the README's
+  // 5-epoch figures: 88.46 % against 88.01 %).
+  auto adam = run("launch --nproc-per-node 2 -- mltrain train " + kSrc +
+                  "/configs/fashion_mnist_mlp.yaml data.limit_train=8192 "
+                  "data.batch_size=64 train.duration=2ep optim.name=adam run.dir=" +
+                  d.string() + " run.name=adam --jsonl");
+  REQUIRE(adam.code == 0);
+  const auto aat = adam.out.find("{\"allreduce_bytes\":");
+  REQUIRE(aat != std::string::npos);
+  const auto ja = nlohmann::json::parse(adam.out.substr(aat, adam.out.find('\n', aat) - aat));
+  INFO("1-bit Adam " << j["test_accuracy"] << ", Adam " << ja["test_accuracy"]);
+  CHECK(std::abs(j["test_accuracy"].get<double>() - ja["test_accuracy"].get<double>()) <= 0.01);
+  CHECK(ja["test_accuracy"].get<double>() > 0.8);
 }
 
 TEST_CASE(
