@@ -238,13 +238,33 @@ TEST_CASE("pruners: accept/reject tables", "[tune]") {
 
 // A trial script: reports `steps` intermediate values of a quadratic in x (lower is better),
 // marks each run in runs.log, can crash or diverge on request.
+// True once every process listed in `pids` (one per line) has exited: no such process, or a
+// zombie nobody has reaped yet. Polls for at most `seconds`.
+static bool all_gone(const fs::path& pids, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    bool alive = false;
+    std::ifstream in(pids);
+    for (pid_t pid; in >> pid && !alive;) {
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string comm_and_rest;
+      if (!std::getline(stat, comm_and_rest)) continue;  // gone
+      const size_t close = comm_and_rest.rfind(')');
+      alive = close == std::string::npos || comm_and_rest.substr(close + 2, 1) != "Z";
+    }
+    if (!alive) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 static std::string trial_script(const fs::path& d, double sleep_s) {
   const auto p = d / "trial.sh";
   write(p,
         "#!/bin/sh\n"
         "x=$MLTRAIN_PARAM_X\n"
         "echo \"$MLTRAIN_TRIAL_NUMBER $x\" >> " +
-            (d / "runs.log").string() +
+            (d / "runs.log").string() + "\necho $$ >> " + (d / "pids.log").string() +
             "\n"
             "case \"$MLTRAIN_PARAM_MODE\" in crash) echo 'boom: out of cheese' >&2; exit 3;; nan) "
             "echo '{\"step\": 1, \"loss\": null}'; exit 0;; esac\n"
@@ -340,8 +360,13 @@ TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or
   ::kill(pid, SIGKILL);
   int st = 0;
   ::waitpid(pid, &st, 0);
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(300));  // the trials die with their driver (PDEATHSIG)
+  {
+    std::ifstream pids(d / "pids.log");
+    int started = 0;
+    for (pid_t p; pids >> p;) ++started;
+    REQUIRE(started >= 2);  // the two that finished before the driver was killed, at least
+  }
+  REQUIRE(all_gone(d / "pids.log", 30));  // the trials die with their driver (PDEATHSIG)
   auto before = read_trials(d / "s", study_config_from_folder((d / "s").string()).space);
   int complete_before = 0, running_before = 0;
   for (const auto& t : before)
