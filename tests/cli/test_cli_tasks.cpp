@@ -269,6 +269,12 @@ TEST_CASE("profile and tune take every task: a regression run profiled, a study 
     CHECK(r2 <= 1);
   }
   CHECK(fs::exists(d / "tune/r2_study/best.yaml"));
+  // best.yaml is a runnable config: it trains as it is (shortened here).
+  auto best = run("train " + (d / "tune/r2_study/best.yaml").string() +
+                  " train.duration=2ep run.name=best_rerun");
+  INFO(best.out);
+  CHECK(best.code == 0);
+  CHECK_THAT(best.out, Catch::Contains("r2"));
 
   // A study in which no trial completes is a failure: exit 1 naming the study folder, after the
   // summary (here every trial's training data is missing).

@@ -250,8 +250,13 @@ TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]")
   CHECK(rec.at("event") == "train");
   CHECK(rec.at("rss_mib").get<double>() > 50);
   CHECK(rec.at("rss_mib").get<double>() < 4096);
-  // The saved config re-runs as is.
-  CHECK(run("train " + (v0 / "config.yaml").string() + " --print-config").code == 0);
+  // The saved config re-runs as is: it resolves to the same config, and it trains.
+  const auto again = run("train " + (v0 / "config.yaml").string() + " --print-config");
+  CHECK(again.code == 0);
+  CHECK(again.out == slurp(v0 / "config.yaml"));
+  const auto rerun = run("train " + (v0 / "config.yaml").string() + " run.name=rf_again");
+  CHECK(rerun.code == 0);
+  CHECK_THAT(rerun.out, Catch::Contains("test accuracy: "));
   const std::string py =
       "/usr/bin/python3 -c \"import json,struct,numpy as np,sys; b=open(sys.argv[1],'rb').read(); "
       "n=struct.unpack('<Q',b[:8])[0]; "
