@@ -26,6 +26,12 @@ TEST_CASE("Slurm node lists expand like scontrol show hostnames", "[dist]") {
   CHECK_THROWS_AS(expand_nodelist("node[01-04"), mltrain::ConfigError);
   CHECK_THROWS_AS(expand_nodelist("node[4-1]"), mltrain::ConfigError);
   CHECK_THROWS_AS(expand_nodelist("node[a-b]"), mltrain::ConfigError);
+  // A bad list costs an error, never an exception from stol or a billion strings.
+  CHECK_THROWS_WITH(expand_nodelist("n[1-99999999999999999999]"),
+                    Catch::Contains("more than 9 digits"));
+  CHECK_THROWS_WITH(expand_nodelist("n[1-999999999]"), Catch::Contains("more than 65536 hosts"));
+  CHECK_THROWS_WITH(expand_nodelist("r[1-300]n[1-300]"), Catch::Contains("more than 65536 hosts"));
+  CHECK(expand_nodelist("n[1-65536]").size() == 65536);
 }
 
 TEST_CASE("world from torchrun, Slurm or nothing", "[dist]") {
@@ -88,4 +94,6 @@ TEST_CASE("world from torchrun, Slurm or nothing", "[dist]") {
   CHECK_THROWS_AS(from({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), mltrain::ConfigError);
   CHECK_THROWS_AS(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}),
                   mltrain::ConfigError);
+  CHECK_THROWS_WITH(from({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}),
+                    Catch::Contains("WORLD_SIZE") && Catch::Contains("out of range"));
 }

@@ -1,5 +1,7 @@
 #include "mltrain/dist/world.hpp"
 
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <string>
 
@@ -28,6 +30,8 @@ std::vector<std::string> split_top(const std::string& s) {  // commas outside br
   return out;
 }
 
+constexpr size_t kMaxHosts = 65536;  // above any Slurm allocation; caps what a bad list can cost
+
 std::vector<std::string> expand_one(const std::string& item) {
   const auto open = item.find('[');
   if (open == std::string::npos) return {item};
@@ -48,9 +52,18 @@ std::vector<std::string> expand_one(const std::string& item) {
         b.find_first_not_of("0123456789") != std::string::npos)
       throw ConfigError("SLURM_JOB_NODELIST",
                         "'" + r + "' in '" + item + "' is not a number or range");
+    if (a.size() > 9 || b.size() > 9)  // also keeps stol below its range
+      throw ConfigError("SLURM_JOB_NODELIST",
+                        "'" + r + "' in '" + item + "' has more than 9 digits");
     const long lo = std::stol(a), hi = std::stol(b);
     if (hi < lo)
       throw ConfigError("SLURM_JOB_NODELIST", "descending range '" + r + "' in '" + item + "'");
+    if (static_cast<double>(out.size()) + static_cast<double>(hi - lo + 1) * rest.size() >
+        kMaxHosts)
+      throw ConfigError(
+          "SLURM_JOB_NODELIST",
+          "'" + item + "' expands to more than " + std::to_string(kMaxHosts) + " hosts",
+          "check the node list (Slurm allocates at most 65 533 nodes to a job)");
     for (long v = lo; v <= hi; ++v) {
       std::string num = std::to_string(v);
       if (num.size() < a.size()) num = std::string(a.size() - num.size(), '0') + num;
@@ -64,9 +77,13 @@ int to_int(const Getenv& env, const char* name, int fallback) {
   const char* v = env(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
+  errno = 0;
   const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' && *end != '(')
+  if (end == v || (*end != '\0' && *end != '('))
     throw ConfigError(name, std::string("'") + v + "' is not an integer",
+                      "unset it or fix the launcher");
+  if (errno == ERANGE || x < INT_MIN || x > INT_MAX)
+    throw ConfigError(name, std::string("'") + v + "' is out of range",
                       "unset it or fix the launcher");
   return int(x);
 }
@@ -75,8 +92,14 @@ int to_int(const Getenv& env, const char* name, int fallback) {
 
 std::vector<std::string> expand_nodelist(const std::string& list) {
   std::vector<std::string> out;
-  for (const auto& item : split_top(list))
+  for (const auto& item : split_top(list)) {
     for (auto& h : expand_one(item)) out.push_back(std::move(h));
+    if (out.size() > kMaxHosts)
+      throw ConfigError(
+          "SLURM_JOB_NODELIST",
+          "'" + list + "' expands to more than " + std::to_string(kMaxHosts) + " hosts",
+          "check the node list");
+  }
   return out;
 }
 
