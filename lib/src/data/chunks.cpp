@@ -183,6 +183,14 @@ struct Index {
   std::vector<ChunkInfo> chunks;
 };
 
+// One chunk's hash against index.json: the training read (over the mapping) and `data verify`.
+void require_hash(const std::string& path, int64_t c, const std::string& got,
+                  const std::string& want) {
+  if (got != want)
+    throw DataError(path, "SHA-256 differs from index.json (chunk " + std::to_string(c) + ")",
+                    "the chunk is corrupt: re-run `mltrain data convert` or restore it");
+}
+
 Index read_index(const std::string& dir) {
   const std::string path = (fs::path(dir) / "index.json").string();
   const std::string fix = "re-run `mltrain data convert` into a new folder";
@@ -278,9 +286,7 @@ class ChunkSource : public SampleSource {
     if (opt_.verify && !verified_[static_cast<size_t>(c)]) {
       Sha256 h;
       h.update(m->data(), m->size());
-      if (h.hex() != ci.sha256)
-        throw DataError(path, "SHA-256 differs from index.json (chunk " + std::to_string(c) + ")",
-                        "the chunk is corrupt: re-run `mltrain data convert` or restore it");
+      require_hash(path, c, h.hex(), ci.sha256);
       verified_[static_cast<size_t>(c)] = 1;
     }
     lru_.emplace_front(c, m);
@@ -363,9 +369,7 @@ void verify_chunks(const std::string& dir) {
   const Index x = read_index(dir);
   for (size_t c = 0; c < x.chunks.size(); ++c) {
     const std::string path = (fs::path(dir) / x.chunks[c].file).string();
-    if (sha256_file(path) != x.chunks[c].sha256)
-      throw DataError(path, "SHA-256 differs from index.json (chunk " + std::to_string(c) + ")",
-                      "the chunk is corrupt: re-run `mltrain data convert` or restore it");
+    require_hash(path, static_cast<int64_t>(c), sha256_file(path), x.chunks[c].sha256);
   }
 }
 
