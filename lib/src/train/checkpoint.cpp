@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/fault.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/core/sha256.hpp"
 
@@ -36,6 +37,37 @@ CheckpointStore::CheckpointStore(fs::path root, CheckpointPolicy policy)
 fs::path CheckpointStore::save(int64_t step,
                                const std::function<void(const fs::path&)>& write_files,
                                const nlohmann::json& trainer_state, std::optional<double> monitor) {
+  try {
+    return save_unchecked(step, write_files, trainer_state, monitor);
+  } catch (const RuntimeError& e) {
+    // Ours (a refused non-finite weight, a failed write with its own fix): the same error, plus
+    // what the user most needs to know, that nothing older is lost.
+    throw RuntimeError(e.where(), e.message() + "; " + kept_text(step), e.fix());
+  } catch (const fs::filesystem_error& e) {  // a full disk, a read-only folder, a failed rename
+    throw RuntimeError(root_.string(),
+                       "checkpoint at step " + std::to_string(step) + " not written: " +
+                           e.code().message() + " (" + e.path1().string() + "); " + kept_text(step),
+                       "free disk space (or make the folder writable), then run the same command "
+                       "again: it resumes from the latest intact checkpoint");
+  }
+}
+
+// The new checkpoint is written beside the old ones, which `latest` still names.
+std::string CheckpointStore::kept_text(int64_t step) const {
+  std::vector<fs::path> all;
+  try {
+    all = complete();
+  } catch (const std::exception&) {
+  }
+  while (!all.empty() && step_of(all.back()) >= step) all.pop_back();
+  return all.empty() ? "no earlier checkpoint exists"
+                     : "the previous checkpoint " + all.back().filename().string() + " is intact";
+}
+
+fs::path CheckpointStore::save_unchecked(int64_t step,
+                                         const std::function<void(const fs::path&)>& write_files,
+                                         const nlohmann::json& trainer_state,
+                                         std::optional<double> monitor) {
   const fs::path final_dir = root_ / ("step_" + std::to_string(step));
   const fs::path tmp = root_ / ("step_" + std::to_string(step) + ".partial");
   fs::remove_all(tmp);
@@ -57,7 +89,9 @@ fs::path CheckpointStore::save(int64_t step,
   write_file_atomic((tmp / "manifest.json").string(),
                     manifest.dump(2) + "\n");  // completeness marker
   fs::remove_all(final_dir);
+  fault::at("ckpt.folder_rename");
   fs::rename(tmp, final_dir);
+  fault::at("ckpt.folder_renamed");
   fsync_dir(root_.string());
   write_file_atomic((root_ / "latest").string(), final_dir.filename().string() + "\n");
   prune();
@@ -134,7 +168,12 @@ std::vector<fs::path> CheckpointStore::remove_leftovers(const fs::path& run_dir)
       const std::string name = e.path().filename().string();
       const bool partial = e.is_directory() && name.rfind("step_", 0) == 0 && name.size() > 8 &&
                            name.compare(name.size() - 8, 8, ".partial") == 0;
-      if (partial || (e.is_regular_file() && dead_writer(name))) doomed.push_back(e.path());
+      // A step_<N> folder without its manifest is one a killed prune had begun to remove (save
+      // renames a folder only after its manifest is written).
+      const bool half_pruned = dir == run_dir / "checkpoints" && e.is_directory() &&
+                               step_of(e.path()) >= 0 && !fs::exists(e.path() / "manifest.json");
+      if (partial || half_pruned || (e.is_regular_file() && dead_writer(name)))
+        doomed.push_back(e.path());
     }
     for (const auto& p : doomed)
       if (fs::remove_all(p, ec) > 0) removed.push_back(p);
@@ -155,24 +194,14 @@ std::vector<fs::path> CheckpointStore::list_complete(const fs::path& root) {
 
 std::optional<LoadedCheckpoint> CheckpointStore::load_latest(
     std::vector<std::string>* warnings) const {
-  std::vector<fs::path> candidates;
-  const fs::path latest = root_ / "latest";
-  if (fs::exists(latest)) {
-    std::ifstream in(latest);
-    std::string name;
-    std::getline(in, name);
-    if (!name.empty()) candidates.push_back(root_ / name);
-  }
-  auto all = complete();
+  // The newest intact folder, not the one `latest` names: a run killed after a folder's rename
+  // but before the swap of `latest` has a newer complete checkpoint than `latest` says.
   std::vector<fs::path> dirs;
   for (const auto& e : fs::exists(root_) ? fs::directory_iterator(root_) : fs::directory_iterator())
     if (e.is_directory() && step_of(e.path()) >= 0) dirs.push_back(e.path());
   std::sort(dirs.begin(), dirs.end(),
             [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
-  for (auto& d : dirs)
-    if (std::find(candidates.begin(), candidates.end(), d) == candidates.end())
-      candidates.push_back(d);
-  for (const auto& d : candidates) {
+  for (const auto& d : dirs) {
     const std::string why = verify(d);
     if (why.empty()) return load_dir(d);
     if (warnings)
@@ -201,8 +230,14 @@ void CheckpointStore::prune() const {
   });
   for (int64_t i = 0; i < std::min<int64_t>(policy_.keep_best, scored.size()); ++i)
     keep.push_back(scored[i].second);
-  for (const auto& d : all)
-    if (std::find(keep.begin(), keep.end(), d) == keep.end()) fs::remove_all(d);
+  for (const auto& d : all) {
+    if (std::find(keep.begin(), keep.end(), d) != keep.end()) continue;
+    // The manifest goes first: a folder half-removed by a kill is incomplete, never "damaged".
+    fs::remove(d / "manifest.json");
+    fsync_dir(d.string());
+    fault::at("ckpt.prune");
+    fs::remove_all(d);
+  }
 }
 
 }  // namespace mltrain::train

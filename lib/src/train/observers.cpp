@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 
 #include "mltrain/config/format.hpp"
@@ -23,12 +24,23 @@ static double epoch_float(Trainer& t) {
 }
 
 MetricsWriter::MetricsWriter(const fs::path& run_dir, bool tensorboard, bool eval_to_stdout)
-    : eval_to_stdout_(eval_to_stdout) {
+    : dir_(run_dir), eval_to_stdout_(eval_to_stdout) {
   if (tensorboard) tb_ = std::make_unique<formats::TbWriter>(run_dir.string());
   const bool fresh = !fs::exists(run_dir / "metrics.csv");
   jsonl_.open(run_dir / "metrics.jsonl", std::ios::app);
   csv_.open(run_dir / "metrics.csv", std::ios::app);
   if (fresh) csv_ << csv_header() << "\n" << std::flush;
+  check_written();
+}
+
+// A full disk or a read-only folder must stop the run, not drop its records silently.
+void MetricsWriter::check_written() const {
+  for (const auto& [stream, name] : {std::pair{&jsonl_, "metrics.jsonl"}, {&csv_, "metrics.csv"}})
+    if (!stream->good())
+      throw RuntimeError((dir_ / name).string(),
+                         std::string("write failed: ") + std::strerror(errno),
+                         "free disk space (or make the run folder writable), then run the same "
+                         "command again: it resumes from the latest checkpoint");
 }
 
 int64_t MetricsWriter::rewind(const fs::path& run_dir, int64_t step) {
@@ -90,6 +102,7 @@ void MetricsWriter::write(const nlohmann::json& j) {
        << num("data_wait") << "," << num("lr") << "," << num("grad_norm") << "," << num("time_s")
        << "\n"
        << std::flush;
+  check_written();
   if (tb_) {  // the same record, so TensorBoard and metrics.jsonl cannot disagree
     const std::string ev = j["event"].get<std::string>();
     const int64_t step = j["step"].get<int64_t>();

@@ -253,10 +253,12 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   if (auto hooks = std::make_unique<TestHooks>(*p->model, world.rank); hooks->active())
     trainer.add_observer(std::move(hooks));
   if (writer) {  // rank 0 alone writes metrics, checkpoints and the console log
-    if (ck)
-      if (const int64_t n = MetricsWriter::rewind(run_dir, ck->step); n > 0)
-        spdlog::info("[metrics] dropped {} record(s) written after step {} (redone now)", n,
-                     ck->step);
+    // Resumed from step k, or restarted in the folder of a run killed before its first
+    // checkpoint (step 0): what that run recorded after the step is redone, so it goes.
+    const int64_t from = ck ? ck->step : 0;
+    if (ck || fs::exists(run_dir / "metrics.jsonl"))
+      if (const int64_t n = MetricsWriter::rewind(run_dir, from); n > 0)
+        spdlog::info("[metrics] dropped {} record(s) written after step {} (redone now)", n, from);
     trainer.add_observer(
         std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard, opt.jsonl_stdout));
     trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
@@ -275,7 +277,13 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     }
     throw;
   } catch (const std::exception& e) {
-    if (writer) write_status(run_dir, "failed", trainer.progress().step, e.what());
+    // Best effort: on a full disk or a read-only folder the status cannot be written either, and
+    // the error the user needs is the first one.
+    if (writer) try {
+        write_status(run_dir, "failed", trainer.progress().step, e.what());
+      } catch (const std::exception& also) {
+        spdlog::warn("[run] status.json not updated: {}", also.what());
+      }
     throw;
   }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/fault.hpp"
 
 namespace mltrain::tune {
 
@@ -72,6 +73,10 @@ void Journal::append_unlocked(const std::vector<nlohmann::json>& recs) {
     if (::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n') s += "\n";
   }
   for (const auto& r : recs) s += r.dump() + "\n";
+  if (fault::armed("journal.write")) {  // a writer killed mid-append leaves a torn line
+    if (::write(fd_, s.data(), s.size() / 2) < 0) fault::die();
+    fault::die();
+  }
   size_t off = 0;
   while (off < s.size()) {
     const ssize_t w = ::write(fd_, s.data() + off, s.size() - off);
@@ -82,7 +87,10 @@ void Journal::append_unlocked(const std::vector<nlohmann::json>& recs) {
                          "free disk space");
     off += size_t(w);
   }
-  ::fdatasync(fd_);
+  fault::at("journal.fsync");
+  if (::fdatasync(fd_) != 0)
+    throw RuntimeError(path_.string(), std::string("journal write failed: ") + std::strerror(errno),
+                       "free disk space");
 }
 
 }  // namespace mltrain::tune

@@ -23,8 +23,10 @@ class AtomicFile {
   const std::string& path() const { return path_; }
 
  private:
-  std::string path_, tmp_;
+  std::string path_, tmp_, name_;
   int fd_ = -1;
+  bool torn_ =
+      false;  // MLTRAIN_FAULT=write:<name>: the first write stops half-way (core/fault.hpp)
 };
 
 void write_file_atomic(const std::string& path, const std::string& content);

@@ -8,8 +8,9 @@
 // Layout: checkpoints/step_<N>/{model.safetensors, state.safetensors, trainer.json, manifest.json}.
 // A checkpoint is written into step_<N>.partial/, every file by temp+fsync+rename; manifest.json
 // (SHA-256 and size of every file) is written last; the folder is renamed to step_<N>; then
-// `latest` is replaced atomically; only then are old checkpoints pruned. Loading verifies the
-// manifest and falls back past damaged checkpoints with a warning.
+// `latest` is replaced atomically; only then are old checkpoints pruned (each one's manifest
+// first). Loading takes the newest folder whose manifest verifies (`latest` is for people and tools)
+// and falls back past damaged checkpoints with a warning.
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -52,12 +53,17 @@ class CheckpointStore {
   }  // sorted by step, ascending
   // The same listing for any folder, creating nothing (for read-only viewers: runs, report).
   static std::vector<std::filesystem::path> list_complete(const std::filesystem::path& root);
-  // Leftovers of a killed writer in a run folder and its checkpoints/: step_<N>.partial folders
-  // and temp files (<name>.tmp.<pid>) whose process is gone. Removes them, returns what it removed.
+  // Leftovers of a killed writer in a run folder and its checkpoints/: step_<N>.partial folders,
+  // step_<N> folders a killed prune left without their manifest, and temp files (<name>.tmp.<pid>)
+  // whose process is gone. Removes them, returns what it removed.
   static std::vector<std::filesystem::path> remove_leftovers(const std::filesystem::path& run_dir);
   const std::filesystem::path& root() const { return root_; }
 
  private:
+  std::filesystem::path save_unchecked(
+      int64_t step, const std::function<void(const std::filesystem::path&)>& write_files,
+      const nlohmann::json& trainer_state, std::optional<double> monitor);
+  std::string kept_text(int64_t step) const;
   void prune() const;
   std::filesystem::path root_;
   CheckpointPolicy policy_;

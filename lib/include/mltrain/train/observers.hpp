@@ -50,6 +50,8 @@ class MetricsWriter : public Observer {
  private:
   void write(const nlohmann::json& j);
   std::ofstream jsonl_, csv_;
+  std::filesystem::path dir_;  // the run folder, for a failed write's message
+  void check_written() const;  // RuntimeError when a record did not reach the disk
   std::unique_ptr<formats::TbWriter> tb_;
   Window w_;
   bool eval_to_stdout_ = false;

@@ -1,0 +1,36 @@
+#pragma once
+// Fault injection for the reliability tests: `MLTRAIN_FAULT=<point>[@<n>]` kills this process with
+// SIGKILL the n-th time (default: the first) it reaches <point>, after a line on stderr
+// ("[fault] killed at <point>@<n> (pid P)"), so a test can stop a run at an exact step of a
+// protocol instead of at a moment picked by a sleep. Unset (always, outside the tests), a point
+// costs one load of a static flag.
+//
+//   fault::at("ckpt.folder_rename");                 // dies here when armed
+//   if (fault::armed("write:" + name)) { ... half the bytes ...; fault::die(); }
+//
+// The points (tests/cli/test_cli_faults.cpp kills at each and resumes):
+//   write:<file>    AtomicFile: the file's first write stops half-way (a torn temp file)
+//   fsync:<file>    AtomicFile::commit, before fsync(file)
+//   rename:<file>   after fsync, before the rename over <file>
+//   dirsync:<file>  after the rename, before fsync(folder)
+//     <file> is a base name: model.safetensors, state.safetensors, trainer.json, manifest.json,
+//     latest (checkpoints); status.json, config.yaml (run folder); and every other atomic file.
+//   ckpt.folder_rename   CheckpointStore::save, the complete step_<N>.partial before its rename
+//   ckpt.folder_renamed  after the rename to step_<N>, before fsync(checkpoints/) and `latest`
+//   ckpt.prune           pruning, after an old checkpoint's manifest is removed, before its files
+//   journal.write        tune journal append: half of the records' bytes written
+//   journal.fsync        tune journal append: all bytes written, before fdatasync
+// For write:<file>, <n> counts files (the n-th time that file is written), not write calls.
+#include <string_view>
+
+namespace mltrain::fault {
+
+// Counts a hit of `point`; true when this hit is the armed one (the caller then fails part-way
+// and calls die()).
+bool armed(std::string_view point);
+[[noreturn]] void die();
+inline void at(std::string_view point) {
+  if (armed(point)) die();
+}
+
+}  // namespace mltrain::fault

@@ -1,0 +1,58 @@
+#include "mltrain/core/fault.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace mltrain::fault {
+
+namespace {
+struct Armed {
+  std::string point;  // empty: fault injection off
+  long nth = 1;
+  std::atomic<long> hits{0};
+  std::string hit;  // "<point>@<n>", for the message
+};
+
+Armed& state() {
+  static Armed* a = [] {
+    auto* s = new Armed;  // never destroyed: points may be reached during exit
+    const char* env = std::getenv("MLTRAIN_FAULT");
+    if (!env || !*env) return s;
+    std::string v = env;
+    const size_t at = v.rfind('@');
+    if (at != std::string::npos) {
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str() + at + 1, &end, 10);
+      if (end && *end == '\0' && n >= 1) {
+        s->nth = n;
+        v.resize(at);
+      }
+    }
+    s->point = v;
+    s->hit = v + "@" + std::to_string(s->nth);
+    return s;
+  }();
+  return *a;
+}
+}  // namespace
+
+bool armed(std::string_view point) {
+  Armed& s = state();
+  if (s.point.empty() || point != s.point) return false;
+  return s.hits.fetch_add(1) + 1 == s.nth;
+}
+
+void die() {
+  const Armed& s = state();
+  std::fprintf(stderr, "[fault] killed at %s (pid %d)\n", s.hit.c_str(), int(::getpid()));
+  std::fflush(stderr);
+  ::kill(::getpid(), SIGKILL);
+  std::abort();  // not reached
+}
+
+}  // namespace mltrain::fault
