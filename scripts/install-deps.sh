@@ -6,6 +6,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build ccache pkg-config
   clang-format python3                # scripts/check-format.sh (CI fails on unformatted C++); scripts/dev/ checks
+  clang libclang-rt-14-dev            # the ASan + UBSan build and the libFuzzer targets (scripts/sanitize.sh, fuzz.sh)
   libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU, c10d) and its Gloo backend
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 zlib1g-dev
   libturbojpeg0-dev libspng-dev       # JPEG and PNG decoding for image folders (data.format: image_folder)

@@ -38,10 +38,11 @@ TEST_CASE("periods: accept table", "[period]") {
     int64_t steps_at_100;
   };
   const Row rows[] = {
-      {"10ep", Period::Unit::kEpochs, 10, 1000}, {"2e", Period::Unit::kEpochs, 2, 200},
-      {"0.5ep", Period::Unit::kEpochs, 0.5, 50}, {"500u", Period::Unit::kSteps, 500, 500},
-      {"3steps", Period::Unit::kSteps, 3, 3},    {"1 ep", Period::Unit::kEpochs, 1, 100},
-      {"never", Period::Unit::kNever, 0, 0},     {"0.001ep", Period::Unit::kEpochs, 0.001, 1},
+      {"10ep", Period::Unit::kEpochs, 10, 1000},    {"2e", Period::Unit::kEpochs, 2, 200},
+      {"0.5ep", Period::Unit::kEpochs, 0.5, 50},    {"500u", Period::Unit::kSteps, 500, 500},
+      {"3steps", Period::Unit::kSteps, 3, 3},       {"1 ep", Period::Unit::kEpochs, 1, 100},
+      {"never", Period::Unit::kNever, 0, 0},        {"0.001ep", Period::Unit::kEpochs, 0.001, 1},
+      {".0005e", Period::Unit::kEpochs, 0.0005, 1},  // printed 0.0005ep (once 5e-04ep: unreadable)
   };
   for (const auto& r : rows) {
     INFO(r.text);
@@ -57,9 +58,16 @@ TEST_CASE("periods: accept table", "[period]") {
 
 TEST_CASE("periods: reject table", "[period]") {
   const std::pair<const char*, const char*> rows[] = {
-      {"10", "has no unit"},         {"ep", "expected a number"}, {"1.5u", "whole number"},
-      {"-3ep", "expected a number"}, {"0u", "not a positive"},    {"5min", "unknown unit"},
-      {"", "expected a number"},     {"1e3u", "unknown unit"},
+      {"10", "has no unit"},
+      {"ep", "expected a number"},
+      {"1.5u", "whole number"},
+      {"-3ep", "expected a number"},
+      {"0u", "not a positive"},
+      {"5min", "unknown unit"},
+      {"", "expected a number"},
+      {"1e3u", "unknown unit"},
+      {"2000000000000000u", "more than 10^15 steps"},  // found by fuzz_period: past int64 as 1e21u
+      {"99999999999ep", "more than 10^9 epochs"},
   };
   for (const auto& [text, why_part] : rows) {
     INFO(text);

@@ -178,6 +178,23 @@ TEST_CASE("shard: convert round trip and corruption", "[shard]") {
   fs::resize_file(path, fs::file_size(path) / 2);
   CHECK_THAT(data_error([&] { read_shard(path); }), Catch::Contains("truncated: shard needs"));
   CHECK_THAT(data_error([&] { load_dataset(path, "", 5); }), Catch::Contains("truncated"));
+  // Forged headers (found by tests/fuzz/fuzz_shard): a shape whose byte count wraps around to the
+  // declared size, and offsets past the file, are corrupt headers, not reads past the mapping.
+  write_shard(ds.slice(0, 2), path);
+  auto patch = [&](size_t offset, const void* v, size_t n) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.write(static_cast<const char*>(v), static_cast<std::streamsize>(n));
+  };
+  const int64_t wrap[2] = {int64_t{1} << 62, 4};  // 2 x 2^62 x 4 x 1 byte wraps to 0 in 64 bits
+  patch(32, wrap, sizeof wrap);
+  CHECK_THAT(data_error([&] { read_shard(path); }), Catch::Contains("corrupt shard header"));
+  write_shard(ds.slice(0, 2), path);
+  const uint64_t far = ~uint64_t{0} - 100;  // data_offset: past the file, and + bytes would wrap
+  patch(64, &far, sizeof far);
+  CHECK_THAT(data_error([&] { read_shard(path); }), Catch::Contains("truncated: shard needs"));
+  write_shard(ds.slice(0, 0), path);  // an empty shard reads as empty (copied no labels from null)
+  CHECK(read_shard(path).count == 0);
 }
 
 TEST_CASE("epoch order is a pure function of (seed, epoch, rank, world)", "[loader]") {

@@ -48,6 +48,11 @@ std::vector<uint8_t> pattern(int seed, int64_t c = 1, int64_t s = 6) {
   return px;
 }
 
+std::string slurp_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 std::string error_of(const std::function<void()>& fn) {
   try {
     fn();
@@ -80,7 +85,8 @@ int64_t rss_kib() {
 
 TEST_CASE("JPEG and PNG decode exactly as PIL does", "[images]") {
   if (!images_supported()) FAIL("built without TurboJPEG/libspng: install them (install-deps.sh)");
-  for (const auto& c : golden()["decode"]) {
+  const auto g = golden();  // found by ASan: `: golden()["decode"]` iterated a freed temporary
+  for (const auto& c : g["decode"]) {
     INFO(c["name"].get<std::string>());
     const auto bytes = unhex(c["bytes"]);
     const Image im = decode_image(bytes.data(), bytes.size(), "golden", c["channels"]);
@@ -391,10 +397,29 @@ TEST_CASE("chunk sets: JPEG records, corrupt chunks and index, float targets", "
   CHECK(error_of([&] { verify_chunks((d / "raw").string()); }).find("chunk 1") !=
         std::string::npos);
 
-  // An index whose counts disagree is refused at load, naming index.json.
-  std::ofstream(d / "raw" / "index.json") << R"({"format":"mltrain-chunks","version":1})";
-  CHECK(error_of([&] { load_chunks((d / "raw").string(), {}); }).find("index.json") !=
-        std::string::npos);
+  // Hostile indexes (found by tests/fuzz/fuzz_chunk_index.cpp): each a DataError naming
+  // index.json, never an escaping JSON exception, an overflow or a file outside the set.
+  const std::string good = slurp_text(d / "raw" / "index.json");
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    return s.replace(at, from.size(), to);
+  };
+  const std::pair<std::string, std::string> hostile[] = {
+      {with("\"file\": \"targets.bin\"", "\"fila\": \"targets.bin\""), "malformed targets entry"},
+      {with("\"file\": \"targets.bin\"", "\"file\": \"../targets.bin\""), "not a file of the set"},
+      {with("\"file\": \"chunk-00001.bin\"", "\"file\": \"/etc/passwd\""), "not a file of the set"},
+      {with("\"sample_shape\": [", "\"sample_shape\": [4611686018427387904, "), "more bytes than"},
+      {R"({"format":"mltrain-chunks","version":1})", "index.json"},
+  };
+  for (const auto& [text, why] : hostile) {
+    INFO(text);
+    std::ofstream(d / "raw" / "index.json") << text;
+    const std::string err = error_of([&] { load_chunks((d / "raw").string(), {}); });
+    CHECK(err.find("index.json") != std::string::npos);
+    CHECK(err.find(why) != std::string::npos);
+  }
 }
 
 TEST_CASE("a chunk set larger than the resident window streams without growing RSS",

@@ -405,6 +405,78 @@ TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or
   CHECK(int(after.size()) == 6 + stale);
 }
 
+TEST_CASE("journal replay: hostile records are skipped, never fatal or huge", "[tune][journal]") {
+  // Found by tests/fuzz/fuzz_journal.cpp: a create without params threw out_of_range past the
+  // driver; a trial number of 2e9 resized the trial table to 2e9 entries.
+  const auto d = tmpdir("hostile_journal");
+  fs::create_directories(d / "s");
+  write(d / "s" / "journal.jsonl",
+        "{\"op\":\"create\",\"trial\":0,\"params\":{\"x\":0.5},\"worker\":\"w\"}\n"
+        "{\"op\":\"create\",\"trial\":1}\n"                             // no params
+        "{\"op\":\"create\",\"trial\":2000000000,\"params\":{}}\n"      // past any journal
+        "{\"op\":\"create\",\"trial\":\"2\",\"params\":{}}\n"           // a string number
+        "{\"op\":\"report\",\"trial\":0,\"step\":1e300,\"value\":1}\n"  // a float step
+        "[1, 2, 3]\n\"text\"\n17\n"                                     // not objects
+        "{\"op\":\"finish\",\"trial\":0,\"state\":7}\n"                 // a state of the wrong type
+        "{\"op\":\"finish\",\"trial\":0,\"state\":\"COMPLETE\",\"value\":0.25}\n");
+  const Space space = {Param::floating("x", 0, 1)};
+  std::vector<TrialState> trials;
+  REQUIRE_NOTHROW(trials = read_trials(d / "s", space));
+  REQUIRE(trials.size() == 1);
+  CHECK(trials[0].state == "COMPLETE");
+  CHECK(trials[0].value == 0.25);
+  REQUIRE(trials[0].intermediate.size() == 1);
+  CHECK(trials[0].intermediate[0].first == 0);  // the float step counted as the next one
+}
+
+TEST_CASE("tune driver: killed inside a journal append (MLTRAIN_FAULT), rerun loses nothing",
+          "[tune][driver][fault]") {
+  // journal.write: half of an append's bytes reach the file (a torn line); journal.fsync: all of
+  // them, not yet synced. The k-th append is the one killed, mid-study, each k a different record.
+  for (const std::string point : {"journal.write@5", "journal.write@9", "journal.fsync@6"}) {
+    DYNAMIC_SECTION(point) {
+      const auto d = tmpdir("journal_fault");
+      const auto script = trial_script(d, 0.0);
+      write(d / "s.yaml", "study: {name: s, dir: " + d.string() +
+                              ", n_trials: 5, seed: 3, max_concurrent: 1, stale_after_s: 60}\n"
+                              "sampler: {name: random}\n"
+                              "objective: {metric: loss, direction: minimize}\n"
+                              "trial: {command: [" +
+                              script +
+                              "]}\n"
+                              "space:\n  x: {type: float, low: 0, high: 1}\n");
+      const std::string cmd = kBin + " tune " + (d / "s.yaml").string() + " -q";
+      REQUIRE(sh("MLTRAIN_FAULT=" + point + " " + cmd + " > " + (d / "killed.log").string() +
+                 " 2>&1") == 128 + SIGKILL);
+      std::ifstream log(d / "killed.log");
+      const std::string out((std::istreambuf_iterator<char>(log)),
+                            std::istreambuf_iterator<char>());
+      CHECK(out.find("[fault] killed at " + point) != std::string::npos);
+      REQUIRE(all_gone(d / "pids.log", 30));
+      const auto space = study_config_from_folder((d / "s").string()).space;
+      const auto before = read_trials(d / "s", space);
+      REQUIRE(sh(cmd + " > /dev/null 2>&1") == 0);  // the same command resumes
+      const auto after = read_trials(d / "s", space);
+      int complete = 0;
+      std::map<std::string, int> x_complete;
+      for (const auto& t : after) {
+        CHECK(t.number >= 0);  // every trial number was created (once: replay keeps one state)
+        if (t.state == "COMPLETE") ++complete, x_complete[t.params["x"].dump()]++;
+        if (t.state == "FAIL") CHECK(t.reason.rfind("stale", 0) == 0);
+      }
+      CHECK(complete == 5);
+      for (const auto& [x, n] : x_complete) CHECK(n == 1);
+      for (const auto& t : before)  // what was complete before the kill is kept, not rerun
+        if (t.state == "COMPLETE") CHECK(after[size_t(t.number)].state == "COMPLETE");
+      // The journal holds whole records only, but for the torn one, which readers skip.
+      std::ifstream j(d / "s" / "journal.jsonl");
+      int torn = 0;
+      for (std::string line; std::getline(j, line);) torn += !nlohmann::json::accept(line);
+      CHECK(torn == (point.rfind("journal.write", 0) == 0 ? 1 : 0));
+    }
+  }
+}
+
 // ---------------------------------------------------------------- study files on the schema
 
 TEST_CASE("study files: accept/reject table, every problem with file:line:col",

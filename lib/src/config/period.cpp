@@ -1,5 +1,6 @@
 #include "mltrain/config/period.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
@@ -9,6 +10,11 @@
 namespace mltrain::config {
 
 namespace {
+// Beyond any training (a million steps a second for 30 years); past it a count is a typo, and a
+// double past int64 would not convert.
+constexpr double kMaxSteps = 1e15;
+constexpr double kMaxEpochs = 1e9;
+
 // "<positive number><unit>" or never/off, spaces ignored: the one tokenizer behind Period and
 // Duration. Returns false (with *why) when there is no positive number; `never` sets *never;
 // *number is the amount as written (for messages).
@@ -51,9 +57,19 @@ std::optional<Period> Period::try_parse(const std::string& raw, std::string* why
       if (why) *why = "a step count must be a whole number, got '" + raw + "'";
       return std::nullopt;
     }
+    if (v > kMaxSteps) {
+      if (why) *why = "'" + raw + "' is more than 10^15 steps";
+      return std::nullopt;
+    }
     return Period::steps(static_cast<int64_t>(v));
   }
-  if (unit == "ep" || unit == "e" || unit == "epochs" || unit == "epoch") return Period::epochs(v);
+  if (unit == "ep" || unit == "e" || unit == "epochs" || unit == "epoch") {
+    if (v > kMaxEpochs) {
+      if (why) *why = "'" + raw + "' is more than 10^9 epochs";
+      return std::nullopt;
+    }
+    return Period::epochs(v);
+  }
   if (why) {
     if (unit.empty())
       *why = "'" + raw + "' has no unit: write " + number + "ep (epochs) or " + number +
@@ -98,7 +114,8 @@ Period Period::parse(const std::string& text) {
 int64_t Period::to_steps(int64_t steps_per_epoch) const {
   if (unit == Unit::kNever) return 0;
   if (unit == Unit::kSteps) return static_cast<int64_t>(value);
-  return std::max<int64_t>(1, static_cast<int64_t>(std::llround(value * steps_per_epoch)));
+  const double steps = std::min(kMaxSteps, value * static_cast<double>(steps_per_epoch));
+  return std::max<int64_t>(1, static_cast<int64_t>(std::llround(steps)));
 }
 
 std::string Period::str() const {
@@ -107,8 +124,11 @@ std::string Period::str() const {
       return "never";
     case Unit::kSteps:
       return std::to_string(static_cast<int64_t>(value)) + "u";
-    case Unit::kEpochs:
-      return format_double(value) + "ep";
+    case Unit::kEpochs: {  // shortest round-trip digits, never an exponent (the reader takes none)
+      char buf[400];
+      const auto r = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::fixed);
+      return std::string(buf, r.ptr) + "ep";
+    }
   }
   return "never";
 }

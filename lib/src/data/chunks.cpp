@@ -224,7 +224,12 @@ Index read_index(const std::string& dir) {
                       "chunk " + std::to_string(c) + " has count " +
                           std::to_string(x.chunks[c].count) + ", expected " + std::to_string(x.per),
                       fix);
-    total += x.chunks[c].count;
+    const std::string& f = x.chunks[c].file;
+    if (f.empty() || f[0] == '.' || f.find('/') != std::string::npos)
+      throw DataError(
+          path, "chunk " + std::to_string(c) + " names '" + f + "', not a file of the set", fix);
+    if (__builtin_add_overflow(total, x.chunks[c].count, &total))
+      throw DataError(path, "chunk counts overflow", fix);
   }
   if (x.per <= 0 || total != x.count || x.shape.empty() ||
       std::any_of(x.shape.begin(), x.shape.end(), [](int64_t d) { return d <= 0; }))
@@ -232,6 +237,13 @@ Index read_index(const std::string& dir) {
                     "counts or shape disagree (" + std::to_string(total) +
                         " samples in chunks, count " + std::to_string(x.count) + ")",
                     fix);
+  // A chunk's bytes (samples x sample bytes) must be a number, whatever the index claims.
+  int64_t bytes = x.dtype == DType::kU8 ? 1 : 4;
+  for (const int64_t d : x.shape)
+    if (__builtin_mul_overflow(bytes, d, &bytes))
+      throw DataError(path, "sample_shape declares more bytes than any file can hold", fix);
+  if (__builtin_mul_overflow(bytes, x.per + 1, &bytes))
+    throw DataError(path, "chunk_samples x sample size is more than any file can hold", fix);
   return x;
 }
 
@@ -304,18 +316,46 @@ class ChunkSource : public SampleSource {
   mutable std::vector<char> verified_;
 };
 
+// What index.json says of the targets file, read with its types checked.
+struct TargetsEntry {
+  std::string file, sha256;
+  bool floats = false;
+  std::vector<int64_t> shape;
+  int64_t per = 1;  // values per sample
+};
+
+TargetsEntry targets_entry(const Index& x) {
+  const std::string index = (fs::path(x.dir) / "index.json").string();
+  const std::string fix = "re-run `mltrain data convert` into a new folder";
+  TargetsEntry t;
+  try {
+    t.file = x.targets.at("file").get<std::string>();
+    t.sha256 = x.targets.value("sha256", "");
+    t.floats = x.targets.value("kind", "class") == "float";
+    if (t.floats) t.shape = x.targets.value("shape", std::vector<int64_t>{});
+  } catch (const json::exception& e) {
+    throw DataError(index, std::string("malformed targets entry: ") + e.what(), fix);
+  }
+  if (t.file.empty() || t.file[0] == '.' || t.file.find('/') != std::string::npos)
+    throw DataError(index, "targets names '" + t.file + "', not a file of the set", fix);
+  for (const int64_t v : t.shape)
+    if (v <= 0 || __builtin_mul_overflow(t.per, v, &t.per))
+      throw DataError(index, "targets shape is not a list of positive sizes", fix);
+  int64_t total = 0;
+  if (__builtin_mul_overflow(x.count, t.per, &total) ||
+      __builtin_mul_overflow(total, int64_t{8}, &total))
+    throw DataError(index, "count x targets shape is more than any file can hold", fix);
+  return t;
+}
+
 void attach_targets(Dataset& d, const Index& x) {
-  const std::string path = (fs::path(x.dir) / x.targets.at("file").get<std::string>()).string();
+  const TargetsEntry te = targets_entry(x);
+  const std::string path = (fs::path(x.dir) / te.file).string();
   const std::string bytes = read_file(path);
-  if (sha256_hex(bytes) != x.targets.value("sha256", ""))
+  if (sha256_hex(bytes) != te.sha256)
     throw DataError(path, "SHA-256 differs from index.json", "re-run `mltrain data convert`");
-  const bool fl = x.targets.value("kind", "class") == "float";
-  const int64_t per = fl ? [&] {
-    int64_t n = 1;
-    for (auto v : x.targets.value("shape", std::vector<int64_t>{})) n *= v;
-    return n;
-  }()
-                         : 1;
+  const bool fl = te.floats;
+  const int64_t per = te.per;
   const size_t want = static_cast<size_t>(x.count * per) * (fl ? 4 : 8);
   if (bytes.size() != want)
     throw DataError(path, std::to_string(bytes.size()) + " bytes, expected " + std::to_string(want),
@@ -324,7 +364,7 @@ void attach_targets(Dataset& d, const Index& x) {
     auto t = std::make_shared<std::vector<float>>(static_cast<size_t>(x.count * per));
     std::memcpy(t->data(), bytes.data(), want);
     d.targets = t;
-    d.target_shape = x.targets.value("shape", std::vector<int64_t>{});
+    d.target_shape = te.shape;
     d.labels = std::make_shared<std::vector<int64_t>>();
   } else {
     auto l = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(x.count));

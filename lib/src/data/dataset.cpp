@@ -559,16 +559,23 @@ Dataset read_shard(const std::string& path) {
   d.dtype = h.dtype == 1 ? DType::kU8 : DType::kF32;
   d.count = h.count;
   d.sample_shape.assign(h.shape, h.shape + h.ndim);
-  if (h.data_bytes != static_cast<uint64_t>(d.count) * d.sample_bytes() ||
-      h.labels_bytes != uint64_t(d.count) * 8)
+  uint64_t data_bytes = static_cast<uint64_t>(d.count), labels_bytes = 0;
+  for (const int64_t dim : d.sample_shape)  // checked: a forged shape must not wrap to a match
+    if (dim <= 0 || __builtin_mul_overflow(data_bytes, static_cast<uint64_t>(dim), &data_bytes))
+      throw DataError(path, "corrupt shard header: sample shape is not a list of sizes");
+  if (__builtin_mul_overflow(data_bytes, dtype_size(d.dtype), &data_bytes) ||
+      __builtin_mul_overflow(static_cast<uint64_t>(d.count), uint64_t{8}, &labels_bytes))
+    throw DataError(path, "corrupt shard header: sizes past any file");
+  if (h.data_bytes != data_bytes || h.labels_bytes != labels_bytes)
     throw DataError(path, "corrupt shard header: sizes disagree with count and shape");
-  if (m->size() < h.labels_offset + h.labels_bytes || m->size() < h.data_offset + h.data_bytes)
+  if (h.labels_offset > m->size() || h.data_offset > m->size() ||  // no wrap in the sums below
+      m->size() - h.labels_offset < h.labels_bytes || m->size() - h.data_offset < h.data_bytes)
     throw DataError(path,
                     "truncated: shard needs " + std::to_string(h.labels_offset + h.labels_bytes) +
                         " bytes, file has " + std::to_string(m->size()),
                     "re-run `mltrain data convert`");
   auto lbl = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(d.count));
-  std::memcpy(lbl->data(), m->data() + h.labels_offset, h.labels_bytes);
+  if (h.labels_bytes > 0) std::memcpy(lbl->data(), m->data() + h.labels_offset, h.labels_bytes);
   d.data = m->data() + h.data_offset;
   d.storage = m;
   d.labels = lbl;

@@ -45,52 +45,66 @@ struct Replay {
   std::vector<TrialState> trials;
   std::map<std::string, double> heartbeat;  // worker -> last time
 };
+void replay_one(Replay& r, const nlohmann::json& j, size_t n_records, const Space& space);
 
 Replay replay(const std::vector<nlohmann::json>& recs, const Space& space) {
   Replay r;
   for (const auto& j : recs) {
-    const std::string op = j.value("op", "");
-    if (op == "heartbeat") {
-      r.heartbeat[j.value("worker", "")] = j.value("t", 0.0);
-      continue;
-    }
-    const int n = j.value("trial", -1);
-    if (n < 0) continue;
-    if (op == "create") {
-      if (size_t(n) >= r.trials.size()) r.trials.resize(size_t(n) + 1);
-      auto& t = r.trials[size_t(n)];
-      t.number = n;
-      t.params = j.at("params");
-      try {
-        t.x = params_from_json(space, t.params);
-      } catch (const std::exception&) {
-        t.x.clear();  // written by a study with another space: ignored by the sampler
-      }
-      t.worker = j.value("worker", "");
-      t.retry_of = j.value("retry_of", -1);
-      t.started = j.value("t", 0.0);
-      r.heartbeat[t.worker] = std::max(r.heartbeat[t.worker], t.started);
-      continue;
-    }
-    if (size_t(n) >= r.trials.size() || r.trials[size_t(n)].number < 0) continue;
-    auto& t = r.trials[size_t(n)];
-    if (op == "report") {
-      const double v = j.contains("value") && j["value"].is_number()
-                           ? j["value"].get<double>()
-                           : NAN;  // NaN is stored as null
-      const int64_t step = j.contains("step") && j["step"].is_number()
-                               ? j["step"].get<int64_t>()
-                               : int64_t(t.intermediate.size());
-      t.intermediate.emplace_back(step, v);
-    } else if (op == "finish" && t.state == "RUNNING") {
-      t.state = j.value("state", "FAIL");
-      t.value = j.contains("value") && j["value"].is_number() ? j["value"].get<double>() : NAN;
-      t.reason = j.value("reason", "");
-      t.finished = j.value("t", 0.0);
-      if (j.contains("attrs")) t.attrs = j["attrs"];
+    try {  // a record of the wrong shape (edited by hand, another tool's) is skipped, never fatal
+      replay_one(r, j, recs.size(), space);
+    } catch (const nlohmann::json::exception&) {
     }
   }
   return r;
+}
+
+// One journal record into the replayed state. Trial numbers are dense (each has its create
+// record), so one past the journal's record count is not a trial: skipped, not allocated.
+void replay_one(Replay& r, const nlohmann::json& j, size_t n_records, const Space& space) {
+  if (!j.is_object()) return;
+  const std::string op = j.value("op", "");
+  if (op == "heartbeat") {
+    r.heartbeat[j.value("worker", "")] = j.value("t", 0.0);
+    return;
+  }
+  const auto* trial = j.contains("trial") ? &j["trial"] : nullptr;
+  if (!trial || !trial->is_number_integer()) return;
+  const int64_t n64 = trial->get<int64_t>();
+  if (n64 < 0 || uint64_t(n64) >= n_records) return;
+  const int n = int(n64);
+  if (op == "create") {
+    if (!j.contains("params")) return;
+    if (size_t(n) >= r.trials.size()) r.trials.resize(size_t(n) + 1);
+    auto& t = r.trials[size_t(n)];
+    t.number = n;
+    t.params = j.at("params");
+    try {
+      t.x = params_from_json(space, t.params);
+    } catch (const std::exception&) {
+      t.x.clear();  // written by a study with another space: ignored by the sampler
+    }
+    t.worker = j.value("worker", "");
+    t.retry_of = j.value("retry_of", -1);
+    t.started = j.value("t", 0.0);
+    r.heartbeat[t.worker] = std::max(r.heartbeat[t.worker], t.started);
+    return;
+  }
+  if (size_t(n) >= r.trials.size() || r.trials[size_t(n)].number < 0) return;
+  auto& t = r.trials[size_t(n)];
+  if (op == "report") {
+    const double v = j.contains("value") && j["value"].is_number() ? j["value"].get<double>()
+                                                                   : NAN;  // NaN is stored as null
+    const int64_t step = j.contains("step") && j["step"].is_number_integer()
+                             ? j["step"].get<int64_t>()
+                             : int64_t(t.intermediate.size());
+    t.intermediate.emplace_back(step, v);
+  } else if (op == "finish" && t.state == "RUNNING") {
+    t.state = j.value("state", "FAIL");
+    t.value = j.contains("value") && j["value"].is_number() ? j["value"].get<double>() : NAN;
+    t.reason = j.value("reason", "");
+    t.finished = j.value("t", 0.0);
+    if (j.contains("attrs")) t.attrs = j["attrs"];
+  }
 }
 
 bool pid_alive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
