@@ -142,42 +142,33 @@ TEST_CASE("resume harness: >= 20 random SIGKILLs over three runs, all bitwise eq
       a.push_back(kv);
     cases.push_back({"cnn", a, 60, 8});
   }
-  {  // MLP: a validation split and a scheduled label smoothing
+  // The MLP on 3000 samples, batch 32, a record per step; `extra` makes each run its own.
+  auto mlp = [&](const std::string& name, std::vector<std::string> extra) {
     std::vector<std::string> a = {kBin,
                                   "train",
                                   kSrc + "/configs/fashion_mnist_mlp.yaml",
                                   "run.dir=" + d.string(),
-                                  "run.name=mlp",
+                                  "run.name=" + name,
                                   ds,
                                   "data.batch_size=32",
-                                  "data.val_fraction=0.1",
-                                  "train.duration=150u",
-                                  "train.eval_every=25u",
                                   "train.log_every=1u",
-                                  "train.tensorboard=false",
-                                  "checkpoint.every=11u",
-                                  "label_smoothing.value=0.2",
-                                  "label_smoothing.schedule.name=cosine",
-                                  "runtime.threads=2"};
-    cases.push_back({"mlp", a, 150, 7});
-  }
-  {  // 2 ranks over Gloo, launched by `mltrain train` itself; the whole group is killed
-    std::vector<std::string> a = {kBin,
-                                  "train",
-                                  kSrc + "/configs/fashion_mnist_mlp.yaml",
-                                  "run.dir=" + d.string(),
-                                  "run.name=ddp",
-                                  ds,
-                                  "data.batch_size=32",
-                                  "train.duration=90u",
-                                  "train.eval_every=30u",
-                                  "train.log_every=1u",
-                                  "train.tensorboard=false",
-                                  "checkpoint.every=8u",
-                                  "distributed.nproc_per_node=2",  // a free port each start
-                                  "runtime.threads=1"};
-    cases.push_back({"ddp", a, 90, 7});
-  }
+                                  "train.tensorboard=false"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  // MLP: a validation split and a scheduled label smoothing
+  cases.push_back(
+      {"mlp",
+       mlp("mlp", {"data.val_fraction=0.1", "train.duration=150u", "train.eval_every=25u",
+                   "checkpoint.every=11u", "label_smoothing.value=0.2",
+                   "label_smoothing.schedule.name=cosine", "runtime.threads=2"}),
+       150, 7});
+  // 2 ranks over Gloo, launched by `mltrain train` itself (a free port each start); the whole
+  // process group is killed
+  cases.push_back({"ddp",
+                   mlp("ddp", {"train.duration=90u", "train.eval_every=30u", "checkpoint.every=8u",
+                               "distributed.nproc_per_node=2", "runtime.threads=1"}),
+                   90, 7});
 
   for (auto& c : cases) {
     INFO(c.name);

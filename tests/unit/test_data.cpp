@@ -195,6 +195,9 @@ TEST_CASE("shard: convert round trip and corruption", "[shard]") {
   CHECK_THAT(data_error([&] { read_shard(path); }), Catch::Contains("truncated: shard needs"));
   write_shard(ds.slice(0, 0), path);  // an empty shard reads as empty (copied no labels from null)
   CHECK(read_shard(path).count == 0);
+  const int64_t huge[3] = {int64_t{1} << 40, int64_t{1} << 30, 1};  // count 0 hid this product
+  patch(32, huge, sizeof huge);
+  CHECK_THAT(data_error([&] { read_shard(path); }), Catch::Contains("sample shape"));
 }
 
 TEST_CASE("epoch order is a pure function of (seed, epoch, rank, world)", "[loader]") {

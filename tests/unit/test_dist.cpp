@@ -32,6 +32,10 @@ TEST_CASE("Slurm node lists expand like scontrol show hostnames", "[dist]") {
   CHECK_THROWS_WITH(expand_nodelist("n[1-999999999]"), Catch::Contains("more than 65536 hosts"));
   CHECK_THROWS_WITH(expand_nodelist("r[1-300]n[1-300]"), Catch::Contains("more than 65536 hosts"));
   CHECK(expand_nodelist("n[1-65536]").size() == 65536);
+  // Found by tests/fuzz/fuzz_hostlist: an empty list after a range looped over the range for
+  // nothing (1e9 iterations, a 10 s fuzzer timeout).
+  CHECK_THROWS_WITH(expand_nodelist("a[0-999999999]b[,]"), Catch::Contains("lists no numbers"));
+  CHECK_THROWS_WITH(expand_nodelist("node[]"), Catch::Contains("lists no numbers"));
 }
 
 TEST_CASE("world from torchrun, Slurm or nothing", "[dist]") {

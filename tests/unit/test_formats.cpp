@@ -167,6 +167,11 @@ TEST_CASE("safetensors reject table: impossible shapes and offsets, malformed en
       {R"({"w":{"dtype":"F32","shape":"two","data_offsets":[0,8]}})", "malformed entry for 'w'"},
       {R"({"w":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", "unsupported dtype Q7"},
       {R"({"__metadata__":{"step":3}})", "malformed entry for '__metadata__'"},
+      // found by tests/fuzz/fuzz_safetensors: a header that is not an object threw out of the
+      // catch that named its key; a float shape was converted to int64 with undefined behaviour
+      {R"([{"dtype":"F32"}])", "not an object of tensors"},
+      {R"({"w":{"dtype":"F32","shape":[8e20],"data_offsets":[0,4]}})", "malformed entry for 'w'"},
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8.5]}})", "malformed entry for 'w'"},
   };
   for (const auto& [header, why] : rows) {
     INFO(header);

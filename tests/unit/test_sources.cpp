@@ -411,6 +411,7 @@ TEST_CASE("chunk sets: JPEG records, corrupt chunks and index, float targets", "
       {with("\"file\": \"targets.bin\"", "\"file\": \"../targets.bin\""), "not a file of the set"},
       {with("\"file\": \"chunk-00001.bin\"", "\"file\": \"/etc/passwd\""), "not a file of the set"},
       {with("\"sample_shape\": [", "\"sample_shape\": [4611686018427387904, "), "more bytes than"},
+      {with("\"count\": 12", "\"count\": 8e20"), "malformed index"},  // a float, not an int64
       {R"({"format":"mltrain-chunks","version":1})", "index.json"},
   };
   for (const auto& [text, why] : hostile) {

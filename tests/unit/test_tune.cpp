@@ -277,6 +277,21 @@ static std::string trial_script(const fs::path& d, double sleep_s) {
   return p.string();
 }
 
+// A random-sampler study of trial_script over x in [0, 1] (stale after 60 s); returns the command
+// that runs (and, run again, resumes) it.
+static std::string random_study(const fs::path& d, double sleep_s, const std::string& study) {
+  const auto script = trial_script(d, sleep_s);
+  write(d / "s.yaml", "study: {name: s, dir: " + d.string() + ", " + study +
+                          ", stale_after_s: 60}\n"
+                          "sampler: {name: random}\n"
+                          "objective: {metric: loss, direction: minimize}\n"
+                          "trial: {command: [" +
+                          script +
+                          "]}\n"
+                          "space:\n  x: {type: float, low: 0, high: 1}\n");
+  return kBin + " tune " + (d / "s.yaml").string() + " -q";
+}
+
 TEST_CASE("tune driver: command trials, failures recorded, outputs written", "[tune][driver]") {
   const auto d = tmpdir("driver");
   const auto script = trial_script(d, 0.0);
@@ -332,16 +347,7 @@ TEST_CASE("tune driver: command trials, failures recorded, outputs written", "[t
 TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or run twice",
           "[tune][driver]") {
   const auto d = tmpdir("resume");
-  const auto script = trial_script(d, 0.3);
-  write(d / "s.yaml", "study: {name: s, dir: " + d.string() +
-                          ", n_trials: 6, seed: 2, max_concurrent: 2, stale_after_s: 60}\n"
-                          "sampler: {name: random}\n"
-                          "objective: {metric: loss, direction: minimize}\n"
-                          "trial: {command: [" +
-                          script +
-                          "]}\n"
-                          "space:\n  x: {type: float, low: 0, high: 1}\n");
-  const std::string cmd = kBin + " tune " + (d / "s.yaml").string() + " -q";
+  const std::string cmd = random_study(d, 0.3, "n_trials: 6, seed: 2, max_concurrent: 2");
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>&1").c_str(), nullptr);
@@ -412,12 +418,13 @@ TEST_CASE("journal replay: hostile records are skipped, never fatal or huge", "[
   fs::create_directories(d / "s");
   write(d / "s" / "journal.jsonl",
         "{\"op\":\"create\",\"trial\":0,\"params\":{\"x\":0.5},\"worker\":\"w\"}\n"
-        "{\"op\":\"create\",\"trial\":1}\n"                             // no params
-        "{\"op\":\"create\",\"trial\":2000000000,\"params\":{}}\n"      // past any journal
-        "{\"op\":\"create\",\"trial\":\"2\",\"params\":{}}\n"           // a string number
-        "{\"op\":\"report\",\"trial\":0,\"step\":1e300,\"value\":1}\n"  // a float step
-        "[1, 2, 3]\n\"text\"\n17\n"                                     // not objects
-        "{\"op\":\"finish\",\"trial\":0,\"state\":7}\n"                 // a state of the wrong type
+        "{\"op\":\"create\",\"trial\":1}\n"                                   // no params
+        "{\"op\":\"create\",\"trial\":2000000000,\"params\":{}}\n"            // past any journal
+        "{\"op\":\"create\",\"trial\":\"2\",\"params\":{}}\n"                 // a string number
+        "{\"op\":\"report\",\"trial\":0,\"step\":1e300,\"value\":1}\n"        // a float step
+        "[1, 2, 3]\n\"text\"\n17\n"                                           // not objects
+        "{\"op\":\"create\",\"trial\":1,\"params\":{},\"retry_of\":1e300}\n"  // float
+        "{\"op\":\"finish\",\"trial\":0,\"state\":7}\n"  // a state of the wrong type
         "{\"op\":\"finish\",\"trial\":0,\"state\":\"COMPLETE\",\"value\":0.25}\n");
   const Space space = {Param::floating("x", 0, 1)};
   std::vector<TrialState> trials;
@@ -436,16 +443,7 @@ TEST_CASE("tune driver: killed inside a journal append (MLTRAIN_FAULT), rerun lo
   for (const std::string point : {"journal.write@5", "journal.write@9", "journal.fsync@6"}) {
     DYNAMIC_SECTION(point) {
       const auto d = tmpdir("journal_fault");
-      const auto script = trial_script(d, 0.0);
-      write(d / "s.yaml", "study: {name: s, dir: " + d.string() +
-                              ", n_trials: 5, seed: 3, max_concurrent: 1, stale_after_s: 60}\n"
-                              "sampler: {name: random}\n"
-                              "objective: {metric: loss, direction: minimize}\n"
-                              "trial: {command: [" +
-                              script +
-                              "]}\n"
-                              "space:\n  x: {type: float, low: 0, high: 1}\n");
-      const std::string cmd = kBin + " tune " + (d / "s.yaml").string() + " -q";
+      const std::string cmd = random_study(d, 0.0, "n_trials: 5, seed: 3, max_concurrent: 1");
       REQUIRE(sh("MLTRAIN_FAULT=" + point + " " + cmd + " > " + (d / "killed.log").string() +
                  " 2>&1") == 128 + SIGKILL);
       std::ifstream log(d / "killed.log");

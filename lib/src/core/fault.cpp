@@ -41,6 +41,8 @@ Armed& state() {
 }
 }  // namespace
 
+bool enabled() { return !state().point.empty(); }
+
 bool armed(std::string_view point) {
   Armed& s = state();
   if (s.point.empty() || point != s.point) return false;

@@ -21,7 +21,7 @@ static std::string errno_text() { return std::strerror(errno); }
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   tmp_ = path_ + ".tmp." + std::to_string(::getpid());
   name_ = std::filesystem::path(path_).filename().string();
-  torn_ = fault::armed("write:" + name_);  // this file's first write stops half-way
+  torn_ = fault::enabled() && fault::armed("write:" + name_);  // the first write stops half-way
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw RuntimeError(tmp_, "cannot create: " + errno_text(),
@@ -53,7 +53,7 @@ void AtomicFile::write(const void* data, size_t n) {
 }
 
 void AtomicFile::commit() {
-  fault::at("fsync:" + name_);
+  if (fault::enabled()) fault::at("fsync:" + name_);
   if (::fsync(fd_) != 0)
     throw RuntimeError(tmp_, "fsync failed: " + errno_text(), "check free disk space");
   if (::close(fd_) != 0) {  // NFS and full disks report a failed write-back here
@@ -62,12 +62,12 @@ void AtomicFile::commit() {
     throw RuntimeError(tmp_, "close failed: " + errno_text(), "check free disk space");
   }
   fd_ = -1;
-  fault::at("rename:" + name_);
+  if (fault::enabled()) fault::at("rename:" + name_);
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     ::unlink(tmp_.c_str());
     throw RuntimeError(path_, "rename failed: " + errno_text());
   }
-  fault::at("dirsync:" + name_);
+  if (fault::enabled()) fault::at("dirsync:" + name_);
   fsync_dir(std::filesystem::path(path_).parent_path().string());
 }
 

@@ -11,6 +11,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
+#include "mltrain/core/json.hpp"
 #include "mltrain/core/sha256.hpp"
 #include "mltrain/data/sources.hpp"
 
@@ -198,12 +199,12 @@ Index read_index(const std::string& dir) {
   x.dir = dir;
   try {
     const json j = json::parse(read_file(path));
-    if (j.value("format", "") != "mltrain-chunks" || j.value("version", 0) != 1)
+    if (j.value("format", "") != "mltrain-chunks" || json_int_or(j, "version", 0) != 1)
       throw DataError(path, "not a version-1 mltrain chunk index", fix);
-    x.count = j.at("count").get<int64_t>();
-    x.per = j.at("chunk_samples").get<int64_t>();
-    x.num_classes = j.at("num_classes").get<int64_t>();
-    x.shape = j.at("sample_shape").get<std::vector<int64_t>>();
+    x.count = json_int(j.at("count"));
+    x.per = json_int(j.at("chunk_samples"));
+    x.num_classes = json_int(j.at("num_classes"));
+    x.shape = json_ints(j.at("sample_shape"));
     const std::string dt = j.at("dtype").get<std::string>();
     if (dt != "u8" && dt != "f32") throw DataError(path, "dtype " + dt + " is not u8 or f32", fix);
     x.dtype = dt == "u8" ? DType::kU8 : DType::kF32;
@@ -211,7 +212,7 @@ Index read_index(const std::string& dir) {
     x.targets = j.at("targets");
     for (const auto& c : j.at("chunks"))
       x.chunks.push_back({c.at("file").get<std::string>(), c.at("sha256").get<std::string>(),
-                          c.at("count").get<int64_t>(), c.at("bytes").get<int64_t>()});
+                          json_int(c.at("count")), json_int(c.at("bytes"))});
   } catch (const json::exception& e) {
     throw DataError(path, std::string("malformed index: ") + e.what(), fix);
   }
@@ -332,7 +333,7 @@ TargetsEntry targets_entry(const Index& x) {
     t.file = x.targets.at("file").get<std::string>();
     t.sha256 = x.targets.value("sha256", "");
     t.floats = x.targets.value("kind", "class") == "float";
-    if (t.floats) t.shape = x.targets.value("shape", std::vector<int64_t>{});
+    if (t.floats && x.targets.contains("shape")) t.shape = json_ints(x.targets.at("shape"));
   } catch (const json::exception& e) {
     throw DataError(index, std::string("malformed targets entry: ") + e.what(), fix);
   }

@@ -559,11 +559,14 @@ Dataset read_shard(const std::string& path) {
   d.dtype = h.dtype == 1 ? DType::kU8 : DType::kF32;
   d.count = h.count;
   d.sample_shape.assign(h.shape, h.shape + h.ndim);
-  uint64_t data_bytes = static_cast<uint64_t>(d.count), labels_bytes = 0;
-  for (const int64_t dim : d.sample_shape)  // checked: a forged shape must not wrap to a match
-    if (dim <= 0 || __builtin_mul_overflow(data_bytes, static_cast<uint64_t>(dim), &data_bytes))
+  // Checked: a forged shape must not wrap to a match, nor overflow sample_bytes() later (with a
+  // count of 0 the data size alone would not tell).
+  uint64_t sample = dtype_size(d.dtype), data_bytes = 0, labels_bytes = 0;
+  for (const int64_t dim : d.sample_shape)
+    if (dim <= 0 || __builtin_mul_overflow(sample, static_cast<uint64_t>(dim), &sample) ||
+        sample > static_cast<uint64_t>(INT64_MAX))
       throw DataError(path, "corrupt shard header: sample shape is not a list of sizes");
-  if (__builtin_mul_overflow(data_bytes, dtype_size(d.dtype), &data_bytes) ||
+  if (__builtin_mul_overflow(sample, static_cast<uint64_t>(d.count), &data_bytes) ||
       __builtin_mul_overflow(static_cast<uint64_t>(d.count), uint64_t{8}, &labels_bytes))
     throw DataError(path, "corrupt shard header: sizes past any file");
   if (h.data_bytes != data_bytes || h.labels_bytes != labels_bytes)

@@ -6,6 +6,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
+#include "mltrain/core/json.hpp"
 
 namespace mltrain::formats {
 namespace {
@@ -68,6 +69,8 @@ std::map<std::string, torch::Tensor> load_safetensors(
   } catch (const std::exception&) {
     throw CheckpointError(path, "corrupt: the JSON header does not parse");
   }
+  if (!header.is_object())
+    throw CheckpointError(path, "corrupt: the JSON header is not an object of tensors");
   const uint64_t base = 8 + hlen, data_size = bytes.size() - base;
   std::map<std::string, torch::Tensor> out;
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -79,8 +82,8 @@ std::map<std::string, torch::Tensor> load_safetensors(
         continue;
       }
       const auto dt = it.value().at("dtype").get<std::string>();
-      const auto shape = it.value().at("shape").get<std::vector<int64_t>>();
-      const auto offs = it.value().at("data_offsets").get<std::vector<uint64_t>>();
+      const auto shape = json_ints(it.value().at("shape"));
+      const auto offs = json_ints<uint64_t>(it.value().at("data_offsets"));
       torch::ScalarType st = torch::kFloat32;
       bool found = false;
       for (auto& [s, n] : kDtypes)

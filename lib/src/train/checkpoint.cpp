@@ -11,6 +11,7 @@
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fault.hpp"
 #include "mltrain/core/fs.hpp"
+#include "mltrain/core/json.hpp"
 #include "mltrain/core/sha256.hpp"
 
 namespace fs = std::filesystem;
@@ -116,7 +117,7 @@ std::string CheckpointStore::verify(const fs::path& dir) {
         return "manifest.json names '" + it.key() + "', not a file of this folder";
       const fs::path f = dir / it.key();
       if (!fs::is_regular_file(f)) return it.key() + " is missing";
-      if (fs::file_size(f) != it.value().at("bytes").get<uint64_t>())
+      if (fs::file_size(f) != json_uint(it.value().at("bytes")))
         return it.key() + " has the wrong size (truncated?)";
       if (sha256_file(f.string()) != it.value().at("sha256").get<std::string>())
         return it.key() + " fails its SHA-256 check";
@@ -142,7 +143,7 @@ LoadedCheckpoint CheckpointStore::load_dir(const fs::path& dir) {
   try {
     std::ifstream in(dir / "trainer.json");
     ck.trainer_state = nlohmann::json::parse(in);
-    ck.step = ck.trainer_state.at("step").get<int64_t>();
+    ck.step = json_int(ck.trainer_state.at("step"));
   } catch (const std::exception&) {
     throw CheckpointError((dir / "trainer.json").string(), "malformed trainer state");
   }

@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -21,6 +23,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
+#include "mltrain/core/json.hpp"
 #include "mltrain/core/process.hpp"
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/functions.hpp"
@@ -69,11 +72,16 @@ void replay_one(Replay& r, const nlohmann::json& j, size_t n_records, const Spac
   }
   const auto* trial = j.contains("trial") ? &j["trial"] : nullptr;
   if (!trial || !trial->is_number_integer()) return;
-  const int64_t n64 = trial->get<int64_t>();
+  const int64_t n64 = json_int(*trial);
   if (n64 < 0 || uint64_t(n64) >= n_records) return;
   const int n = int(n64);
   if (op == "create") {
     if (!j.contains("params")) return;
+    // Every field read before anything changes: a record that throws half-way leaves no trial.
+    const std::string worker = j.value("worker", "");
+    const int retry_of =
+        static_cast<int>(std::clamp<int64_t>(json_int_or(j, "retry_of", -1), -1, INT32_MAX));
+    const double started = j.value("t", 0.0);
     if (size_t(n) >= r.trials.size()) r.trials.resize(size_t(n) + 1);
     auto& t = r.trials[size_t(n)];
     t.number = n;
@@ -83,9 +91,9 @@ void replay_one(Replay& r, const nlohmann::json& j, size_t n_records, const Spac
     } catch (const std::exception&) {
       t.x.clear();  // written by a study with another space: ignored by the sampler
     }
-    t.worker = j.value("worker", "");
-    t.retry_of = j.value("retry_of", -1);
-    t.started = j.value("t", 0.0);
+    t.worker = worker;
+    t.retry_of = retry_of;
+    t.started = started;
     r.heartbeat[t.worker] = std::max(r.heartbeat[t.worker], t.started);
     return;
   }
@@ -95,14 +103,16 @@ void replay_one(Replay& r, const nlohmann::json& j, size_t n_records, const Spac
     const double v = j.contains("value") && j["value"].is_number() ? j["value"].get<double>()
                                                                    : NAN;  // NaN is stored as null
     const int64_t step = j.contains("step") && j["step"].is_number_integer()
-                             ? j["step"].get<int64_t>()
+                             ? json_int(j["step"])
                              : int64_t(t.intermediate.size());
     t.intermediate.emplace_back(step, v);
   } else if (op == "finish" && t.state == "RUNNING") {
-    t.state = j.value("state", "FAIL");
+    std::string state = j.value("state", "FAIL"), reason = j.value("reason", "");
+    const double finished = j.value("t", 0.0);
+    t.state = std::move(state);
     t.value = j.contains("value") && j["value"].is_number() ? j["value"].get<double>() : NAN;
-    t.reason = j.value("reason", "");
-    t.finished = j.value("t", 0.0);
+    t.reason = std::move(reason);
+    t.finished = finished;
     if (j.contains("attrs")) t.attrs = j["attrs"];
   }
 }

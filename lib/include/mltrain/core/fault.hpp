@@ -3,7 +3,7 @@
 // SIGKILL the n-th time (default: the first) it reaches <point>, after a line on stderr
 // ("[fault] killed at <point>@<n> (pid P)"), so a test can stop a run at an exact step of a
 // protocol instead of at a moment picked by a sleep. Unset (always, outside the tests), a point
-// costs one load of a static flag.
+// costs one call that reads a flag set once.
 //
 //   fault::at("ckpt.folder_rename");                 // dies here when armed
 //   if (fault::armed("write:" + name)) { ... half the bytes ...; fault::die(); }
@@ -25,12 +25,14 @@
 
 namespace mltrain::fault {
 
+// Whether MLTRAIN_FAULT is set at all: callers that build a point's name check this first.
+bool enabled();
 // Counts a hit of `point`; true when this hit is the armed one (the caller then fails part-way
 // and calls die()).
 bool armed(std::string_view point);
 [[noreturn]] void die();
 inline void at(std::string_view point) {
-  if (armed(point)) die();
+  if (enabled() && armed(point)) die();
 }
 
 }  // namespace mltrain::fault
