@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -171,4 +172,15 @@ inline std::vector<std::string> lines_of(const fs::path& p) {
   std::string l;
   while (std::getline(in, l)) v.push_back(l);
   return v;
+}
+
+// Steps 1..n each recorded once as a train record, and every line whole.
+inline void check_metrics_once(const fs::path& metrics, int64_t n) {
+  std::map<int64_t, int> seen;
+  for (const auto& line : lines_of(metrics)) {
+    const auto rec = nlohmann::json::parse(line);
+    if (rec.value("event", "") == "train") ++seen[rec.at("step").get<int64_t>()];
+  }
+  CHECK(int64_t(seen.size()) == n);
+  for (const auto& [step, k] : seen) CHECK(k == 1);
 }

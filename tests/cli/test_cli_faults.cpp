@@ -19,17 +19,6 @@ std::vector<std::string> fault_run(const fs::path& d, const std::string& name) {
   return a;
 }
 
-// Steps 1..n each recorded once as a train record, and every line whole.
-void check_metrics_once(const fs::path& metrics, int64_t n) {
-  std::map<int64_t, int> seen;
-  for (const auto& line : lines_of(metrics)) {
-    const auto rec = nlohmann::json::parse(line);
-    if (rec.value("event", "") == "train") ++seen[rec.at("step").get<int64_t>()];
-  }
-  CHECK(int64_t(seen.size()) == n);
-  for (const auto& [step, k] : seen) CHECK(k == 1);
-}
-
 // Nothing a killed writer left: no .partial folder, no temp file, no folder without its manifest.
 void check_no_leftovers(const fs::path& run) {
   for (const auto& e : fs::recursive_directory_iterator(run)) {

@@ -156,14 +156,7 @@ TEST_CASE("SIGKILL mid-epoch, resume: final weights bitwise equal to an uninterr
         slurp(d / "killed/v0/checkpoints/step_92/state.safetensors"));
   // Each step is recorded once: the records the killed run wrote after its last checkpoint were
   // dropped at resume and written again.
-  std::map<int64_t, int> seen;
-  std::istringstream jl(slurp(metrics));
-  for (std::string line; std::getline(jl, line);) {
-    const auto rec = nlohmann::json::parse(line);  // no torn line left either
-    if (rec.value("event", "") == "train") ++seen[rec.at("step").get<int64_t>()];
-  }
-  CHECK(seen.size() == 92);
-  for (const auto& [step, n] : seen) CHECK(n == 1);
+  check_metrics_once(metrics, 92);  // no torn line left either
   CHECK((resumed.out.find("[metrics] dropped " + std::to_string(beyond) + " record") !=
          std::string::npos) == (beyond > 0));
   // A finished run is not resumed again: the next invocation starts v1.

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "mltrain/core/checked.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/core/json.hpp"
@@ -225,10 +227,11 @@ Index read_index(const std::string& dir) {
                       "chunk " + std::to_string(c) + " has count " +
                           std::to_string(x.chunks[c].count) + ", expected " + std::to_string(x.per),
                       fix);
-    const std::string& f = x.chunks[c].file;
-    if (f.empty() || f[0] == '.' || f.find('/') != std::string::npos)
+    if (!is_plain_file_name(x.chunks[c].file))
       throw DataError(
-          path, "chunk " + std::to_string(c) + " names '" + f + "', not a file of the set", fix);
+          path,
+          "chunk " + std::to_string(c) + " names '" + x.chunks[c].file + "', not a file of the set",
+          fix);
     if (__builtin_add_overflow(total, x.chunks[c].count, &total))
       throw DataError(path, "chunk counts overflow", fix);
   }
@@ -239,11 +242,12 @@ Index read_index(const std::string& dir) {
                         " samples in chunks, count " + std::to_string(x.count) + ")",
                     fix);
   // A chunk's bytes (samples x sample bytes) must be a number, whatever the index claims.
-  int64_t bytes = x.dtype == DType::kU8 ? 1 : 4;
-  for (const int64_t d : x.shape)
-    if (__builtin_mul_overflow(bytes, d, &bytes))
-      throw DataError(path, "sample_shape declares more bytes than any file can hold", fix);
-  if (__builtin_mul_overflow(bytes, x.per + 1, &bytes))
+  uint64_t bytes = 0;
+  if (!checked_size(x.dtype == DType::kU8 ? 1 : 4, x.shape, &bytes))
+    throw DataError(path, "sample_shape declares more bytes than any file can hold", fix);
+  // map() needs count x sample bytes (raw records) or (count + 1) x 8 (a JPEG offset table).
+  if (x.per == std::numeric_limits<int64_t>::max() ||
+      !checked_size(std::max<uint64_t>(bytes, 8), {x.per + 1}, &bytes))
     throw DataError(path, "chunk_samples x sample size is more than any file can hold", fix);
   return x;
 }
@@ -337,14 +341,14 @@ TargetsEntry targets_entry(const Index& x) {
   } catch (const json::exception& e) {
     throw DataError(index, std::string("malformed targets entry: ") + e.what(), fix);
   }
-  if (t.file.empty() || t.file[0] == '.' || t.file.find('/') != std::string::npos)
+  if (!is_plain_file_name(t.file))
     throw DataError(index, "targets names '" + t.file + "', not a file of the set", fix);
-  for (const int64_t v : t.shape)
-    if (v <= 0 || __builtin_mul_overflow(t.per, v, &t.per))
-      throw DataError(index, "targets shape is not a list of positive sizes", fix);
-  int64_t total = 0;
-  if (__builtin_mul_overflow(x.count, t.per, &total) ||
-      __builtin_mul_overflow(total, int64_t{8}, &total))
+  uint64_t per = 0, total = 0;
+  if (!checked_size(1, t.shape, &per) ||
+      std::any_of(t.shape.begin(), t.shape.end(), [](int64_t v) { return v <= 0; }))
+    throw DataError(index, "targets shape is not a list of positive sizes", fix);
+  t.per = static_cast<int64_t>(per);
+  if (!checked_size(8, {x.count, t.per}, &total))
     throw DataError(index, "count x targets shape is more than any file can hold", fix);
   return t;
 }

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "mltrain/config/format.hpp"
+#include "mltrain/core/checked.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
 
@@ -77,15 +78,12 @@ namespace {
 // bits (a hostile or corrupt header) is a DataError, never a wrapped size that passes the
 // truncation check.
 size_t declared_payload_bytes(const Array& a, const std::string& path) {
-  uint64_t n = dtype_size(a.dtype);
-  for (const int64_t d : a.shape) {
-    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) ||
-        n > static_cast<uint64_t>(INT64_MAX))
-      throw DataError(path,
-                      "header declares shape " + a.shape_text() + " " + dtype_name(a.dtype) +
-                          ", more bytes than any file can hold",
-                      "the header is corrupt: re-create the file");
-  }
+  uint64_t n = 0;
+  if (!checked_size(dtype_size(a.dtype), a.shape, &n))
+    throw DataError(path,
+                    "header declares shape " + a.shape_text() + " " + dtype_name(a.dtype) +
+                        ", more bytes than any file can hold",
+                    "the header is corrupt: re-create the file");
   return static_cast<size_t>(n);
 }
 
@@ -561,13 +559,11 @@ Dataset read_shard(const std::string& path) {
   d.sample_shape.assign(h.shape, h.shape + h.ndim);
   // Checked: a forged shape must not wrap to a match, nor overflow sample_bytes() later (with a
   // count of 0 the data size alone would not tell).
-  uint64_t sample = dtype_size(d.dtype), data_bytes = 0, labels_bytes = 0;
-  for (const int64_t dim : d.sample_shape)
-    if (dim <= 0 || __builtin_mul_overflow(sample, static_cast<uint64_t>(dim), &sample) ||
-        sample > static_cast<uint64_t>(INT64_MAX))
-      throw DataError(path, "corrupt shard header: sample shape is not a list of sizes");
-  if (__builtin_mul_overflow(sample, static_cast<uint64_t>(d.count), &data_bytes) ||
-      __builtin_mul_overflow(static_cast<uint64_t>(d.count), uint64_t{8}, &labels_bytes))
+  uint64_t sample = 0, data_bytes = 0, labels_bytes = 0;
+  if (!checked_size(dtype_size(d.dtype), d.sample_shape, &sample) ||
+      std::any_of(d.sample_shape.begin(), d.sample_shape.end(), [](int64_t v) { return v <= 0; }))
+    throw DataError(path, "corrupt shard header: sample shape is not a list of sizes");
+  if (!checked_size(sample, {d.count}, &data_bytes) || !checked_size(8, {d.count}, &labels_bytes))
     throw DataError(path, "corrupt shard header: sizes past any file");
   if (h.data_bytes != data_bytes || h.labels_bytes != labels_bytes)
     throw DataError(path, "corrupt shard header: sizes disagree with count and shape");

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mltrain/core/checked.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/core/json.hpp"
@@ -92,10 +93,9 @@ std::map<std::string, torch::Tensor> load_safetensors(
         throw CheckpointError(path, "tensor '" + it.key() + "' has unsupported dtype " + dt);
       // Sizes are checked against the file before anything is allocated: a corrupt shape must not
       // become a huge (or negative) allocation.
-      uint64_t nbytes = c10::elementSize(st);
-      for (const int64_t d : shape)
-        if (d < 0 || __builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes))
-          throw CheckpointError(path, "corrupt: tensor '" + it.key() + "' has an impossible shape");
+      uint64_t nbytes = 0;
+      if (!checked_size(c10::elementSize(st), shape, &nbytes))
+        throw CheckpointError(path, "corrupt: tensor '" + it.key() + "' has an impossible shape");
       if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size ||
           offs[1] - offs[0] != nbytes)
         throw CheckpointError(

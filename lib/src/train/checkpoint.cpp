@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "mltrain/core/checked.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fault.hpp"
 #include "mltrain/core/fs.hpp"
@@ -113,7 +114,7 @@ std::string CheckpointStore::verify(const fs::path& dir) {
     return "manifest.json lists no files";
   try {  // wrongly typed fields make the checkpoint damaged (the caller falls back), never a throw
     for (auto it = manifest["files"].begin(); it != manifest["files"].end(); ++it) {
-      if (it.key().empty() || it.key().find('/') != std::string::npos || it.key()[0] == '.')
+      if (!is_plain_file_name(it.key()))
         return "manifest.json names '" + it.key() + "', not a file of this folder";
       const fs::path f = dir / it.key();
       if (!fs::is_regular_file(f)) return it.key() + " is missing";
