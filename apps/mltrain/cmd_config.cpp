@@ -4,6 +4,8 @@
 #include "commands.hpp"
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/config/study.hpp"
+#include "mltrain/train/micro_batch.hpp"
+#include "mltrain/train/trainer.hpp"
 
 namespace mltrain::cli {
 
@@ -52,8 +54,14 @@ void setup_config(CLI::App& app, Action& run) {
   });
   check->callback([&run, check_file, check_ov] {
     run = [check_file, check_ov] {
-      config::load_experiment(*check_file, *check_ov);
+      const auto cfg = config::load_experiment(*check_file, *check_ov);
       std::cout << *check_file << ": ok\n";
+      // Notes on settings that are valid but change what is learnt (one rank; auto batches unprobed).
+      if (!cfg.data.batch_size.is_auto())
+        for (const auto& w :
+             train::memory_warnings(cfg, train::resolve_accumulate(cfg, 1),
+                                    cfg.memory.micro_batch.resolve(cfg.data.batch_size)))
+          std::cout << "note: " << w << "\n";
       return 0;
     };
   });

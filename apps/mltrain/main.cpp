@@ -100,6 +100,11 @@ int main(int argc, char** argv) {
     return mltrain::kExitSignalBase + e.signal();
   } catch (const mltrain::Error& e) {
     return fail(e.what(), e.exit_code());
+  } catch (const c10::OutOfMemoryError& e) {  // outside the trainer's own recovery
+    return fail(std::string("out of memory: ") + e.what_without_backtrace() +
+                    "\n  fix: raise runtime.memory_budget, set data.batch_size=auto (with "
+                    "train.global_batch), or memory.checkpoint=blocks",
+                mltrain::kExitRuntime);
   } catch (const c10::Error& e) {
     return fail(std::string("LibTorch: ") + e.what_without_backtrace(), mltrain::kExitRuntime);
   } catch (const std::exception& e) {

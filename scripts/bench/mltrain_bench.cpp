@@ -3,10 +3,14 @@
 //   mltrain_bench bare   CONFIG [k=v ...]  fixed batch: forward + loss + backward + optimizer step only
 //   mltrain_bench train  CONFIG [k=v ...]  the real Trainer loop (loader, observers) for train.duration
 //   mltrain_bench loader CONFIG [k=v ...]  loader only: shuffled, normalised float batches
+//   mltrain_bench memory CONFIG [k=v ...]  the task's forward + backward + step on real batches:
+//                                          activation peak (tensor memory above what is live
+//                                          before the step) and median step time
 //
 // Steps come from train.duration (e.g. train.duration=300u); the first `warmup` steps are not timed.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -14,7 +18,10 @@
 #include <iostream>
 
 #include "mltrain/config/experiment.hpp"
+#include "mltrain/core/compat.hpp"
+#include "mltrain/core/memory.hpp"
 #include "mltrain/core/runtime.hpp"
+#include "mltrain/task/task.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
@@ -137,14 +144,58 @@ static void bench_train(const config::ExperimentConfig& cfg, const train::Splits
   out["minor_faults_per_step"] = double(runtime::minor_faults() - f0) / steps;
 }
 
+// Peak activation memory and step time of the task's own step (memory.checkpoint compared by
+// scripts/bench/memory.sh): per step, the tensor-memory peak above what was live before it
+// (weights, gradients, optimizer state, the batch), by the counting allocator on the CPU and
+// max_memory_allocated on CUDA.
+static void bench_memory(const config::ExperimentConfig& cfg, const train::Splits& splits,
+                         int64_t steps, int64_t warmup, nlohmann::json& out) {
+  train::PipelineOptions po;
+  po.splits = &splits;
+  const auto p = train::build_pipeline(cfg, dist::World{}, po);
+  const auto task = task::make_task(cfg);
+  const task::Amp amp{cfg.amp.enabled, cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16,
+                      p->device.is_cuda()};
+  p->model->set_training(true);
+  std::vector<double> times;
+  int64_t peak = 0, epoch = 0;
+  data::Batch b;
+  p->train_loader->start_epoch(epoch);
+  for (int64_t i = 0; i < steps; ++i) {
+    if (!p->train_loader->next(b)) {
+      p->train_loader->start_epoch(++epoch);
+      p->train_loader->next(b);
+    }
+    b.x = b.x.to(p->device), b.y = b.y.to(p->device);
+    compat::cuda_synchronize();
+    const int64_t live = memory::stats(p->device).live;
+    memory::reset_peak(p->device);
+    const auto t0 = Clock::now();
+    task->forward(*p->model, b, 0.0, amp).loss.backward();
+    p->optimizer->step(cfg.optim.lr);
+    p->optimizer->zero_grad();
+    compat::cuda_synchronize();
+    if (i >= warmup) {
+      times.push_back(secs(t0));
+      peak = std::max(peak, memory::stats(p->device).peak - live);
+    }
+  }
+  std::sort(times.begin(), times.end());
+  out["checkpoint"] = cfg.memory.checkpoint;
+  out["activation_peak_mib"] = peak / 1048576.0;
+  out["step_ms_median"] = times.empty() ? 0.0 : 1e3 * times[times.size() / 2];
+  out["device"] = p->device.str();
+}
+
 static int bench_main(int argc, char** argv) {
   if (argc < 3) {
-    std::cerr << "usage: mltrain_bench bare|train|loader CONFIG [key=value ...]\n";
+    std::cerr << "usage: mltrain_bench bare|train|loader|memory CONFIG [key=value ...]\n";
     return 2;
   }
   const std::string mode = argv[1];
   if (mode == "gemm") return bench_gemm(argc, argv);
   std::vector<std::string> ov(argv + 3, argv + argc);
+  if (mode == "memory") memory::track_cpu();  // before any tensor of the run exists
   auto cfg = config::load_experiment(argv[2], ov);
   cfg.train.eval_every = config::Period::never();
   // The pipeline as `mltrain train` builds it (runtime policy, device, splits, model).
@@ -167,6 +218,8 @@ static int bench_main(int argc, char** argv) {
     bench_bare(*base, cfg, lo, steps, warmup, out);
   } else if (mode == "train") {
     bench_train(cfg, splits, lo, steps, warmup, out);
+  } else if (mode == "memory") {
+    bench_memory(cfg, splits, steps, warmup, out);
   } else {
     std::cerr << "unknown mode " << mode << "\n";
     return 2;

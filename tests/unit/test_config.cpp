@@ -134,7 +134,17 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
       {"optim:\n  lr: -1\n", {"bad.yaml:2:7: optim.lr: must be > 0"}},
       {"optim:\n  name: lbfgs\n", {"optim.name: 'lbfgs' is not one of: sgd, adam, adamw"}},
       {"data:\n  batch_size: 12.5\n",
-       {"bad.yaml:2:15: data.batch_size: expected an integer, got '12.5'"}},
+       {"bad.yaml:2:15: data.batch_size: expected a non-negative integer or auto, got '12.5'"}},
+      {"data:\n  batch_size: auto\n",
+       {"data.batch_size: auto needs train.global_batch", "set train.global_batch"}},
+      {"data:\n  batch_size: auto\ntrain:\n  global_batch: 256\n  accumulate: 4\n",
+       {"train.accumulate: with data.batch_size=auto"}},
+      {"runtime:\n  memory_budget: 2 gigs\n",
+       {"bad.yaml:2:18: runtime.memory_budget: '2 gigs' is not a size: write e.g. 512MiB"}},
+      {"runtime:\n  memory_budget: -1GiB\n", {"runtime.memory_budget: '-1GiB' is not a size"}},
+      {"memory:\n  checkpoint: some\n",
+       {"memory.checkpoint: 'some' is not one of: none, blocks, every_n"}},
+      {"memory:\n  micro_batch: 0\n", {"memory.micro_batch: must be > 0 or auto"}},
       {"data:\n  workers: many\n", {"data.workers: expected a non-negative integer or auto"}},
       {"data:\n  eval_batch_size: 0\n",
        {"bad.yaml:2:20: data.eval_batch_size: must be > 0 or auto"}},
@@ -163,6 +173,30 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
     REQUIRE_FALSE(err.empty());
     for (const auto& e : r.expect) CHECK_THAT(err, Catch::Contains(e));
   }
+}
+
+TEST_CASE("memory sizes: units, and what is refused", "[config][memory]") {
+  int64_t b = -1;
+  CHECK(config::parse_memory_size("none", b).empty());
+  CHECK(b == 0);
+  CHECK(config::parse_memory_size("512MiB", b).empty());
+  CHECK(b == 512LL << 20);
+  CHECK(config::parse_memory_size("1.5GiB", b).empty());
+  CHECK(b == 3LL << 29);
+  CHECK(config::parse_memory_size("2GB", b).empty());
+  CHECK(b == 2000000000LL);
+  CHECK(config::parse_memory_size("64KiB", b).empty());
+  CHECK(b == 65536);
+  for (const char* bad : {"", "12", "MiB", "0MiB", "-5MiB", "5 MiB", "1e30GB", "5mib", "nanGiB"}) {
+    INFO(bad);
+    CHECK_FALSE(config::parse_memory_size(bad, b).empty());
+  }
+  // data.batch_size reads as a number, prints `auto` back.
+  auto cfg = config::load_experiment("", {"data.batch_size=auto", "train.global_batch=512"});
+  CHECK(cfg.data.batch_size.is_auto());
+  CHECK_THAT(config::to_yaml(cfg), Catch::Contains("batch_size: auto"));
+  auto again = config::load_experiment("", {"data.batch_size=64"});
+  CHECK(again.data.batch_size == 64);
 }
 
 TEST_CASE("override errors name the override", "[config]") {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/memory.hpp"
 #include "mltrain/formats/safetensors.hpp"
 #include "mltrain/train/checkpoint.hpp"
 #include "mltrain/train/techniques.hpp"
@@ -190,9 +191,10 @@ struct Rig {
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<data::Loader> train, eval;
   std::unique_ptr<Trainer> trainer;
-  Rig(config::ExperimentConfig c, data::Dataset ds) : cfg(std::move(c)) {
+  Rig(config::ExperimentConfig c, data::Dataset ds, std::vector<int64_t> hidden = {16})
+      : cfg(std::move(c)) {
     cfg.model.name = "mlp";
-    cfg.model.hidden = {16};
+    cfg.model.hidden = std::move(hidden);
     cfg.model.batchnorm = false;
     cfg.model.dropout = 0;
     cfg.train.eval_every = config::Period::never();
@@ -240,6 +242,65 @@ TEST_CASE("accumulation: k micro-batches of b equal one batch of k*b", "[accumul
   CHECK(resolve_accumulate(g, 1) == 4);
   g.train.accumulate = config::Count::of(3);
   CHECK_THROWS_AS(resolve_accumulate(g, 1), ConfigError);
+}
+
+// Per-step training losses, for comparing loss curves.
+struct LossCurve : Observer {
+  std::vector<double>* out;
+  explicit LossCurve(std::vector<double>* o) : out(o) {}
+  void on_step_end(Trainer&, const StepInfo& s) override { out->push_back(s.loss); }
+};
+
+TEST_CASE("micro-batches 256, 64 and 16 give the same loss curve; out of memory halves and redoes",
+          "[accumulate][memory]") {
+  config::ExperimentConfig c;
+  c.optim.name = "adam";
+  c.optim.lr = 0.01;
+  c.data.batch_size = 256;  // the whole synthetic set: one optimizer step per epoch
+  c.train.duration = config::Period::steps(6);
+  const torch::Device cpu(torch::kCPU);
+  memory::track_cpu();
+  auto run = [&](int64_t micro, bool recover, int64_t limit_above_base, int64_t* peak) {
+    std::vector<double> curve;
+    const int64_t base = memory::stats(cpu).live;
+    Rig rig(c, synthetic(), {4096});  // wide, so activations dominate a step's memory
+    rig.trainer->set_micro_batch(micro, recover);
+    rig.trainer->add_observer(std::make_unique<LossCurve>(&curve));
+    memory::reset_peak(cpu);
+    if (limit_above_base > 0) memory::set_cpu_limit(base + limit_above_base);
+    rig.trainer->fit();
+    memory::set_cpu_limit(0);
+    if (peak) *peak = memory::stats(cpu).peak - base;
+    if (recover) {
+      CHECK(rig.trainer->oom_events() >= 1);
+      CHECK(rig.trainer->micro_batch() > 0);
+      CHECK(rig.trainer->micro_batch() < 256);
+      CHECK(rig.trainer->technique_state()["micro_batch"] == rig.trainer->micro_batch());
+    }
+    return curve;
+  };
+  int64_t peak256 = 0, peak16 = 0;
+  const auto whole = run(256, false, 0, &peak256);
+  const auto c64 = run(64, false, 0, nullptr);
+  const auto c16 = run(16, false, 0, &peak16);
+  REQUIRE(whole.size() == 6);
+  for (const auto* other : {&c64, &c16}) {
+    REQUIRE(other->size() == 6);
+    for (size_t i = 0; i < 6; ++i)
+      CHECK(std::abs((*other)[i] - whole[i]) <= 1e-5 * std::abs(whole[i]));
+  }
+  CHECK(whole.back() < whole.front());
+  // Smaller micro-batches need less: the budget between the two peaks forces a real
+  // out-of-memory error from the counting allocator at 256, which halves and redoes the step.
+  INFO("peak at 256: " << peak256 << ", at 16: " << peak16);
+  REQUIRE(peak256 > 2 * peak16);
+  const auto recovered = run(256, true, (peak256 + peak16) / 2, nullptr);
+  REQUIRE(recovered.size() == 6);
+  for (size_t i = 0; i < 6; ++i)
+    CHECK(std::abs(recovered[i] - whole[i]) <= 1e-5 * std::abs(whole[i]));
+  // Without recovery the same budget stops with a clear error.
+  CHECK_THROWS_AS(run(256, false, (peak256 + peak16) / 2, nullptr), RuntimeError);
+  memory::set_cpu_limit(0);
 }
 
 TEST_CASE("gradient health: an injected NaN behaves as documented for each policy",

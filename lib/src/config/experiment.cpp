@@ -135,6 +135,14 @@ static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::s
   need(c.model.channels.size() == 2, "model.channels",
        "the cnn has exactly two conv layers: give 2 values");
   need(!c.model.hidden.empty(), "model.hidden", "give at least one hidden width");
+  need(!c.data.batch_size.is_auto() || c.train.global_batch > 0, "data.batch_size",
+       "auto needs train.global_batch (the samples per optimizer step stay fixed; the "
+       "micro-batch is probed): set train.global_batch, or give a number");
+  need(
+      !c.data.batch_size.is_auto() || c.train.accumulate.is_auto() || c.train.accumulate.value == 1,
+      "train.accumulate",
+      "with data.batch_size=auto each loader batch is the whole step: set train.accumulate=1 "
+      "(micro-batches come from memory.micro_batch)");
   task_checks(c, issues, file);
 }
 
@@ -157,5 +165,11 @@ ExperimentConfig load_experiment(const std::string& path,
 std::string to_yaml(const ExperimentConfig& cfg) { return yaml_of(cfg); }
 
 std::string schema_text() { return schema_of<ExperimentConfig>(); }
+
+int64_t memory_budget_bytes(const std::string& text) {
+  int64_t bytes = 0;
+  parse_memory_size(text, bytes);  // checked when the config was read
+  return bytes;
+}
 
 }  // namespace mltrain::config

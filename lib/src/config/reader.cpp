@@ -180,6 +180,13 @@ std::string decode(const YAML::Node& n, Count& out) {
   return "";
 }
 
+std::string decode(const YAML::Node& n, AutoSize& out) {
+  Count c;
+  if (auto e = decode(n, c); !e.empty()) return e;
+  out = c.is_auto() ? AutoSize::automatic() : AutoSize(c.value);
+  return "";
+}
+
 std::string decode(const YAML::Node& n, Duration& out) {
   std::string s, why;
   if (auto e = scalar_or_err(n, s, "a duration like 90s, 30m or 2h"); !e.empty()) return e;

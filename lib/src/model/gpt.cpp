@@ -10,7 +10,9 @@
 #include <cmath>
 #include <limits>
 
+#include "islands.hpp"
 #include "mltrain/core/error.hpp"
+#include "recompute.hpp"
 
 namespace mltrain::model {
 namespace nn = torch::nn;
@@ -85,15 +87,26 @@ struct BlockImpl : nn::Module {
   Norm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
   MlpBlock mlp{nullptr};
-  explicit BlockImpl(const config::ModelConfig& c) {
+  Islands* isl = nullptr;
+  std::string prefix;              // h.<i>
+  std::vector<std::string> names;  // h.<i>.{ln_1,attn,ln_2,mlp}
+  BlockImpl(const config::ModelConfig& c, int64_t index) : prefix("h." + std::to_string(index)) {
+    for (const char* n : {"ln_1", "attn", "ln_2", "mlp"}) names.push_back(prefix + "." + n);
     ln_1 = register_module("ln_1", Norm(c.n_embd, c.bias));
     attn = register_module("attn", Attention(c));
     ln_2 = register_module("ln_2", Norm(c.n_embd, c.bias));
     mlp = register_module("mlp", MlpBlock(c));
   }
   torch::Tensor forward(torch::Tensor x, const torch::Tensor& causal) {
-    x = x + attn->forward(ln_1->forward(x), causal);
-    return x + mlp->forward(ln_2->forward(x));
+    auto run = [this](size_t i, const torch::Tensor& t, auto&& f) {
+      return isl->call(names[i], t, f);
+    };
+    auto a = run(1, run(0, x, [&](const torch::Tensor& t) { return ln_1->forward(t); }),
+                 [&](const torch::Tensor& t) { return attn->forward(t, causal); });
+    x = x + a;
+    auto m = run(3, run(2, x, [&](const torch::Tensor& t) { return ln_2->forward(t); }),
+                 [&](const torch::Tensor& t) { return mlp->forward(t); });
+    return x + m;
   }
 };
 TORCH_MODULE(Block);
@@ -105,13 +118,16 @@ struct GptImpl : nn::Module {
   std::vector<Block> blocks;
   int64_t block_size;
   double dropout;
+  Islands* isl = nullptr;
+  int64_t checkpoint_every = 0;
+  const std::string ln_f_name = "ln_f", head_name = "lm_head";
   GptImpl(const config::ModelConfig& c, int64_t vocab)
       : block_size(c.block_size), dropout(c.dropout) {
     wte = register_module("wte", nn::Embedding(vocab, c.n_embd));
     wpe = register_module("wpe", nn::Embedding(c.block_size, c.n_embd));
     h = register_module("h", nn::ModuleList());
     for (int64_t i = 0; i < c.n_layer; ++i) {
-      blocks.push_back(Block(c));
+      blocks.push_back(Block(c, i));
       h->push_back(blocks.back());
     }
     ln_f = register_module("ln_f", Norm(c.n_embd, c.bias));
@@ -148,8 +164,18 @@ struct GptImpl : nn::Module {
     const auto causal = torch::full({T, T}, -std::numeric_limits<float>::infinity(),
                                     idx.options().dtype(torch::kFloat32))
                             .triu(1);
-    for (auto& b : blocks) x = b->forward(x, causal);
-    return F::linear(ln_f->forward(x), wte->weight);  // output layer tied to the embedding
+    // causal by value: a checkpointed segment runs this again in backward.
+    x = run_segments(
+        blocks, checkpoint_every, x,
+        [causal](Block& b, const torch::Tensor& t) {
+          return b->isl->call(b->prefix, t,
+                              [&](const torch::Tensor& in) { return b->forward(in, causal); });
+        },
+        [](Block&) { return std::vector<torch::Tensor>{}; });
+    x = isl->call(ln_f_name, x, [&](const torch::Tensor& t) { return ln_f->forward(t); });
+    // The output layer is tied to the embedding.
+    return isl->call(head_name, x,
+                     [&](const torch::Tensor& t) { return F::linear(t, wte->weight); });
   }
 };
 TORCH_MODULE(Gpt);
@@ -157,7 +183,22 @@ TORCH_MODULE(Gpt);
 class GptModel : public Model {
  public:
   GptModel(const config::ModelConfig& c, int64_t vocab)
-      : net_(c, vocab), desc_(describe_of(c, vocab)) {}
+      : net_(c, vocab), desc_(describe_of(c, vocab)) {
+    net_->isl = islands();
+    for (auto& b : net_->blocks) b->isl = islands();
+  }
+  std::vector<std::string> island_names() const override {
+    std::vector<std::string> out;
+    for (const auto& b : net_->blocks) {
+      out.push_back(b->prefix);
+      out.insert(out.end(), b->names.begin(), b->names.end());
+    }
+    out.push_back(net_->ln_f_name);
+    out.push_back(net_->head_name);
+    return out;
+  }
+  int64_t num_blocks() const override { return static_cast<int64_t>(net_->blocks.size()); }
+  void set_checkpointing(int64_t every) override { net_->checkpoint_every = every; }
   torch::Tensor forward(const torch::Tensor& x) override { return net_->forward(x); }
   NamedTensors named_parameters() override {
     NamedTensors out;

@@ -3,10 +3,14 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include <fnmatch.h>
+
 #include <filesystem>
 
 #include "mltrain/core/error.hpp"
 #include "gpt.hpp"
+#include "islands.hpp"
+#include "recompute.hpp"
 
 namespace mltrain::model {
 namespace nn = torch::nn;
@@ -31,6 +35,8 @@ torch::Tensor channels_last(const torch::Tensor& t) {
 
 struct MlpImpl : nn::Module {
   nn::Sequential body{nullptr};
+  Islands* isl = nullptr;
+  std::vector<std::string> names;  // body.<i>: what amp.fp32_modules can match
   MlpImpl(int64_t in, const config::ModelConfig& c, int64_t classes) {
     body = register_module("body", nn::Sequential());
     int64_t width = in;
@@ -43,8 +49,14 @@ struct MlpImpl : nn::Module {
       width = h;
     }
     body->push_back(nn::Linear(width, classes));
+    for (size_t i = 0; i < body->size(); ++i) names.push_back("body." + std::to_string(i));
   }
-  torch::Tensor forward(torch::Tensor x) { return body->forward(x); }
+  torch::Tensor forward(torch::Tensor x) {
+    auto it = body->begin();
+    for (size_t i = 0; i < names.size(); ++i, ++it)
+      x = isl->call(names[i], x, [&](const torch::Tensor& t) { return it->forward(t); });
+    return x;
+  }
 };
 TORCH_MODULE(Mlp);
 
@@ -56,6 +68,8 @@ struct CnnImpl : nn::Module {
   nn::Linear fc1{nullptr}, fc2{nullptr};
   nn::Dropout drop{nullptr};
   bool bn, cl;
+  Islands* isl = nullptr;
+  const std::vector<std::string> names = {"conv1", "bn1", "conv2", "bn2", "fc1", "fc2"};
   CnnImpl(const std::vector<int64_t>& shape, const config::ModelConfig& c, int64_t classes)
       : bn(c.batchnorm), cl(c.channels_last) {
     const int64_t ch = shape[0], h = shape[1], w = shape[2];
@@ -77,14 +91,17 @@ struct CnnImpl : nn::Module {
   // fewer elements; flatten(1) keeps PyTorch's NCHW feature order, so weights stay interchangeable.
   torch::Tensor forward(torch::Tensor x) {
     if (cl) x = channels_last(x);
-    x = conv1(x);
-    if (bn) x = bn1(x);
+    auto run = [this](const std::string& n, const torch::Tensor& t, auto& m) {
+      return isl->call(n, t, [&](const torch::Tensor& in) { return m(in); });
+    };
+    x = run(names[0], x, conv1);
+    if (bn) x = run(names[1], x, bn1);
     x = torch::relu(torch::max_pool2d(x, 2));
-    x = conv2(x);
-    if (bn) x = bn2(x);
+    x = run(names[2], x, conv2);
+    if (bn) x = run(names[3], x, bn2);
     x = torch::relu(torch::max_pool2d(x, 2));
-    x = torch::relu(fc1(x.flatten(1)));
-    return fc2(drop(x));
+    x = torch::relu(run(names[4], x.flatten(1), fc1));
+    return run(names[5], drop(x), fc2);
   }
 };
 TORCH_MODULE(Cnn);
@@ -92,6 +109,9 @@ TORCH_MODULE(Cnn);
 struct BlockImpl : nn::Module {
   nn::Conv2d c1{nullptr}, c2{nullptr}, sc{nullptr};
   nn::BatchNorm2d b1{nullptr}, b2{nullptr}, sb{nullptr};
+  Islands* isl = nullptr;
+  std::string prefix;              // stages.<i>
+  std::vector<std::string> names;  // <prefix>.{conv1,bn1,conv2,bn2,shortcut,shortcut_bn}
   // bn=false: the BatchNorm-free form `mltrain fuse` writes (BN folded into biased convs).
   BlockImpl(int64_t in, int64_t out, int64_t stride, bool bn = true) {
     c1 = register_module(
@@ -105,11 +125,21 @@ struct BlockImpl : nn::Module {
       if (bn) sb = register_module("shortcut_bn", nn::BatchNorm2d(out));
     }
   }
-  static torch::Tensor maybe(nn::BatchNorm2d& b, torch::Tensor x) { return b ? b(x) : x; }
+  void name(const std::string& p) {
+    prefix = p;
+    names.clear();
+    for (const char* n : {"conv1", "bn1", "conv2", "bn2", "shortcut", "shortcut_bn"})
+      names.push_back(prefix + "." + n);
+  }
+  template <class M>
+  torch::Tensor run(size_t i, M& m, const torch::Tensor& x) {
+    if (!m) return x;
+    return isl->call(names[i], x, [&](const torch::Tensor& t) { return m(t); });
+  }
   torch::Tensor forward(torch::Tensor x) {
-    auto y = torch::relu(maybe(b1, c1(x)));
-    y = maybe(b2, c2(y));
-    return torch::relu(y + (sc ? maybe(sb, sc(x)) : x));
+    auto y = torch::relu(run(1, b1, run(0, c1, x)));
+    y = run(3, b2, run(2, c2, y));
+    return torch::relu(y + (sc ? run(5, sb, run(4, sc, x)) : x));
   }
 };
 TORCH_MODULE(Block);
@@ -121,6 +151,10 @@ struct ResNetImpl : nn::Module {
   nn::Sequential stages{nullptr};
   nn::Dropout drop{nullptr};
   nn::Linear head{nullptr};
+  std::vector<Block> blocks;  // stages' children, in order
+  Islands* isl = nullptr;
+  int64_t checkpoint_every = 0;
+  const std::vector<std::string> names = {"stem", "stem_bn", "head"};
   ResNetImpl(const std::vector<int64_t>& shape, const config::ModelConfig& c, int64_t classes) {
     stem = register_module(
         "stem",
@@ -130,7 +164,9 @@ struct ResNetImpl : nn::Module {
     int64_t in = c.widths[0];
     for (size_t s = 0; s < c.widths.size(); ++s)
       for (int64_t b = 0; b < c.depths[s]; ++b) {
-        stages->push_back(Block(in, c.widths[s], (b == 0 && s > 0) ? 2 : 1, c.batchnorm));
+        blocks.push_back(Block(in, c.widths[s], (b == 0 && s > 0) ? 2 : 1, c.batchnorm));
+        blocks.back()->name("stages." + std::to_string(blocks.size() - 1));
+        stages->push_back(blocks.back());
         in = c.widths[s];
       }
     drop = register_module("drop", nn::Dropout(c.dropout));
@@ -139,19 +175,71 @@ struct ResNetImpl : nn::Module {
   bool cl = false;
   torch::Tensor forward(torch::Tensor x) {
     if (cl) x = channels_last(x);
-    x = stem(x);
-    x = torch::relu(stem_bn ? stem_bn(x) : x);
-    x = stages->forward(x);
+    x = isl->call(names[0], x, [&](const torch::Tensor& t) { return stem(t); });
+    if (stem_bn) x = isl->call(names[1], x, [&](const torch::Tensor& t) { return stem_bn(t); });
+    x = torch::relu(x);
+    x = run_segments(
+        blocks, checkpoint_every, x,
+        [](Block& b, const torch::Tensor& t) {
+          return b->isl->call(b->prefix, t,
+                              [&](const torch::Tensor& in) { return b->forward(in); });
+        },
+        [](Block& b) { return b->buffers(); });
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
-    return head(drop(x));
+    return isl->call(names[2], drop(x), [&](const torch::Tensor& t) { return head(t); });
   }
 };
 TORCH_MODULE(ResNet);
 
+// Per registry net: which sub-module calls amp.fp32_modules can name, and whether it has blocks.
+void attach(Mlp& m, Islands* i) { m->isl = i; }
+void attach(Cnn& m, Islands* i) { m->isl = i; }
+void attach(ResNet& m, Islands* i) {
+  m->isl = i;
+  for (auto& b : m->blocks) b->isl = i;
+}
+std::vector<std::string> island_names_of(const Mlp& m) { return m->names; }
+std::vector<std::string> island_names_of(const Cnn& m) {
+  return m->bn ? m->names : std::vector<std::string>{"conv1", "conv2", "fc1", "fc2"};
+}
+std::vector<std::string> island_names_of(const ResNet& m) {
+  std::vector<std::string> out = {"stem"};
+  if (m->stem_bn) out.push_back("stem_bn");
+  for (const auto& b : m->blocks) {
+    out.push_back(b->prefix);
+    const nn::Module* parts[] = {b->c1.get(),
+                                 b->b1 ? b->b1.get() : nullptr,
+                                 b->c2.get(),
+                                 b->b2 ? b->b2.get() : nullptr,
+                                 b->sc ? b->sc.get() : nullptr,
+                                 b->sb ? b->sb.get() : nullptr};
+    for (size_t k = 0; k < b->names.size(); ++k)
+      if (parts[k]) out.push_back(b->names[k]);
+  }
+  out.push_back("head");
+  return out;
+}
+template <class M>
+int64_t blocks_of(const M&) {
+  return 0;
+}
+int64_t blocks_of(const ResNet& m) { return static_cast<int64_t>(m->blocks.size()); }
+template <class M>
+void checkpoint_every(M&, int64_t) {}
+void checkpoint_every(ResNet& m, int64_t every) { m->checkpoint_every = every; }
+
 template <class M>
 class ModuleModel : public Model {
  public:
-  ModuleModel(M m, std::string desc) : m_(std::move(m)), desc_(std::move(desc)) {}
+  ModuleModel(M m, std::string desc) : m_(std::move(m)), desc_(std::move(desc)) {
+    attach(m_, islands());
+  }
+  std::vector<std::string> island_names() const override { return island_names_of(m_); }
+  int64_t num_blocks() const override { return blocks_of(m_); }
+  void set_checkpointing(int64_t every) override {
+    if (blocks_of(m_) == 0) Model::set_checkpointing(every);
+    checkpoint_every(m_, every);
+  }
   torch::Tensor forward(const torch::Tensor& x) override { return m_->forward(x); }
   NamedTensors named_parameters() override {
     NamedTensors out;
@@ -212,6 +300,44 @@ class ScriptModel : public Model {
 };
 
 }  // namespace
+
+Model::Model() : islands_(std::make_shared<Islands>()) {}
+
+void Model::set_checkpointing(int64_t every) {
+  if (every <= 0) return;
+  throw ConfigError("memory.checkpoint",
+                    describe() + " has no repeated blocks to checkpoint (resnet and gpt do)",
+                    "set memory.checkpoint=none, or use model.name=resnet or gpt");
+}
+
+std::vector<std::string> Model::set_fp32_modules(const std::vector<std::string>& patterns) {
+  const auto names = island_names();
+  std::set<std::string> chosen;
+  for (const auto& pat : patterns) {
+    bool any = false;
+    for (const auto& n : names)
+      if (fnmatch(pat.c_str(), n.c_str(), 0) == 0) chosen.insert(n), any = true;
+    if (any) continue;
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    throw ConfigError("amp.fp32_modules",
+                      "pattern '" + pat + "' matches no module of " + describe() +
+                          (names.empty() ? " (it has no named modules islands apply to)"
+                                         : "; its modules: " + list),
+                      names.empty() ? "remove amp.fp32_modules for this model"
+                                    : "use one of these names or a glob over them (h.*.ln_*)");
+  }
+  islands_->choose(chosen);
+  return {chosen.begin(), chosen.end()};
+}
+
+void Model::record_dtypes(bool on) { islands_->record(on); }
+
+std::map<std::string, std::string> Model::recorded_dtypes() const {
+  std::map<std::string, std::string> out;
+  for (const auto& [n, t] : islands_->outputs()) out[n] = c10::toString(t);
+  return out;
+}
 
 c10::IValue Model::forward_with_targets(const torch::Tensor&, const torch::Tensor&) {
   throw ConfigError("task.name",

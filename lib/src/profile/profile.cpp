@@ -371,6 +371,29 @@ ProfileReport::Sweep sweep(const train::Splits& splits, const ProfileOptions& o)
 
 }  // namespace
 
+// One forward of a few real samples under the config's autocast, recording each named module's
+// output dtype (fp32 islands stay Float, autocast-lowered modules come out BFloat16/Half).
+static void autocast_coverage(const config::ExperimentConfig& cfg, train::Pipeline& base,
+                              ProfileReport& r) {
+  if (!cfg.amp.enabled) return;
+  data::Loader loader(base.splits.train,
+                      train::plain_loader_options(cfg, 8, /*shuffle=*/false, /*drop_last=*/false));
+  loader.start_epoch(0);
+  data::Batch b;
+  if (!loader.next(b)) return;
+  torch::NoGradGuard no_grad;
+  base.model->set_training(false);
+  base.model->record_dtypes(true);
+  {
+    compat::AutocastGuard amp(true, cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16,
+                              base.device.is_cuda());
+    base.model->forward(b.x.to(base.device));
+  }
+  r.autocast_dtypes = base.model->recorded_dtypes();
+  base.model->record_dtypes(false);
+  r.fp32_islands = cfg.amp.fp32_modules;
+}
+
 ProfileReport profile_config(const config::ExperimentConfig& cfg, const ProfileOptions& o) {
   if (o.active < 1 || o.wait < 0 || o.warmup < 0)
     throw ConfigError("profile", "need --active >= 1 and non-negative --wait/--warmup",
@@ -384,6 +407,7 @@ ProfileReport profile_config(const config::ExperimentConfig& cfg, const ProfileO
   r.device = base->device.str();
   r.wait = o.wait, r.warmup = o.warmup, r.active = o.active;
   r.runtime = runtime::describe();
+  if (cfg.task.name != "custom") autocast_coverage(cfg, *base, r);
   spdlog::info("[profile] pass 1: phase clock only ({} + {} + {} steps)", o.wait, o.warmup,
                o.active);
   r.measure = measure(cfg, splits, o, nullptr);
@@ -484,6 +508,8 @@ nlohmann::json ProfileReport::to_json() const {
                       {"runtime", runtime},
                       {"measure", measure.to_json()},
                       {"diagnosis", diagnosis.to_json()}};
+  if (!autocast_dtypes.empty())
+    j["autocast_coverage"] = {{"modules", autocast_dtypes}, {"fp32_islands", fp32_islands}};
   if (profiler_overhead)
     j["profiler_overhead"] = {{"step_ms_without", profiler_overhead->step_ms_without},
                               {"step_ms_without_passes", profiler_overhead->step_ms_without_passes},
@@ -530,6 +556,20 @@ std::string ProfileReport::to_text() const {
   if (profiler_overhead)
     o << "; operator profiler overhead " << format_fixed(100 * (profiler_overhead->ratio() - 1))
       << "% (" << format_fixed(profiler_overhead->step_ms_with, 2) << " ms/step with it)";
+  if (!autocast_dtypes.empty()) {
+    std::map<std::string, std::vector<std::string>> by_dtype;
+    for (const auto& [name, dt] : autocast_dtypes) by_dtype[dt].push_back(name);
+    o << "\nautocast coverage (output dtype of each named module):";
+    for (const auto& [dt, names] : by_dtype) {
+      o << "\n  " << dt << " (" << names.size() << "):";
+      for (size_t i = 0; i < names.size() && i < 12; ++i) o << " " << names[i];
+      if (names.size() > 12) o << " ...";
+    }
+    if (!fp32_islands.empty()) {
+      o << "\n  fp32 islands (amp.fp32_modules):";
+      for (const auto& p : fp32_islands) o << " " << p;
+    }
+  }
   o << "\n\n  phase          ms/step    share\n";
   for (size_t i = 0; i < kPhases; ++i) {
     char line[96];

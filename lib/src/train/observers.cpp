@@ -143,6 +143,9 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
   if (t.cfg().task.name == "language_model") j["tokens_per_s"] = w_.units / w_.step_s;
   if (t.cfg().label_smoothing.value > 0) j["label_smoothing"] = s.label_smoothing;
   if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;
+  if (s.grad_underflow > t.cfg().amp.underflow_warn) j["grad_underflow"] = s.grad_underflow;
+  if (s.micro_batch > 0 && s.micro_batch < t.cfg().data.batch_size)
+    j["micro_batch"] = s.micro_batch;
   if (auto* aug = t.train_loader().augmenter(); aug && t.train_loader().augmented_samples() > 0) {
     j["augment_us_per_sample"] =
         1e6 * t.train_loader().augment_seconds() / t.train_loader().augmented_samples();

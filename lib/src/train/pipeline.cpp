@@ -1,5 +1,8 @@
 #include "mltrain/train/pipeline.hpp"
 
+#include "mltrain/core/memory.hpp"
+#include "mltrain/train/micro_batch.hpp"
+
 #include <cstdlib>
 #include <filesystem>
 
@@ -246,12 +249,80 @@ std::unique_ptr<data::Loader> augmented_loader(const config::ExperimentConfig& c
   return loader;
 }
 
+// data.batch_size: auto is the whole optimizer step per rank.
+static config::ExperimentConfig resolve_batch(config::ExperimentConfig cfg, int64_t world) {
+  if (!cfg.data.batch_size.is_auto()) return cfg;
+  if (cfg.train.global_batch % world != 0)
+    throw ConfigError("train.global_batch",
+                      std::to_string(cfg.train.global_batch) + " does not split over " +
+                          std::to_string(world) + " ranks",
+                      "pick a global batch divisible by the world size");
+  cfg.data.batch_size = cfg.train.global_batch / world;
+  return cfg;
+}
+
+// memory.checkpoint and amp.fp32_modules on the built model (ConfigError, exit 2, when the model
+// has no blocks or a pattern matches no module).
+static void apply_model_memory(const config::ExperimentConfig& cfg, model::Model& m) {
+  const auto& mem = cfg.memory;
+  if (mem.checkpoint != "none") {
+    const int64_t every = mem.checkpoint == "blocks" ? 1 : mem.checkpoint_every;
+    m.set_checkpointing(every);
+    spdlog::info("[memory] activation checkpointing: {} blocks in segments of {}", m.num_blocks(),
+                 every);
+  }
+  if (!cfg.amp.fp32_modules.empty()) {
+    const auto chosen = m.set_fp32_modules(cfg.amp.fp32_modules);
+    std::string list;
+    for (const auto& n : chosen) list += (list.empty() ? "" : ", ") + n;
+    spdlog::info("[amp] fp32 islands: {}", list);
+  }
+}
+
+// The evaluation loader's options: the training loader's, unshuffled, every sample, batches no
+// larger than a training micro-batch (eval_batch_size auto).
+static data::LoaderOptions eval_options_for(const config::ExperimentConfig& cfg, const Pipeline& p,
+                                            int64_t micro) {
+  data::LoaderOptions eo = p.train_options;
+  eo.batch_size = cfg.data.eval_batch_size.resolve(std::min<int64_t>(cfg.data.batch_size, micro));
+  eo.shuffle = false;
+  eo.drop_last = false;
+  eo.cover_all = true;  // metrics over every held-out sample, whatever the world size
+  eo.workers = std::min<int64_t>(p.train_options.workers, 1);
+  return eo;
+}
+
+// The micro-batch of the run: memory.micro_batch, or with data.batch_size=auto the probe's.
+static int64_t choose_micro_batch(const config::ExperimentConfig& cfg, bool auto_batch,
+                                  Pipeline& p) {
+  if (!cfg.memory.micro_batch.is_auto()) return cfg.memory.micro_batch.value;
+  if (!auto_batch) return cfg.data.batch_size;
+  // The evaluation loader's slots scale with the micro-batch too: measured by building one.
+  auto eval_slots = [&](int64_t m) -> int64_t {
+    if (!p.device.is_cpu()) return 0;  // host memory, not the GPU's
+    data::LoaderOptions eo = eval_options_for(cfg, p, m);
+    const int64_t before = memory::stats(p.device).live;
+    data::Loader probe(p.splits.eval, eo);
+    return memory::stats(p.device).live - before;
+  };
+  const MicroBatchPlan plan =
+      plan_micro_batch(cfg, *p.model, *p.train_loader, *p.optimizer, p.device, eval_slots);
+  if (plan.cached)
+    spdlog::info("[memory] micro-batch {} of {} (cached in {})", plan.micro,
+                 static_cast<int64_t>(cfg.data.batch_size), plan.cache_file.string());
+  return plan.micro;
+}
+
 std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
                                          const dist::World& world, const PipelineOptions& opt) {
-  auto p = std::make_unique<Pipeline>(config);
+  const bool auto_batch = config.data.batch_size.is_auto();
+  auto p = std::make_unique<Pipeline>(resolve_batch(config, std::max(1, world.size)));
   const config::ExperimentConfig& cfg = p->cfg;
   const bool distributed = world.size > 1;
   p->world = world;
+  const int64_t budget = config::memory_budget_bytes(cfg.runtime.memory_budget);
+  if (budget > 0) memory::track_cpu();  // before the model, so its weights count
+  memory::set_cpu_limit(0);             // a previous pipeline's budget binds nothing here
   runtime::apply({resolve_threads(cfg, world), cfg.runtime.kernel_route, cfg.runtime.allocator});
   p->device = prepare_device(cfg, distributed ? world.local_rank : 0);
   // Data, model and optimizer before anything is written: bad input fails first.
@@ -265,25 +336,23 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   // Commands on a trained run (until kModel) load its checkpoint instead.
   if (!cfg.model.init_from.empty() && opt.until != Stage::kModel) init_from(*p->model, cfg.model);
   p->model->to(p->device);  // before the optimizer takes its parameter list
+  apply_model_memory(cfg, *p->model);
   if (opt.until == Stage::kModel) return p;
 
   data::LoaderOptions lo = train_loader_options(cfg, p->device, &p->splits.train);
   lo.rank = world.rank, lo.world = world.size;  // each rank its shard of one global shuffle
   if (distributed && cfg.data.workers.is_auto()) lo.workers = std::min<int64_t>(lo.workers, 1);
   p->train_loader = std::make_unique<data::Loader>(p->splits.train, lo);
-  data::LoaderOptions& eo = p->eval_options;
-  eo = lo;
-  eo.batch_size = cfg.data.eval_batch_size.resolve(cfg.data.batch_size);
-  eo.shuffle = false;
-  eo.drop_last = false;
-  eo.cover_all = true;  // metrics over every held-out sample, whatever the world size
-  eo.workers = std::min<int64_t>(lo.workers, 1);
+  p->train_options = lo;
+  p->optimizer = optim::Optimizer::create(cfg.optim, p->model->named_parameters());
+  const int64_t micro = choose_micro_batch(cfg, auto_batch, *p);
+  p->eval_options = eval_options_for(cfg, *p, micro);
+  const data::LoaderOptions& eo = p->eval_options;
   const data::Dataset eval =
       opt.eval_limit > 0 ? p->splits.eval.slice(0, std::min(p->splits.eval.count, opt.eval_limit))
                          : p->splits.eval;
   p->eval_loader = std::make_unique<data::Loader>(eval, eo);
 
-  p->optimizer = optim::Optimizer::create(cfg.optim, p->model->named_parameters());
   if (distributed) {
     p->comm = dist::Comm::create(
         world, {cfg.distributed.backend, cfg.distributed.timeout_s, "", p->device});
@@ -297,6 +366,11 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   }
   p->trainer = std::make_unique<Trainer>(cfg, *p->model, *p->optimizer, *p->train_loader,
                                          *p->eval_loader, Distributed{p->comm.get(), p->dp.get()});
+  p->trainer->set_micro_batch(micro, /*recover=*/auto_batch);
+  for (const auto& w : memory_warnings(cfg, p->trainer->accumulate(), micro))
+    spdlog::warn("[memory] {}", w);
+  // A budget binds the allocator from here on: an out-of-memory error is then what CUDA's would be.
+  if (p->device.is_cpu()) memory::set_cpu_limit(budget);
   // Sized from the plan that has the world in it: every micro-batch of the run is one augmenter step.
   attach_augmenter(cfg, *p->train_loader, p->trainer->total_steps() * p->trainer->accumulate());
   return p;

@@ -250,3 +250,24 @@ void EarlyStopping::load(const nlohmann::json& j) {
 }
 
 }  // namespace mltrain::train
+
+namespace mltrain::train {
+
+double underflow_share(const model::NamedTensors& params, double scale, bool scaled,
+                       int64_t per_tensor) {
+  torch::NoGradGuard no_grad;
+  const double tiny = std::ldexp(1.0, -14);  // smallest normal fp16
+  int64_t sampled = 0, under = 0;
+  for (const auto& [n, p] : params) {
+    if (!p.grad().defined() || p.grad().numel() == 0) continue;
+    auto g = p.grad().detach().reshape({-1});
+    const int64_t stride = std::max<int64_t>(1, g.numel() / per_tensor);
+    auto a = g.slice(0, 0, g.numel(), stride).to(torch::kDouble).abs();
+    if (!scaled) a = a * scale;
+    sampled += a.numel();
+    under += ((a > 0) & (a < tiny)).sum().item<int64_t>();
+  }
+  return sampled > 0 ? static_cast<double>(under) / static_cast<double>(sampled) : 0.0;
+}
+
+}  // namespace mltrain::train

@@ -10,6 +10,7 @@
 
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/memory.hpp"
 #include "mltrain/core/signals.hpp"
 
 namespace mltrain::train {
@@ -192,6 +193,100 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   return r;
 }
 
+void Trainer::set_micro_batch(int64_t samples, bool recover) {
+  micro_ = samples >= cfg_.data.batch_size ? 0 : samples;
+  oom_recover_ = recover && !(comm_ && comm_->size() > 1);
+}
+
+// The loader batch's micro-batches: forward under autocast, loss in fp32 normalised by the
+// samples of the whole accumulation window (so micro-batches of any size add up to the batch's
+// gradient), backward. Only the last backward of the window's last batch all-reduces.
+Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, double eps,
+                                                  double full_window, bool final_micro) {
+  auto lap = [this](Phase p) {
+    if (phases_) phases_->lap(p);
+  };
+  BatchSums sums;
+  const int64_t n = batch.y.size(0);
+  const int64_t m = micro_ > 0 ? micro_ : n;
+  for (int64_t start = 0; start < n; start += m) {
+    const int64_t len = std::min(m, n - start);
+    data::Batch part = batch;
+    if (len < n) {
+      part.x = batch.x.narrow(0, start, len);
+      part.y = batch.y.narrow(0, start, len);
+      if (batch.y2.defined()) part.y2 = batch.y2.narrow(0, start, len);
+    }
+    const bool last = start + len >= n;
+    if (dp_) dp_->broadcast_buffers();
+    const task::Step out = task_->forward(model_, part, eps, amp());
+    auto loss = out.loss * (static_cast<double>(len) / full_window);
+    lap(Phase::kForward);
+    // No all-reduce on non-final accumulation micro-steps, nor while the optimizer exchanges
+    // momenta instead (1-bit Adam after its warm-up).
+    if (dp_) dp_->begin_backward(final_micro && last && opt_.wants_gradient_sync());
+    (scaler_ ? scaler_->scale(loss) : loss).backward();
+    lap(Phase::kBackward);
+    sums.loss += out.loss.item<double>() * len;
+    if (out.correct.defined()) {  // train accuracy (tasks that count argmax hits)
+      sums.counted = true;
+      sums.correct += out.correct.item<int64_t>();
+      sums.units += out.units;
+    }
+  }
+  return sums;
+}
+
+Trainer::BatchSums Trainer::forward_backward(const data::Batch& batch, double eps,
+                                             double full_window, bool final_micro) {
+  if (!oom_recover_) {
+    try {
+      return forward_backward_once(batch, eps, full_window, final_micro);
+    } catch (const std::exception& e) {
+      if (!memory::is_out_of_memory(e)) throw;
+      throw RuntimeError("",
+                         "out of memory at step " + std::to_string(progress_.step) +
+                             " with micro-batches of " +
+                             std::to_string(micro_ > 0 ? micro_ : batch.y.size(0)) + ": " +
+                             std::string(e.what()).substr(0, 300),
+                         "set data.batch_size=auto (with train.global_batch) to fit the memory, "
+                         "lower memory.micro_batch, or set memory.checkpoint=blocks");
+    }
+  }
+  // The state the batch starts from, to redo it after an out-of-memory error: RNG (dropout) and
+  // buffers (BatchNorm statistics); gradients are zero (the batch is the whole step).
+  const torch::Tensor cpu_rng = compat::cpu_rng_state(), cuda_rng = compat::cuda_rng_state();
+  std::vector<torch::Tensor> buffers;
+  for (auto& [n, b] : model_.named_buffers()) buffers.push_back(b.detach().clone());
+  while (true) {
+    try {
+      return forward_backward_once(batch, eps, full_window, final_micro);
+    } catch (const std::exception& e) {
+      const int64_t now = micro_ > 0 ? micro_ : batch.y.size(0);
+      if (!memory::is_out_of_memory(e)) throw;
+      if (now <= 1)
+        throw RuntimeError(
+            "",
+            "out of memory at step " + std::to_string(progress_.step) +
+                " even with a micro-batch of 1: " + std::string(e.what()).substr(0, 300),
+            "raise runtime.memory_budget (what the run holds besides the step: "
+            "weights, optimizer state, loader slots, counts), or lower "
+            "data.prefetch");
+      opt_.zero_grad();
+      compat::set_cpu_rng_state(cpu_rng);
+      compat::set_cuda_rng_state(cuda_rng);
+      torch::NoGradGuard no_grad;
+      size_t i = 0;
+      for (auto& [n, b] : model_.named_buffers()) b.detach().copy_(buffers[i++]);
+      micro_ = now / 2;
+      ++oom_events_;
+      spdlog::warn(
+          "[memory] out of memory at step {} with micro-batch {}: redoing the step with {}",
+          progress_.step, now, micro_);
+    }
+  }
+}
+
 void Trainer::take_snapshot() {
   torch::NoGradGuard no_grad;
   Snapshot s;
@@ -255,6 +350,17 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
     torch::NoGradGuard no_grad;
     for (const auto& [n, p] : params)
       if (p.grad().defined()) p.mutable_grad().mul_(full_window / window_samples);
+  }
+  if (scaler_) {  // sampled before unscaling: the gradients still carry the scale
+    info.grad_underflow = underflow_share(params, scaler_->value(), /*scaled=*/true);
+    if (info.grad_underflow > cfg_.amp.underflow_warn && !underflow_warned_) {
+      spdlog::warn(
+          "[amp] step {}: {:.1f}% of sampled gradient elements are fp16-subnormal at loss scale "
+          "{} (amp.underflow_warn {}): raise amp.init_scale / amp.min_scale, or use "
+          "amp.dtype=bf16",
+          progress_.step, 100 * info.grad_underflow, scaler_->value(), cfg_.amp.underflow_warn);
+      underflow_warned_ = true;
+    }
   }
   const bool found_inf = scaler_ ? scaler_->unscale(params) : false;
   info.grad_norm = grad_norm(params);
@@ -353,31 +459,21 @@ void Trainer::fit() {
       if (!next_on_device(train_, batch, fence, phases_)) break;
       data_s += since(t_data);
 
-      // A micro-batch: forward under autocast, loss in fp32, normalised by the samples of the
-      // whole accumulation window, so k micro-batches of b equal one batch of k*b.
+      // The batch's micro-batches, forward and backward (k micro-batches of b equal one of k*b).
       const double eps = smoothing_->lr(opt_.steps());
-      if (dp_) dp_->broadcast_buffers();
-      const task::Step out = task_->forward(model_, batch, eps, amp());
-      const int64_t b = batch.y.size(0);
-      auto part = out.loss * (static_cast<double>(b) / full_window);
-      lap(Phase::kForward);
       const bool final_micro = micro + 1 >= accumulate_ || batch.index + 1 >= bpe;
-      // No all-reduce on non-final accumulation micro-steps, nor while the optimizer exchanges
-      // momenta instead (1-bit Adam after its warm-up).
-      if (dp_) dp_->begin_backward(final_micro && opt_.wants_gradient_sync());
-      (scaler_ ? scaler_->scale(part) : part).backward();
-      lap(Phase::kBackward);
+      const BatchSums sums = forward_backward(batch, eps, full_window, final_micro);
+      const int64_t b = batch.y.size(0);
       if (dp_ && final_micro) {
         dp_->finish_backward();
         lap(Phase::kAllreduce);
       }
-      info.loss += out.loss.item<double>() * b;
-      if (out.correct.defined()) {  // train accuracy (tasks that count argmax hits)
-        const int64_t correct = out.correct.item<int64_t>();
-        info.correct += correct;
-        info.units += out.units;
-        since_eval_correct_ += correct;
-        since_eval_count_ += out.units;
+      info.loss += sums.loss;
+      if (sums.counted) {
+        info.correct += sums.correct;
+        info.units += sums.units;
+        since_eval_correct_ += sums.correct;
+        since_eval_count_ += sums.units;
       }
       window_samples += b;
       const bool epoch_end = batch.index + 1 >= bpe;
@@ -392,6 +488,7 @@ void Trainer::fit() {
       lap(Phase::kOptimizer);
 
       info.count = window_samples;
+      info.micro_batch = micro_ > 0 ? micro_ : static_cast<int64_t>(cfg_.data.batch_size);
       info.loss /= std::max<int64_t>(1, window_samples);
       info.label_smoothing = eps;
       info.data_seconds = data_s;
@@ -427,6 +524,8 @@ nlohmann::json Trainer::technique_state() const {
   if (ema_) j["ema_updates"] = ema_->updates();
   j["schedule_gradnorm"] = schedule_->gradnorm_state();
   if (auto* aug = train_.augmenter()) j["augment_strength"] = aug->strength();
+  j["micro_batch"] = micro_;  // a micro-batch halved after running out of memory stays halved
+  j["oom_events"] = oom_events_;
   return j;
 }
 
@@ -439,6 +538,8 @@ void Trainer::load_technique_state(const nlohmann::json& j) {
   if (j.contains("schedule_gradnorm")) schedule_->load_gradnorm_state(j["schedule_gradnorm"]);
   if (auto* aug = train_.augmenter(); aug && j.contains("augment_strength"))
     aug->set_strength(j["augment_strength"]);
+  if (oom_recover_ && j.contains("micro_batch")) micro_ = j["micro_batch"].get<int64_t>();
+  if (j.contains("oom_events")) oom_events_ = j["oom_events"].get<int64_t>();
 }
 
 model::NamedTensors Trainer::technique_tensors() const {

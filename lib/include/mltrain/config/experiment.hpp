@@ -66,8 +66,14 @@ struct RuntimeConfig {
   std::string allocator = "retain";
   std::string device = "auto";
   bool cudnn_benchmark = true;
+  std::string memory_budget = "none";
   template <class V>
   void visit(V& v) {
+    v.field("memory_budget", memory_budget,
+            "tensor memory a training step may reach (512MiB, 2GiB, 1.5GB; none: no limit, or on "
+            "CUDA the device's memory when data.batch_size is auto); on the CPU it is enforced "
+            "by a counting allocator, so running out there behaves as on a GPU",
+            memory_size());
     v.field("device", device,
             "where the model trains: auto (cuda when this build and machine have it, else cpu) | "
             "cpu | cuda",
@@ -198,7 +204,7 @@ struct DataConfig {
   int64_t vocab_size = 0;
   int64_t limit_train = 0;
   double val_fraction = 0.0;
-  int64_t batch_size = 128;
+  AutoSize batch_size = 128;
   Count eval_batch_size = Count::automatic();
   Count workers = Count::automatic();
   int64_t prefetch = 4;
@@ -240,7 +246,10 @@ struct DataConfig {
             non_negative<int64_t>());
     v.field("val_fraction", val_fraction,
             "hold out this fraction of training samples for validation", in_range(0.0, 0.5));
-    v.field("batch_size", batch_size, "samples per optimizer step (per rank)", positive<int64_t>());
+    v.field("batch_size", batch_size,
+            "samples per loader batch (per rank); auto: train.global_batch / world, split into "
+            "the largest micro-batches (memory.micro_batch) that fit runtime.memory_budget",
+            positive_size_or_auto());
     v.field("eval_batch_size", eval_batch_size,
             "samples per evaluation batch (auto: batch_size, so evaluation never needs more "
             "memory than a training step; on CPU no slower than larger batches)",
@@ -465,6 +474,8 @@ struct AmpConfig {
   double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
   int64_t growth_interval = 2000;
   double min_scale = 1.0;
+  std::vector<std::string> fp32_modules;
+  double underflow_warn = 0.01;
   template <class V>
   void visit(V& v) {
     v.field("enabled", enabled,
@@ -482,6 +493,13 @@ struct AmpConfig {
     v.field("min_scale", min_scale,
             "fp16 loss scaler: never below this (PyTorch's GradScaler has no floor)",
             positive<double>());
+    v.field("fp32_modules", fp32_modules,
+            "fp32 islands: glob patterns over module names (h.*.ln_*, head) that run with "
+            "autocast off and their inputs cast to fp32; `mltrain config check` lists the names");
+    v.field("underflow_warn", underflow_warn,
+            "fp16: warn (and record grad_underflow in metrics) when more than this share of "
+            "sampled gradient elements underflow at the current scale",
+            in_range(0.0, 1.0));
   }
 };
 
@@ -693,6 +711,27 @@ struct DistributedConfig {
   }
 };
 
+struct MemoryConfig {
+  std::string checkpoint = "none";
+  int64_t checkpoint_every = 2;
+  Count micro_batch = Count::automatic();
+  template <class V>
+  void visit(V& v) {
+    v.field("checkpoint", checkpoint,
+            "activation checkpointing (resnet, gpt): none | blocks (every block recomputed in "
+            "backward instead of keeping its activations) | every_n (segments of "
+            "checkpoint_every blocks: only segment inputs kept); gradients stay bitwise equal",
+            one_of({"none", "blocks", "every_n"}));
+    v.field("checkpoint_every", checkpoint_every, "every_n: blocks per checkpointed segment",
+            positive<int64_t>());
+    v.field("micro_batch", micro_batch,
+            "samples per forward/backward: each loader batch is split into micro-batches whose "
+            "gradients add up to the batch's (auto: the whole batch, or with data.batch_size=auto "
+            "the largest that fits runtime.memory_budget, probed and cached)",
+            positive_or_auto());
+  }
+};
+
 struct ExperimentConfig {
   RunConfig run;
   TaskConfig task;
@@ -710,6 +749,7 @@ struct ExperimentConfig {
   LabelSmoothingConfig label_smoothing;
   CheckpointConfig checkpoint;
   DistributedConfig distributed;
+  MemoryConfig memory;
   template <class V>
   void visit(V& v) {
     v.section("run", run, "naming, output folder and seed");
@@ -729,6 +769,7 @@ struct ExperimentConfig {
     v.section("checkpoint", checkpoint, "checkpoints and resume");
     v.section("distributed", distributed,
               "data-parallel ranks (world from torchrun/Slurm variables or mltrain launch)");
+    v.section("memory", memory, "activation checkpointing and micro-batches");
   }
 };
 
@@ -747,5 +788,7 @@ std::string metric_mode(const std::string& metric);
 std::string checkpoint_monitor(const ExperimentConfig& cfg);
 std::string checkpoint_mode(const ExperimentConfig& cfg);
 std::string schema_text();
+// runtime.memory_budget in bytes (0: none). "512MiB", "2GiB", "1.5GB", "800MB", "none".
+int64_t memory_budget_bytes(const std::string& text);
 
 }  // namespace mltrain::config

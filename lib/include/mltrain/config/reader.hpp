@@ -78,6 +78,7 @@ std::string decode(const YAML::Node& n, double& out);
 std::string decode(const YAML::Node& n, std::string& out);
 std::string decode(const YAML::Node& n, Period& out);
 std::string decode(const YAML::Node& n, Count& out);
+std::string decode(const YAML::Node& n, AutoSize& out);
 std::string decode(const YAML::Node& n, std::vector<int64_t>& out);
 std::string decode(const YAML::Node& n, std::vector<double>& out);
 std::string decode(const YAML::Node& n, std::vector<Period>& out);

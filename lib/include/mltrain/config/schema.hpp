@@ -14,6 +14,7 @@
 // visitors over that one declaration (config/reader.hpp, config/writer.hpp), so parsing, checks,
 // defaults and docs cannot drift apart.
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -32,6 +33,18 @@ struct Count {
   std::string str() const { return is_auto() ? "auto" : std::to_string(value); }
   static Count automatic() { return {}; }
   static Count of(int64_t n) { return {n}; }
+};
+
+// A sample count that may be `auto` (data.batch_size). It reads as its number everywhere, so
+// `auto` (-1) must be resolved before use: build_pipeline resolves data.batch_size to
+// train.global_batch / world, and the micro-batch to what fits runtime.memory_budget.
+struct AutoSize {
+  int64_t value = 0;
+  AutoSize(int64_t v = 0) : value(v) {}  // NOLINT: a plain number is a size
+  static AutoSize automatic() { return AutoSize(-1); }
+  bool is_auto() const { return value < 0; }
+  operator int64_t() const { return value; }  // NOLINT
+  std::string str() const { return is_auto() ? "auto" : std::to_string(value); }
 };
 
 // One YAML scalar kept as written (a categorical choice: 64, 0.5, true or 'adam'); quoted: it was
@@ -97,6 +110,37 @@ inline Check<Count> positive_or_auto() {
   return {"> 0 or auto",
           [](const Count& c) { return c.is_auto() || c.value > 0 ? "" : "must be > 0 or auto"; }};
 }
+// "512MiB", "2GiB", "1.5GB", "800MB", "64KiB" or "none" (0) -> bytes; "" when it parses.
+inline std::string parse_memory_size(const std::string& text, int64_t& bytes) {
+  bytes = 0;
+  if (text == "none") return "";
+  static const std::pair<const char*, double> units[] = {
+      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3},     {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12}};
+  for (const auto& [u, scale] : units) {
+    const std::string unit = u;
+    if (text.size() <= unit.size() || text.compare(text.size() - unit.size(), unit.size(), unit))
+      continue;
+    const std::string num = text.substr(0, text.size() - unit.size());
+    char* end = nullptr;
+    const double v = std::strtod(num.c_str(), &end);
+    if (!end || *end != 0 || !(v > 0) || v * scale > 9.0e18) break;
+    bytes = static_cast<int64_t>(v * scale);
+    return "";
+  }
+  return "'" + text + "' is not a size: write e.g. 512MiB, 2GiB, 1.5GB, or none";
+}
+inline Check<std::string> memory_size() {
+  return {"a size (512MiB, 2GiB, 1.5GB) or none", [](const std::string& v) {
+            int64_t b = 0;
+            return parse_memory_size(v, b);
+          }};
+}
+inline Check<AutoSize> positive_size_or_auto() {
+  return {"> 0 or auto", [](const AutoSize& c) {
+            return c.is_auto() || c.value > 0 ? "" : "must be > 0 or auto";
+          }};
+}
 inline Check<Period> period_enabled() {
   return {"not never", [](const Period& p) { return p.enabled() ? "" : "must not be 'never'"; }};
 }
@@ -127,6 +171,10 @@ inline const char* type_name<std::vector<int64_t>>() {
 template <>
 inline const char* type_name<std::vector<double>>() {
   return "list of float";
+}
+template <>
+inline const char* type_name<AutoSize>() {
+  return "int or auto";
 }
 template <>
 inline const char* type_name<Period>() {
@@ -164,6 +212,7 @@ inline std::string to_text(double v) { return format_double(v); }
 inline std::string to_text(const std::string& v) { return yaml_quote(v); }
 inline std::string to_text(const Period& v) { return v.str(); }
 inline std::string to_text(const Count& v) { return v.str(); }
+inline std::string to_text(const AutoSize& v) { return v.str(); }
 inline std::string to_text(const Duration& v) { return v.str(); }
 inline std::string to_text(const Scalar& v) { return v.quoted ? yaml_quote(v.text) : v.text; }
 template <class T>

@@ -136,6 +136,21 @@ inline CudaMemory cuda_memory(int device = 0) {
 #endif
   return m;
 }
+// Total memory of a GPU (bytes; 0 on CPU builds): the default budget for data.batch_size=auto.
+inline int64_t cuda_total_memory(int device = 0) {
+#ifdef MLTRAIN_WITH_CUDA
+  if (cuda_available())
+    return static_cast<int64_t>(at::cuda::getDeviceProperties(device)->totalGlobalMem);
+#endif
+  (void)device;
+  return 0;
+}
+inline void cuda_reset_peak(int device = 0) {
+#ifdef MLTRAIN_WITH_CUDA
+  if (cuda_available()) c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+#endif
+  (void)device;
+}
 
 // Versions for `mltrain checklist` and env.json: CUDA the LibTorch was built with, cuDNN it
 // loaded; empty strings on CPU builds.
@@ -196,6 +211,51 @@ inline void set_cuda_rng_state(const torch::Tensor& state) {
   }
 #endif
 }
+
+// Whether autocast is on for the CPU or CUDA, and its dtype: what activation checkpointing records
+// at forward time so the recomputation in backward (possibly on another thread) runs the same casts.
+struct AutocastState {
+  bool on = false;
+  at::ScalarType dtype = at::kBFloat16;
+};
+inline AutocastState autocast_state(bool cuda) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  const auto dev = cuda ? at::kCUDA : at::kCPU;
+  return {at::autocast::is_autocast_enabled(dev), at::autocast::get_autocast_dtype(dev)};
+#else
+  return cuda ? AutocastState{at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()}
+              : AutocastState{at::autocast::is_cpu_enabled(),
+                              at::autocast::get_autocast_cpu_dtype()};
+#endif
+}
+inline void set_autocast_enabled(bool cuda, bool on) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_enabled(cuda ? at::kCUDA : at::kCPU, on);
+#else
+  if (cuda)
+    at::autocast::set_enabled(on);
+  else
+    at::autocast::set_cpu_enabled(on);
+#endif
+}
+
+// Autocast off for one region on both devices (amp.fp32_modules: a module that must run in fp32).
+class AutocastOff {
+ public:
+  AutocastOff() : cpu_(autocast_state(false).on), cuda_(autocast_state(true).on) {
+    if (cpu_) set_autocast_enabled(false, false);
+    if (cuda_) set_autocast_enabled(true, false);
+  }
+  ~AutocastOff() {
+    if (cpu_) set_autocast_enabled(false, true);
+    if (cuda_) set_autocast_enabled(true, true);
+  }
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  bool cpu_, cuda_;
+};
 
 // Autocast for one region (the forward pass). LibTorch 2.4 replaced the per-device setters with
 // set_autocast_enabled(device, on) / set_autocast_dtype(device, dtype).

@@ -7,6 +7,7 @@
 //   for (auto& [name, p] : model->named_parameters()) ...   // "conv1.weight", ...
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@
 namespace mltrain::model {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+class Islands;
 
 class Model {
  public:
@@ -31,6 +33,28 @@ class Model {
   virtual void to(const torch::Device& device) = 0;  // parameters and buffers, layouts kept
   virtual std::string describe() const = 0;
   int64_t num_parameters();
+
+  // memory.checkpoint: blocks run in segments of `every` consecutive blocks without keeping their
+  // activations (recomputed in backward, gradients bitwise equal); 0 turns it off. Models without
+  // repeated blocks (mlp, cnn, TorchScript) throw ConfigError naming memory.checkpoint.
+  virtual void set_checkpointing(int64_t every);
+  virtual int64_t num_blocks() const { return 0; }
+
+  // amp.fp32_modules: sub-modules whose names match a glob run outside autocast, inputs cast to
+  // fp32. island_names() lists the names a pattern can match; a pattern that matches none is a
+  // ConfigError listing them. Returns the chosen names.
+  virtual std::vector<std::string> island_names() const { return {}; }
+  std::vector<std::string> set_fp32_modules(const std::vector<std::string>& patterns);
+  // Output dtype of every named sub-module call while recording (tests, profile's coverage).
+  void record_dtypes(bool on);
+  std::map<std::string, std::string> recorded_dtypes() const;
+
+ protected:
+  Model();
+  Islands* islands() { return islands_.get(); }
+
+ private:
+  std::shared_ptr<Islands> islands_;
 };
 
 // Seeds LibTorch's generator with `seed` before building, so init is reproducible.

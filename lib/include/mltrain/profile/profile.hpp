@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -104,6 +105,10 @@ struct ProfileReport {
     double best_samples_per_s = 0, speedup_vs_first = 1;
   };
   std::optional<Sweep> sweep;
+  // amp.enabled: the output dtype of every named module in one forward under autocast, so the
+  // fp32 islands (amp.fp32_modules) and what autocast lowers are visible side by side.
+  std::map<std::string, std::string> autocast_dtypes;
+  std::vector<std::string> fp32_islands;
 
   nlohmann::json to_json() const;  // what out_dir/profile.json holds
   std::string to_text() const;     // what out_dir/report.txt holds

@@ -76,8 +76,8 @@ struct Pipeline {
   std::unique_ptr<dist::DataParallel> dp;
   std::unique_ptr<Trainer> trainer;
 
-  // The eval loader's options, for a test loader built after training (same batch, no shuffle).
-  data::LoaderOptions eval_options;
+  // The loaders' options; eval_options also for a test loader built after training.
+  data::LoaderOptions train_options, eval_options;
 };
 
 std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& cfg,

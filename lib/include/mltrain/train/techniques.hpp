@@ -44,6 +44,14 @@ class LossScaler {
   int64_t tracker_ = 0, skipped_ = 0;
 };
 
+// fp16 loss scaling's blind spot: the share of gradient elements that sit in fp16's subnormal
+// range at the current scale (0 < |g x scale| < 2^-14, the smallest normal fp16): they keep fewer
+// than 10 significant bits and are the next to flush to zero when the scale drops. A strided sample
+// of at most `per_tensor` elements of each gradient; exact zeros are not counted (dead units make
+// them too). `scaled`: the gradients still carry the scale (before unscale).
+double underflow_share(const model::NamedTensors& params, double scale, bool scaled,
+                       int64_t per_tensor = 4096);
+
 // Global L2 norm of all gradients (torch.nn.utils.clip_grad_norm_'s total_norm).
 double grad_norm(const model::NamedTensors& params);
 

@@ -50,7 +50,9 @@ struct StepInfo {
   double step_seconds = 0, data_seconds = 0;
   double grad_norm = 0;  // before clipping
   double label_smoothing = 0;
-  double loss_scale = 0;  // fp16 only
+  double loss_scale = 0;       // fp16 only
+  double grad_underflow = -1;  // fp16: sampled share of gradient elements lost at this scale
+  int64_t micro_batch = 0;     // samples per forward/backward this step
   bool skipped = false;
 };
 
@@ -124,6 +126,12 @@ class Trainer {
           data::Loader& train, data::Loader& eval, Distributed distributed = {});
   void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
   void set_phase_clock(PhaseClock* clock) { phases_ = clock; }
+  // memory.micro_batch resolved: each loader batch runs as micro-batches of `samples` (0: whole).
+  // `recover`: an out-of-memory error halves it and redoes the batch (data.batch_size=auto, one
+  // rank: the loader batch is the whole optimizer step, so nothing is half-applied).
+  void set_micro_batch(int64_t samples, bool recover);
+  int64_t micro_batch() const { return micro_; }
+  int64_t oom_events() const { return oom_events_; }
   void fit();
   EvalResult evaluate(data::Loader& loader);  // with the EMA weights when ema.evaluate
 
@@ -158,6 +166,15 @@ class Trainer {
   task::Amp amp() const;
   bool next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence,
                       PhaseClock* phases = nullptr) const;
+  struct BatchSums {
+    double loss = 0;  // sum of per-sample losses
+    int64_t correct = 0, units = 0;
+    bool counted = false;
+  };
+  BatchSums forward_backward(const data::Batch& batch, double eps, double full_window,
+                             bool final_micro);
+  BatchSums forward_backward_once(const data::Batch& batch, double eps, double full_window,
+                                  bool final_micro);
   void take_snapshot();
   bool optimizer_step(const model::NamedTensors& params, int64_t window_samples, double full_window,
                       double lr, StepInfo& info);
@@ -188,6 +205,8 @@ class Trainer {
   EarlyStopping early_;
   std::deque<Snapshot> snapshots_;
   std::string stop_reason_, failure_;
+  int64_t micro_ = 0, oom_events_ = 0;
+  bool oom_recover_ = false, underflow_warned_ = false;
   int64_t since_eval_correct_ = 0,
           since_eval_count_ = 0;  // train accuracy for adaptive augmentation
 };
