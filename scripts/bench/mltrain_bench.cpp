@@ -154,8 +154,7 @@ static void bench_memory(const config::ExperimentConfig& cfg, const train::Split
   po.splits = &splits;
   const auto p = train::build_pipeline(cfg, dist::World{}, po);
   const auto task = task::make_task(cfg);
-  const task::Amp amp{cfg.amp.enabled, cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16,
-                      p->device.is_cuda()};
+  const task::Amp amp = task::amp_of(cfg.amp, p->device.is_cuda());
   p->model->set_training(true);
   std::vector<double> times;
   int64_t peak = 0, epoch = 0;

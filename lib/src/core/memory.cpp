@@ -53,7 +53,6 @@ class CountingAllocator final : public c10::Allocator {
 };
 
 std::once_flag g_once;
-std::atomic<bool> g_tracking{false};
 
 }  // namespace
 
@@ -61,11 +60,8 @@ void track_cpu() {
   std::call_once(g_once, [] {
     static CountingAllocator counting;
     c10::SetCPUAllocator(&counting, /*priority=*/100);
-    g_tracking = true;
   });
 }
-
-bool tracking_cpu() { return g_tracking; }
 
 Stats stats(const torch::Device& device) {
   if (device.is_cuda()) {
@@ -84,7 +80,6 @@ void reset_peak(const torch::Device& device) {
 }
 
 void set_cpu_limit(int64_t bytes) { g_limit = bytes; }
-int64_t cpu_limit() { return g_limit; }
 
 bool is_out_of_memory(const std::exception& e) {
   return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr;

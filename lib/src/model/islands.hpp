@@ -16,7 +16,6 @@ namespace mltrain::model {
 class Islands {
  public:
   void choose(std::set<std::string> names) { names_ = std::move(names); }
-  const std::set<std::string>& chosen() const { return names_; }
   // Records every wrapped call's output dtype (the fp32-islands test, profile's coverage).
   void record(bool on) {
     recording_ = on;

@@ -3,11 +3,11 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
-#include <fnmatch.h>
-
 #include <filesystem>
+#include <type_traits>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/glob.hpp"
 #include "gpt.hpp"
 #include "islands.hpp"
 #include "recompute.hpp"
@@ -219,14 +219,6 @@ std::vector<std::string> island_names_of(const ResNet& m) {
   out.push_back("head");
   return out;
 }
-template <class M>
-int64_t blocks_of(const M&) {
-  return 0;
-}
-int64_t blocks_of(const ResNet& m) { return static_cast<int64_t>(m->blocks.size()); }
-template <class M>
-void checkpoint_every(M&, int64_t) {}
-void checkpoint_every(ResNet& m, int64_t every) { m->checkpoint_every = every; }
 
 template <class M>
 class ModuleModel : public Model {
@@ -235,10 +227,16 @@ class ModuleModel : public Model {
     attach(m_, islands());
   }
   std::vector<std::string> island_names() const override { return island_names_of(m_); }
-  int64_t num_blocks() const override { return blocks_of(m_); }
+  // Of the ModuleModels only the ResNet has blocks.
+  int64_t num_blocks() const override {
+    if constexpr (std::is_same_v<M, ResNet>) return static_cast<int64_t>(m_->blocks.size());
+    return 0;
+  }
   void set_checkpointing(int64_t every) override {
-    if (blocks_of(m_) == 0) Model::set_checkpointing(every);
-    checkpoint_every(m_, every);
+    if constexpr (std::is_same_v<M, ResNet>)
+      m_->checkpoint_every = every;
+    else
+      Model::set_checkpointing(every);
   }
   torch::Tensor forward(const torch::Tensor& x) override { return m_->forward(x); }
   NamedTensors named_parameters() override {
@@ -316,7 +314,7 @@ std::vector<std::string> Model::set_fp32_modules(const std::vector<std::string>&
   for (const auto& pat : patterns) {
     bool any = false;
     for (const auto& n : names)
-      if (fnmatch(pat.c_str(), n.c_str(), 0) == 0) chosen.insert(n), any = true;
+      if (glob_match(pat, n)) chosen.insert(n), any = true;
     if (any) continue;
     std::string list;
     for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;

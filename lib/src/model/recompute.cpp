@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "mltrain/core/compat.hpp"
+#include "mltrain/model/replay.hpp"
 
 namespace mltrain::model {
 namespace {
@@ -13,8 +14,7 @@ using torch::autograd::variable_list;
 // What the recomputation needs, kept alive by the autograd graph (as a capsule in the context).
 struct Segment : torch::CustomClassHolder {
   SegmentFn fn;
-  std::vector<torch::Tensor> buffers, buffers_before;
-  torch::Tensor cpu_rng, cuda_rng;
+  ReplayPoint start;  // RNG and buffers before the first forward
   compat::AutocastState cpu_amp, cuda_amp;
   bool input_needs_grad = true;
 };
@@ -24,11 +24,6 @@ class RecomputeFn : public torch::autograd::Function<RecomputeFn> {
   // Runs with gradients off (Function::apply sees to that): nothing inside is recorded.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                c10::intrusive_ptr<Segment> seg) {
-    seg->cpu_rng = compat::cpu_rng_state();
-    seg->cuda_rng = compat::cuda_rng_state();
-    seg->cpu_amp = compat::autocast_state(false);
-    seg->cuda_amp = compat::autocast_state(true);
-    for (const auto& b : seg->buffers) seg->buffers_before.push_back(b.detach().clone());
     torch::Tensor y = seg->fn(x);
     ctx->save_for_backward({x});
     ctx->saved_data["segment"] = c10::IValue::make_capsule(seg);
@@ -40,14 +35,8 @@ class RecomputeFn : public torch::autograd::Function<RecomputeFn> {
     const torch::Tensor saved = ctx->get_saved_variables()[0];
     torch::Tensor x = saved.detach().requires_grad_(true);
     // The same starting point as the first forward: RNG, buffers, autocast.
-    const torch::Tensor cpu_now = compat::cpu_rng_state(), cuda_now = compat::cuda_rng_state();
-    compat::set_cpu_rng_state(seg->cpu_rng);
-    compat::set_cuda_rng_state(seg->cuda_rng);
-    {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < seg->buffers.size(); ++i)
-        seg->buffers[i].detach().copy_(seg->buffers_before[i]);
-    }
+    const ReplayPoint now = ReplayPoint::rng_now();
+    seg->start.restore();
     torch::Tensor y;
     {
       torch::AutoGradMode on(true);
@@ -55,8 +44,7 @@ class RecomputeFn : public torch::autograd::Function<RecomputeFn> {
       compat::AutocastGuard cuda_amp(seg->cuda_amp.on, seg->cuda_amp.dtype, /*cuda=*/true);
       y = seg->fn(x);
     }
-    compat::set_cpu_rng_state(cpu_now);
-    compat::set_cuda_rng_state(cuda_now);
+    now.restore_rng();
     torch::autograd::backward({y}, {grads[0]});
     return {seg->input_needs_grad ? x.grad() : torch::Tensor(), torch::Tensor()};
   }
@@ -68,7 +56,10 @@ torch::Tensor recompute(const torch::Tensor& x, SegmentFn fn, std::vector<torch:
   if (!torch::GradMode::is_enabled()) return fn(x);
   auto seg = c10::make_intrusive<Segment>();
   seg->fn = std::move(fn);
-  seg->buffers = std::move(buffers);
+  // What the first forward starts from, taken just before it runs.
+  seg->start = ReplayPoint(std::move(buffers));
+  seg->cpu_amp = compat::autocast_state(false);
+  seg->cuda_amp = compat::autocast_state(true);
   seg->input_needs_grad = x.requires_grad();
   // The segment's parameters only get gradients through this node, so its input must carry one
   // (a leaf copy when the caller's input does not need a gradient).

@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-#include <fnmatch.h>
-
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -12,10 +10,6 @@
 #include "mltrain/core/error.hpp"
 
 namespace mltrain::optim {
-
-bool glob_match(const std::string& pattern, const std::string& name) {
-  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
-}
 
 namespace {
 

@@ -11,6 +11,7 @@
 #include "mltrain/core/json.hpp"
 #include "mltrain/core/memory.hpp"
 #include "mltrain/core/sha256.hpp"
+#include "mltrain/model/replay.hpp"
 #include "mltrain/task/task.hpp"
 
 namespace mltrain::train {
@@ -99,12 +100,9 @@ MicroBatchPlan plan_micro_batch(const config::ExperimentConfig& cfg, model::Mode
   if (!loader.next(full)) throw ConfigError("data.batch_size", "no training batch to probe with");
   full.x = full.x.to(device), full.y = full.y.to(device);
   if (full.y2.defined()) full.y2 = full.y2.to(device);
-  const torch::Tensor cpu_rng = compat::cpu_rng_state(), cuda_rng = compat::cuda_rng_state();
-  std::vector<torch::Tensor> buffers;
-  for (auto& [n, b] : model.named_buffers()) buffers.push_back(b.detach().clone());
+  const model::ReplayPoint start(model::buffers_of(model));
   const auto task = task::make_task(cfg);
-  const task::Amp amp{cfg.amp.enabled, cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16,
-                      device.is_cuda()};
+  const task::Amp amp = task::amp_of(cfg.amp, device.is_cuda());
   const int64_t pending = pending_optimizer_bytes(cfg.optim, model, opt);
   model.set_training(true);
   for (int64_t m = batch; m >= 1; m /= 2) {
@@ -117,13 +115,7 @@ MicroBatchPlan plan_micro_batch(const config::ExperimentConfig& cfg, model::Mode
       break;
     }
   }
-  {
-    torch::NoGradGuard no_grad;
-    size_t i = 0;
-    for (auto& [n, b] : model.named_buffers()) b.detach().copy_(buffers[i++]);
-  }
-  compat::set_cpu_rng_state(cpu_rng);
-  compat::set_cuda_rng_state(cuda_rng);
+  start.restore();
   full = data::Batch{};  // the loader's slot back before training starts
   loader.start_epoch(0, 0);
 

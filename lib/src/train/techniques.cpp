@@ -257,7 +257,8 @@ double underflow_share(const model::NamedTensors& params, double scale, bool sca
                        int64_t per_tensor) {
   torch::NoGradGuard no_grad;
   const double tiny = std::ldexp(1.0, -14);  // smallest normal fp16
-  int64_t sampled = 0, under = 0;
+  int64_t sampled = 0;
+  torch::Tensor under;  // summed on the device: one synchronisation for the whole model
   for (const auto& [n, p] : params) {
     if (!p.grad().defined() || p.grad().numel() == 0) continue;
     auto g = p.grad().detach().reshape({-1});
@@ -265,9 +266,11 @@ double underflow_share(const model::NamedTensors& params, double scale, bool sca
     auto a = g.slice(0, 0, g.numel(), stride).to(torch::kDouble).abs();
     if (!scaled) a = a * scale;
     sampled += a.numel();
-    under += ((a > 0) & (a < tiny)).sum().item<int64_t>();
+    const auto count = ((a > 0) & (a < tiny)).sum();
+    under = under.defined() ? under + count : count;
   }
-  return sampled > 0 ? static_cast<double>(under) / static_cast<double>(sampled) : 0.0;
+  if (sampled == 0) return 0.0;
+  return static_cast<double>(under.item<int64_t>()) / static_cast<double>(sampled);
 }
 
 }  // namespace mltrain::train

@@ -12,15 +12,13 @@
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/memory.hpp"
 #include "mltrain/core/signals.hpp"
+#include "mltrain/model/replay.hpp"
 
 namespace mltrain::train {
 
 using Clock = std::chrono::steady_clock;
 static double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-static at::ScalarType amp_dtype(const config::AmpConfig& a) {
-  return a.dtype == "fp16" ? at::kHalf : at::kBFloat16;
 }
 
 const char* phase_name(Phase p) {
@@ -153,9 +151,7 @@ double EvalResult::metric(const std::string& name, const std::string& key) const
                     "monitor one of them");
 }
 
-task::Amp Trainer::amp() const {
-  return {cfg_.amp.enabled, amp_dtype(cfg_.amp), device_.is_cuda()};
-}
+task::Amp Trainer::amp() const { return task::amp_of(cfg_.amp, device_.is_cuda()); }
 
 EvalResult Trainer::evaluate(data::Loader& loader) {
   const auto t0 = Clock::now();
@@ -255,9 +251,7 @@ Trainer::BatchSums Trainer::forward_backward(const data::Batch& batch, double ep
   }
   // The state the batch starts from, to redo it after an out-of-memory error: RNG (dropout) and
   // buffers (BatchNorm statistics); gradients are zero (the batch is the whole step).
-  const torch::Tensor cpu_rng = compat::cpu_rng_state(), cuda_rng = compat::cuda_rng_state();
-  std::vector<torch::Tensor> buffers;
-  for (auto& [n, b] : model_.named_buffers()) buffers.push_back(b.detach().clone());
+  const model::ReplayPoint start(model::buffers_of(model_));
   while (true) {
     try {
       return forward_backward_once(batch, eps, full_window, final_micro);
@@ -273,11 +267,7 @@ Trainer::BatchSums Trainer::forward_backward(const data::Batch& batch, double ep
             "weights, optimizer state, loader slots, counts), or lower "
             "data.prefetch");
       opt_.zero_grad();
-      compat::set_cpu_rng_state(cpu_rng);
-      compat::set_cuda_rng_state(cuda_rng);
-      torch::NoGradGuard no_grad;
-      size_t i = 0;
-      for (auto& [n, b] : model_.named_buffers()) b.detach().copy_(buffers[i++]);
+      start.restore();
       micro_ = now / 2;
       ++oom_events_;
       spdlog::warn(

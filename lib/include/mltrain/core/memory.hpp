@@ -22,15 +22,13 @@ struct Stats {
   int64_t live = 0, peak = 0;  // bytes
 };
 
-void track_cpu();     // idempotent
-bool tracking_cpu();  // whether track_cpu() has run
+void track_cpu();  // idempotent
 Stats stats(const torch::Device& device);
 void reset_peak(const torch::Device& device);  // peak := live
 
 // CPU allocations that would take live tensor memory above `bytes` throw c10::OutOfMemoryError
 // (0: no limit). Needs track_cpu().
 void set_cpu_limit(int64_t bytes);
-int64_t cpu_limit();
 
 // An out-of-memory error from either allocator.
 bool is_out_of_memory(const std::exception& e);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mltrain/config/experiment.hpp"
+#include "mltrain/core/glob.hpp"
 #include "mltrain/model/model.hpp"
 
 namespace mltrain::optim {
@@ -59,7 +60,7 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
-bool glob_match(const std::string& pattern, const std::string& name);
+using mltrain::glob_match;  // core/glob.hpp
 
 // 1-bit compression with error feedback, in place: c = x + error; x = scale * sign(c) with one
 // scale per chunk of 2048 values, mean |c| over the chunk; error = c - x. Sign of zero: +1.

@@ -31,6 +31,10 @@ struct Amp {
   at::ScalarType dtype = at::kBFloat16;
   bool cuda = false;
 };
+// amp.enabled / amp.dtype for a model on the CPU or CUDA.
+inline Amp amp_of(const config::AmpConfig& a, bool cuda) {
+  return {a.enabled, a.dtype == "fp16" ? at::kHalf : at::kBFloat16, cuda};
+}
 
 // One micro-batch through the model.
 struct Step {
