@@ -33,6 +33,11 @@ void setup_profile(CLI::App& app, Action& run) {
   sub->add_option("--apply", *apply,
                   "with --sweep: write the resolved config with the fastest value to this file "
                   "(a copy: CONFIG.yaml is left as it is)");
+  sub->add_flag("--fix", opt->fix,
+                "propose concrete changes for the diagnosis, measure each against the baseline in "
+                "interleaved rounds, keep only those faster in every round, write fixed.yaml");
+  sub->add_option("--fix-rounds", opt->fix_rounds, "interleaved rounds for --fix")
+      ->capture_default_str();
   sub->add_flag("--no-ops", *no_ops, "skip the operator-profiler pass");
   sub->add_flag("--json", *json, "print the JSON report instead of text");
   sub->callback([opt, json, no_ops, apply, &run] {
@@ -45,6 +50,9 @@ void setup_profile(CLI::App& app, Action& run) {
         throw ConfigError("--apply", "would overwrite " + opt->config_path,
                           "name a new file, e.g. " + opt->config_path + ".tuned.yaml");
       const auto cfg = config::load_experiment(opt->config_path, opt->overrides);
+      if (opt->fix && opt->fix_rounds < 2)
+        throw ConfigError("--fix-rounds", "needs at least 2 rounds to measure the noise",
+                          "use --fix-rounds 3");
       profile::ProfileOptions o = *opt;
       o.ops = !*no_ops;
       if (o.out_dir.empty()) o.out_dir = cfg.run.dir + "/" + cfg.run.name + "/profile";
@@ -53,7 +61,8 @@ void setup_profile(CLI::App& app, Action& run) {
         std::cout << report.to_json().dump(2) << "\n";
       else
         std::cout << report.to_text() << "files: " << o.out_dir
-                  << "/{profile.json,phases.svg,report.txt}\n";
+                  << "/{profile.json,phases.svg,report.txt" << (report.fix ? ",fixed.yaml" : "")
+                  << "}\n";
       if (!apply->empty() && report.sweep) {
         auto ov = opt->overrides;
         ov.push_back(report.sweep->key + "=" + report.sweep->best);

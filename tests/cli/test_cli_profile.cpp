@@ -50,3 +50,61 @@ TEST_CASE("profile: a starved loader is data-bound with evidence; --sweep measur
       run("profile " + kSrc + "/configs/starved_loader.yaml --sweep data.workers --no-ops").code ==
       2);
 }
+
+// Every kept row must have each round faster than each baseline round; rows not kept never reach
+// fixed.yaml.
+static void check_fix_is_proven(const nlohmann::json& fix, const std::string& fixed) {
+  const auto base = fix["baseline_samples_per_s"].get<std::vector<double>>();
+  REQUIRE(base.size() >= 2);
+  const double base_max = *std::max_element(base.begin(), base.end());
+  for (const auto& row : fix["proposals"]) {
+    INFO(row.dump());
+    const auto s = row["samples_per_s"].get<std::vector<double>>();
+    REQUIRE_FALSE(s.empty());
+    if (row["kept"].get<bool>() && row["key"].get<std::string>().find(' ') == std::string::npos)
+      CHECK(*std::min_element(s.begin(), s.end()) > base_max);
+    const std::string change =
+        row["key"].get<std::string>() + "=" + row["value"].get<std::string>();
+    bool listed = false;
+    for (const auto& k : fix["kept"]) listed |= k.get<std::string>() == change;
+    if (!listed) CHECK(fixed.find("# " + change + "\n") == std::string::npos);
+  }
+}
+
+TEST_CASE("profile --fix: proves a faster setting for the starved loader, writes fixed.yaml",
+          "[cli][profile][fix]") {
+  const auto d = tmpdir("profile_fix_starved");
+  auto r = run("profile " + kSrc +
+               "/configs/starved_loader.yaml --no-ops --wait 2 --warmup 3 --active 15 --fix "
+               "--out " +
+               d.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(slurp(d / "profile.json"));
+  CHECK(j["diagnosis"]["verdict"] == "data-bound");
+  const auto& fix = j["fix"];
+  REQUIRE(fix["proposals"].size() >= 3);
+  REQUIRE(fix["kept"].size() >= 1);  // at least one setting proven faster in every round
+  const std::string fixed = slurp(d / "fixed.yaml");
+  check_fix_is_proven(fix, fixed);
+  for (const auto& k : fix["kept"]) CHECK(fixed.find(k.get<std::string>()) != std::string::npos);
+  CHECK_THAT(r.out, Catch::Contains("fix (--fix:") && Catch::Contains("kept"));
+  // fixed.yaml is a config mltrain reads.
+  CHECK(run("config check " + (d / "fixed.yaml").string()).code == 0);
+}
+
+TEST_CASE("profile --fix on the main job changes nothing it cannot prove", "[cli][profile][fix]") {
+  const auto d = tmpdir("profile_fix_cnn");
+  auto r = run("profile " + kSrc +
+               "/configs/fashion_mnist_cnn.yaml --no-ops --wait 2 --warmup 2 --active 8 --fix "
+               "--fix-rounds 3 --out " +
+               d.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(slurp(d / "profile.json"));
+  const std::string fixed = slurp(d / "fixed.yaml");
+  check_fix_is_proven(j["fix"], fixed);
+  if (j["fix"]["kept"].empty()) CHECK_THAT(fixed, Catch::Contains("# no change proven"));
+  CHECK(run("config check " + (d / "fixed.yaml").string()).code == 0);
+  CHECK(run("profile " + kSrc + "/configs/fashion_mnist_cnn.yaml --fix --fix-rounds 1").code == 2);
+}

@@ -105,3 +105,51 @@ TEST_CASE("operator profiler: counts, nesting and a readable Chrome trace", "[pr
   REQUIRE(dt.count("aten::addmm"));
   CHECK(dt.at("aten::addmm").count("bf16") == 1);
 }
+
+TEST_CASE("profile --fix: proposals per verdict, and the keep rule", "[profile][fix]") {
+  config::ExperimentConfig cfg;
+  cfg.model.name = "cnn";
+  cfg.model.channels_last = false;
+  auto has = [](const std::vector<FixProposal>& ps, const std::string& key,
+                const std::string& value) {
+    for (const auto& p : ps)
+      if (p.key == key && p.value == value) return true;
+    return false;
+  };
+  // Data-bound with one worker on two cores: more workers, deeper prefetch, passive OpenMP
+  // waiting, one intra-op thread fewer.
+  auto starved = measure_with(0.6, 0, 0.05);
+  starved.loader.prefetch = 2;
+  const auto data = propose_fixes(cfg, starved, diagnose(starved), 2, false);
+  CHECK(has(data, "data.workers", "2"));
+  CHECK(has(data, "data.prefetch", "4"));
+  CHECK(has(data, "OMP_WAIT_POLICY", "passive"));
+  CHECK(has(data, "runtime.threads", "1"));
+  CHECK_FALSE(has(data, "amp.enabled", "true"));
+  // Compute-bound: layouts and bf16 only where they apply.
+  auto busy = measure_with(0.01, 0, 0.01);
+  const auto plain = propose_fixes(cfg, busy, diagnose(busy), 2, false);
+  CHECK(has(plain, "model.channels_last", "true"));
+  CHECK_FALSE(has(plain, "amp.enabled", "true"));  // no native bf16
+  CHECK(has(propose_fixes(cfg, busy, diagnose(busy), 2, true), "amp.enabled", "true"));
+  cfg.model.channels_last = true;
+  cfg.amp.enabled = true;
+  CHECK(propose_fixes(cfg, busy, diagnose(busy), 2, true).empty());  // nothing left to try
+  cfg.model.name = "mlp";
+  cfg.runtime.kernel_route = "native";
+  CHECK(has(propose_fixes(cfg, busy, diagnose(busy), 2, true), "runtime.kernel_route", "onednn"));
+  // Host overhead: a larger batch; page faults under the system allocator: retain.
+  auto host = measure_with(0.01, 0, 0.5);
+  host.memory.page_faults_per_step = 5000;
+  cfg.runtime.allocator = "system";
+  cfg.data.batch_size = 64;
+  const auto h = propose_fixes(cfg, host, diagnose(host), 2, true);
+  CHECK(has(h, "data.batch_size", "128"));
+  CHECK(has(h, "runtime.allocator", "retain"));
+
+  // Kept only when every round beats every baseline round.
+  CHECK(proven_faster({100, 104, 102}, {105, 110, 108}));
+  CHECK_FALSE(proven_faster({100, 104, 102}, {103, 130, 140}));  // one round inside the noise
+  CHECK_FALSE(proven_faster({100, 104, 102}, {90, 95, 99}));
+  CHECK_FALSE(proven_faster({}, {1}));
+}

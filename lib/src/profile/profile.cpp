@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cctype>
 #include <cmath>
@@ -198,8 +199,9 @@ Measure measure_in_child(const ProfileOptions& o, const std::string& name,
     args.push_back(flag);
     args.push_back(std::to_string(n));
   }
-  args.insert(args.end(), {"--no-ops", "--json", "--out",
-                           (fs::path(o.out_dir) / ("sweep_" + name + "_" + value)).string()});
+  const std::string tag = name.empty() ? "baseline" : name + "_" + value;
+  args.insert(args.end(),
+              {"--no-ops", "--json", "--out", (fs::path(o.out_dir) / ("sweep_" + tag)).string()});
   int out_pipe[2];
   if (::pipe(out_pipe) != 0) throw RuntimeError("profile --sweep", "pipe() failed");
   const pid_t pid = ::fork();
@@ -207,7 +209,7 @@ Measure measure_in_child(const ProfileOptions& o, const std::string& name,
     ::dup2(out_pipe[1], 1);
     ::close(out_pipe[0]);
     ::close(out_pipe[1]);
-    ::setenv(name.c_str(), value.c_str(), 1);
+    if (!name.empty()) ::setenv(name.c_str(), value.c_str(), 1);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -371,6 +373,159 @@ ProfileReport::Sweep sweep(const train::Splits& splits, const ProfileOptions& o)
 
 }  // namespace
 
+std::vector<FixProposal> propose_fixes(const config::ExperimentConfig& cfg, const Measure& m,
+                                       const Diagnosis& d, int cores, bool bf16_native) {
+  std::vector<FixProposal> out;
+  auto add = [&out](std::string key, std::string value, std::string why) {
+    FixProposal p{std::move(key), std::move(value), std::move(why)};
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(std::move(p));
+  };
+  const int64_t threads = cfg.runtime.threads.resolve(cores);
+  if (d.verdict == "data-bound") {
+    const int64_t w = m.loader.workers,
+                  more = std::min<int64_t>(2 * std::max<int64_t>(w, 1), cores);
+    if (more > w) add("data.workers", std::to_string(more), "the loader is the bottleneck");
+    add("data.prefetch", std::to_string(std::max<int64_t>(2, 2 * m.loader.prefetch)),
+        "absorb bursts of slow batches");
+    add("OMP_WAIT_POLICY", "passive",
+        "spin-waiting intra-op threads starve loader workers that share their cores");
+    if (threads > 1)
+      add("runtime.threads", std::to_string(threads - 1), "leave a core to the loader");
+  } else if (d.verdict == "compute-bound") {
+    if (!cfg.amp.enabled && bf16_native)
+      add("amp.enabled", "true", "bf16 autocast: this machine runs bf16 matmuls natively");
+    if ((cfg.model.name == "cnn" || cfg.model.name == "resnet") && !cfg.model.channels_last)
+      add("model.channels_last", "true", "NHWC convolutions (oneDNN's native layout)");
+    if (cfg.runtime.kernel_route == "native")
+      add("runtime.kernel_route", "onednn", "oneDNN sgemm for fp32 Linear/matmul");
+  } else if (d.verdict == "host-overhead-bound" && !cfg.data.batch_size.is_auto()) {
+    add("data.batch_size", std::to_string(2 * cfg.data.batch_size),
+        "amortise per-step overhead (changes the optimisation: revisit optim.lr)");
+  }
+  if (cfg.runtime.allocator == "system" && m.memory.page_faults_per_step > 2000)
+    add("runtime.allocator", "retain", "freed memory kept: no page faults per step");
+  return out;
+}
+
+bool proven_faster(const std::vector<double>& baseline, const std::vector<double>& candidate) {
+  if (baseline.empty() || candidate.empty()) return false;
+  return *std::min_element(candidate.begin(), candidate.end()) >
+         *std::max_element(baseline.begin(), baseline.end());
+}
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// samples/s of the config with a set of proposals applied: config keys as overrides, at most one
+// environment variable; in a child process when `in_child` (all of a --fix run's measurements
+// are, when any proposal is an environment variable, so none has a process advantage).
+double measure_with(const train::Splits& splits, const ProfileOptions& o,
+                    const std::vector<FixProposal>& ps, bool in_child) {
+  ProfileOptions po = o;
+  std::string env, value;
+  for (const auto& p : ps) {
+    if (is_env_name(p.key))
+      env = p.key, value = p.value;
+    else
+      po.overrides.push_back(p.key + "=" + p.value);
+  }
+  if (in_child) return measure_in_child(po, env, value).samples_per_s;
+  return measure(config::load_experiment(o.config_path, po.overrides), splits, o, nullptr)
+      .samples_per_s;
+}
+
+// --fix: the diagnosis's proposals against the baseline in interleaved rounds; those whose every
+// round beats every baseline round are kept, then measured together (kept only if the combination
+// also proves itself and beats the best single one; otherwise the best single change is kept).
+ProfileReport::Fix prove_fixes(const train::Splits& splits, const ProfileOptions& o,
+                               const ProfileReport& r, const config::ExperimentConfig& cfg) {
+  ProfileReport::Fix f;
+  const std::string flags = r.runtime.value("cpu_flags", "");
+  const bool bf16 = r.device.rfind("cuda", 0) == 0 ||
+                    flags.find("avx512_bf16") != std::string::npos ||
+                    flags.find("amx_tile") != std::string::npos;
+  for (auto& p : propose_fixes(cfg, r.measure, r.diagnosis, runtime::usable_cores(), bf16))
+    f.rows.push_back({p, {}, 0, 0, false});
+  bool in_child = false;
+  for (const auto& row : f.rows) in_child = in_child || is_env_name(row.proposal.key);
+  for (int64_t round = 0; round < o.fix_rounds && !f.rows.empty(); ++round) {
+    spdlog::info("[profile] --fix round {}/{}: baseline and {} proposal(s)", round + 1,
+                 o.fix_rounds, f.rows.size());
+    f.baseline.push_back(measure_with(splits, o, {}, in_child));
+    for (auto& row : f.rows)
+      row.samples_per_s.push_back(measure_with(splits, o, {row.proposal}, in_child));
+  }
+  f.baseline_median = median_of(f.baseline);
+  if (!f.baseline.empty())
+    f.noise = (*std::max_element(f.baseline.begin(), f.baseline.end()) -
+               *std::min_element(f.baseline.begin(), f.baseline.end())) /
+              std::max(1e-9, f.baseline_median);
+  std::vector<FixProposal> winners;
+  const ProfileReport::FixRow* best = nullptr;
+  bool env_taken = false;
+  for (auto& row : f.rows) {
+    row.median = median_of(row.samples_per_s);
+    row.gain = row.median / std::max(1e-9, f.baseline_median) - 1;
+    row.kept = proven_faster(f.baseline, row.samples_per_s);
+    if (!row.kept) continue;
+    if (!best || row.median > best->median) best = &row;
+  }
+  // Winners in order of gain; one environment variable at most (the child takes one).
+  std::vector<const ProfileReport::FixRow*> order;
+  for (const auto& row : f.rows)
+    if (row.kept) order.push_back(&row);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->median > b->median; });
+  for (const auto* row : order) {
+    if (is_env_name(row->proposal.key) && env_taken) continue;
+    env_taken = env_taken || is_env_name(row->proposal.key);
+    winners.push_back(row->proposal);
+  }
+  if (winners.size() >= 2) {
+    ProfileReport::FixRow combo{{"", "", "the kept changes together"}, {}, 0, 0, false};
+    for (const auto& w : winners)
+      combo.proposal.key += (combo.proposal.key.empty() ? "" : " ") + w.key + "=" + w.value;
+    std::vector<double> base;
+    for (int64_t round = 0; round < o.fix_rounds; ++round) {
+      spdlog::info("[profile] --fix round {}/{}: the {} kept changes together", round + 1,
+                   o.fix_rounds, winners.size());
+      base.push_back(measure_with(splits, o, {}, in_child));
+      combo.samples_per_s.push_back(measure_with(splits, o, winners, in_child));
+    }
+    combo.median = median_of(combo.samples_per_s);
+    combo.gain = combo.median / std::max(1e-9, median_of(base)) - 1;
+    combo.kept = proven_faster(base, combo.samples_per_s) && combo.median > best->median;
+    if (!combo.kept) winners = {best->proposal};
+    f.rows.push_back(combo);
+  }
+  for (const auto& w : winners) f.kept.push_back(w.key + "=" + w.value);
+  return f;
+}
+
+// fixed.yaml: the config with the kept config-key changes; environment variables in its header.
+std::string fixed_yaml(const ProfileOptions& o, const ProfileReport::Fix& f) {
+  std::ostringstream head;
+  auto ov = o.overrides;
+  head << "# mltrain profile --fix: " << o.config_path << " with the changes proven faster ("
+       << o.fix_rounds << " interleaved rounds; kept only when every round beat every baseline "
+       << "round; baseline " << format_fixed(f.baseline_median, 0) << " samples/s, noise "
+       << format_fixed(100 * f.noise) << "%)\n";
+  if (f.kept.empty()) head << "# no change proven: the config as it is\n";
+  for (const auto& k : f.kept) {
+    const std::string key = k.substr(0, k.find('='));
+    if (is_env_name(key))
+      head << "# environment (set it before mltrain starts): " << k << "\n";
+    else
+      ov.push_back(k), head << "# " << k << "\n";
+  }
+  return head.str() + config::to_yaml(config::load_experiment(o.config_path, ov));
+}
+
+}  // namespace
+
 // One forward of a few real samples under the config's autocast, recording each named module's
 // output dtype (fp32 islands stay Float, autocast-lowered modules come out BFloat16/Half).
 static void autocast_coverage(const config::ExperimentConfig& cfg, train::Pipeline& base,
@@ -385,8 +540,8 @@ static void autocast_coverage(const config::ExperimentConfig& cfg, train::Pipeli
   base.model->set_training(false);
   base.model->record_dtypes(true);
   {
-    compat::AutocastGuard amp(true, cfg.amp.dtype == "fp16" ? at::kHalf : at::kBFloat16,
-                              base.device.is_cuda());
+    const task::Amp a = task::amp_of(cfg.amp, base.device.is_cuda());
+    compat::AutocastGuard amp(true, a.dtype, a.cuda);
     base.model->forward(b.x.to(base.device));
   }
   r.autocast_dtypes = base.model->recorded_dtypes();
@@ -414,8 +569,13 @@ ProfileReport profile_config(const config::ExperimentConfig& cfg, const ProfileO
   r.diagnosis = diagnose(r.measure);
   if (o.ops) operator_passes(cfg, splits, o, r);
   if (!o.sweep.empty()) r.sweep = sweep(splits, o);
+  if (o.fix) r.fix = prove_fixes(splits, o, r, cfg);
   if (!o.out_dir.empty()) {
     fs::create_directories(o.out_dir);
+    if (r.fix) {
+      r.fix->fixed_yaml = (fs::path(o.out_dir) / "fixed.yaml").string();
+      write_file_atomic(r.fix->fixed_yaml, fixed_yaml(o, *r.fix));
+    }
     write_file_atomic((fs::path(o.out_dir) / "profile.json").string(), r.to_json().dump(2) + "\n");
     write_file_atomic((fs::path(o.out_dir) / "phases.svg").string(), r.phases_svg());
     write_file_atomic((fs::path(o.out_dir) / "report.txt").string(), r.to_text());
@@ -508,6 +668,23 @@ nlohmann::json ProfileReport::to_json() const {
                       {"runtime", runtime},
                       {"measure", measure.to_json()},
                       {"diagnosis", diagnosis.to_json()}};
+  if (fix) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& row : fix->rows)
+      rows.push_back({{"key", row.proposal.key},
+                      {"value", row.proposal.value},
+                      {"why", row.proposal.why},
+                      {"samples_per_s", row.samples_per_s},
+                      {"median", row.median},
+                      {"gain", row.gain},
+                      {"kept", row.kept}});
+    j["fix"] = {{"baseline_samples_per_s", fix->baseline},
+                {"baseline_median", fix->baseline_median},
+                {"noise", fix->noise},
+                {"proposals", rows},
+                {"kept", fix->kept},
+                {"fixed_yaml", fix->fixed_yaml}};
+  }
   if (!autocast_dtypes.empty())
     j["autocast_coverage"] = {{"modules", autocast_dtypes}, {"fp32_islands", fp32_islands}};
   if (profiler_overhead)
@@ -632,6 +809,25 @@ std::string ProfileReport::to_text() const {
   if (trace)
     o << "\ntrace: " << trace->path << " (" << trace->events << " events"
       << (trace->truncated ? ", capped" : "") << "; open in https://ui.perfetto.dev)\n";
+  if (fix) {
+    o << "\nfix (--fix: " << fix->baseline.size() << " interleaved rounds; baseline "
+      << format_fixed(fix->baseline_median, 0) << " samples/s, run-to-run noise "
+      << format_fixed(100 * fix->noise) << "%; kept: every round faster than every baseline "
+      << "round)\n";
+    if (fix->rows.empty()) o << "  nothing to propose for a " << diagnosis.verdict << " step\n";
+    for (const auto& row : fix->rows) {
+      std::string change = row.proposal.value.empty() ? row.proposal.key
+                                                      : row.proposal.key + "=" + row.proposal.value;
+      o << "  " << change << std::string(change.size() < 34 ? 34 - change.size() : 1, ' ')
+        << format_fixed(row.median, 0) << " samples/s  " << (row.gain >= 0 ? "+" : "")
+        << format_fixed(100 * row.gain) << "%  " << (row.kept ? "kept" : "not proven") << "  ("
+        << row.proposal.why << ")\n";
+    }
+    std::string kept;
+    for (const auto& k : fix->kept) kept += " " + k;
+    o << "  -> " << (kept.empty() ? "no change proven" : "kept:" + kept)
+      << (fix->fixed_yaml.empty() ? "" : "; " + fix->fixed_yaml) << "\n";
+  }
   return o.str();
 }
 

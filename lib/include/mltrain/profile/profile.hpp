@@ -27,6 +27,8 @@ struct ProfileOptions {
   std::string out_dir;                 // profile.json, phases.svg, trace.json.gz, report.txt
   size_t trace_cap_bytes = 32u << 20;  // uncompressed Chrome trace cap
   std::string sweep;                   // "data.workers=0,1,2": one phase pass per value
+  bool fix = false;                    // --fix: prove the diagnosis's proposals, write fixed.yaml
+  int64_t fix_rounds = 3;              // interleaved rounds of baseline + every proposal
   std::vector<std::string> overrides;  // the command line's, re-applied per sweep value
   std::string config_path;
 };
@@ -70,6 +72,20 @@ struct Diagnosis {
 // verdict and its evidence.
 Diagnosis diagnose(const Measure& measure);
 
+// A concrete change the diagnosis suggests trying: a config key or an environment variable (upper
+// case: measured in a child process) and its value.
+struct FixProposal {
+  std::string key, value, why;
+  bool operator==(const FixProposal& o) const { return key == o.key && value == o.value; }
+};
+// Pure (tested as a table): the proposals for this config, measure and verdict on a machine with
+// `cores` cores; `bf16_native`: the CPU runs bf16 matmuls natively (AVX-512 BF16 / AMX) or CUDA.
+std::vector<FixProposal> propose_fixes(const config::ExperimentConfig& cfg, const Measure& m,
+                                       const Diagnosis& d, int cores, bool bf16_native);
+// The keep rule of --fix: every round of the proposal faster than every round of the baseline
+// (their ranges do not overlap), so a gain inside the run-to-run noise is never kept.
+bool proven_faster(const std::vector<double>& baseline, const std::vector<double>& candidate);
+
 struct ProfileReport {
   std::string config, model, device;
   int64_t wait = 0, warmup = 0, active = 0;
@@ -105,6 +121,20 @@ struct ProfileReport {
     double best_samples_per_s = 0, speedup_vs_first = 1;
   };
   std::optional<Sweep> sweep;
+  struct FixRow {
+    FixProposal proposal;
+    std::vector<double> samples_per_s;  // one per round
+    double median = 0, gain = 0;        // gain: median / baseline median - 1
+    bool kept = false;
+  };
+  struct Fix {
+    std::vector<double> baseline;           // samples/s per round
+    double baseline_median = 0, noise = 0;  // noise: (max - min) / median of the baseline
+    std::vector<FixRow> rows;               // the proposals, then the kept ones combined
+    std::vector<std::string> kept;          // KEY=value, as written to fixed.yaml
+    std::string fixed_yaml;
+  };
+  std::optional<Fix> fix;
   // amp.enabled: the output dtype of every named module in one forward under autocast, so the
   // fp32 islands (amp.fp32_modules) and what autocast lowers are visible side by side.
   std::map<std::string, std::string> autocast_dtypes;
