@@ -147,6 +147,16 @@ TEST_CASE("profile --fix: proposals per verdict, and the keep rule", "[profile][
   CHECK(has(h, "data.batch_size", "128"));
   CHECK(has(h, "runtime.allocator", "retain"));
 
+  // fp16 underflow seen in the measured steps is advice of its own.
+  auto fp16 = measure_with(0.01, 0, 0.01);
+  fp16.grad_underflow = 0.05;
+  bool said = false;
+  for (const auto& a : diagnose(fp16).advice)
+    said |= a.find("fp16 gradients: 5.0%") != std::string::npos;
+  CHECK(said);
+  CHECK(Measure::from_json(fp16.to_json()).grad_underflow == Approx(0.05));
+  CHECK(Measure::from_json(busy.to_json()).grad_underflow == -1);
+
   // Kept only when every round beats every baseline round.
   CHECK(proven_faster({100, 104, 102}, {105, 110, 108}));
   CHECK_FALSE(proven_faster({100, 104, 102}, {103, 130, 140}));  // one round inside the noise

@@ -65,6 +65,7 @@ class Probe : public Observer {
     }
     if (step > o_.wait + o_.warmup) {
       samples += s.count;
+      grad_underflow = std::max(grad_underflow, s.grad_underflow);
       rss.push_back(rss_mib());
     }
     if (step == o_.wait + o_.warmup + o_.active) {
@@ -74,6 +75,7 @@ class Probe : public Observer {
   }
   Snapshot begin, end;
   int64_t samples = 0;
+  double grad_underflow = -1;
   std::vector<double> rss;
 
  private:
@@ -121,6 +123,7 @@ Measure summarise(const Probe& probe, const ProfileOptions& o, int64_t workers) 
   m.steps = o.active;
   m.step_ms = wall / o.active * 1e3;
   m.samples_per_s = probe.samples / std::max(1e-9, wall);
+  m.grad_underflow = probe.grad_underflow;
   m.memory.rss_per_step_mib = probe.rss;
   m.memory.rss_mib = probe.rss.empty() ? rss_mib() : probe.rss.back();
   m.memory.rss_growth_mib = probe.rss.size() > 1 ? probe.rss.back() - probe.rss.front() : 0.0;
@@ -293,6 +296,10 @@ Diagnosis diagnose(const Measure& m) {
         "bf16 autocast (amp.enabled=true), channels_last, and the oneDNN kernel route cut compute; "
         "see the operator table");
   }
+  if (m.grad_underflow > 0.01)
+    advice.push_back("fp16 gradients: " + pct(m.grad_underflow) +
+                     " of sampled elements are subnormal at the loss scale (amp.underflow_warn's "
+                     "default 1%): raise amp.init_scale / amp.min_scale, or use amp.dtype=bf16");
   const auto& mem = m.memory;
   const auto& rss = mem.rss_per_step_mib;
   bool rising = rss.size() >= 4;
@@ -606,19 +613,21 @@ nlohmann::json Measure::to_json() const {
     mem["cuda_peak_allocated_mib"] = memory.cuda_peak_allocated_mib;
     mem["cuda_allocated_before_mib"] = memory.cuda_allocated_before_mib;
   }
-  return {{"steps", steps},
-          {"batch_size", batch_size},
-          {"accumulate", accumulate},
-          {"step_ms", step_ms},
-          {"samples_per_s", samples_per_s},
-          {"phase_ms", ms},
-          {"phase_share", sh},
-          {"loader",
-           {{"workers", loader.workers},
-            {"prefetch", loader.prefetch},
-            {"supply_samples_per_s", loader.supply_samples_per_s},
-            {"cpu_utilisation", loader.cpu_utilisation}}},
-          {"memory", mem}};
+  nlohmann::json out = {{"steps", steps},
+                        {"batch_size", batch_size},
+                        {"accumulate", accumulate},
+                        {"step_ms", step_ms},
+                        {"samples_per_s", samples_per_s},
+                        {"phase_ms", ms},
+                        {"phase_share", sh},
+                        {"loader",
+                         {{"workers", loader.workers},
+                          {"prefetch", loader.prefetch},
+                          {"supply_samples_per_s", loader.supply_samples_per_s},
+                          {"cpu_utilisation", loader.cpu_utilisation}}},
+                        {"memory", mem}};
+  if (grad_underflow >= 0) out["grad_underflow"] = grad_underflow;
+  return out;
 }
 
 Measure Measure::from_json(const nlohmann::json& j) {
@@ -638,6 +647,7 @@ Measure Measure::from_json(const nlohmann::json& j) {
   l.at("prefetch").get_to(m.loader.prefetch);
   l.at("supply_samples_per_s").get_to(m.loader.supply_samples_per_s);
   l.at("cpu_utilisation").get_to(m.loader.cpu_utilisation);
+  m.grad_underflow = j.value("grad_underflow", -1.0);
   const auto& mem = j.at("memory");
   mem.at("rss_mib").get_to(m.memory.rss_mib);
   mem.at("rss_growth_mib").get_to(m.memory.rss_growth_mib);

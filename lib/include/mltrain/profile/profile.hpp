@@ -40,6 +40,7 @@ struct Measure {
   static constexpr size_t kPhases = 7;
   int64_t steps = 0, batch_size = 0, accumulate = 1;
   double step_ms = 0, samples_per_s = 0;
+  double grad_underflow = -1;  // fp16: the largest sampled underflow share of a measured step
   std::array<double, kPhases> phase_ms{}, phase_share{};
   struct Loader {
     int64_t workers = 0, prefetch = 0;
