@@ -147,6 +147,17 @@ TEST_CASE("profile --fix: proposals per verdict, and the keep rule", "[profile][
   CHECK(has(h, "data.batch_size", "128"));
   CHECK(has(h, "runtime.allocator", "retain"));
 
+  // Memory-bound on a GPU: activation checkpointing for models with blocks.
+  auto full = measure_with(0.01, 0, 0.01);
+  full.memory.cuda = true;
+  full.memory.cuda_total_mib = 1000;
+  full.memory.cuda_peak_allocated_mib = 950;
+  cfg.model.name = "gpt";
+  CHECK(has(propose_fixes(cfg, full, diagnose(full), 2, true), "memory.checkpoint", "blocks"));
+  full.memory.cuda_peak_allocated_mib = 500;
+  CHECK_FALSE(
+      has(propose_fixes(cfg, full, diagnose(full), 2, true), "memory.checkpoint", "blocks"));
+
   // fp16 underflow seen in the measured steps is advice of its own.
   auto fp16 = measure_with(0.01, 0, 0.01);
   fp16.grad_underflow = 0.05;

@@ -177,6 +177,8 @@ Measure measure(const config::ExperimentConfig& base, const train::Splits& split
     m.memory.cuda_reserved_mib = mem.reserved / double(1 << 20);
     m.memory.cuda_peak_allocated_mib = mem.peak_allocated / double(1 << 20);
     m.memory.cuda_allocated_before_mib = mem0.allocated / double(1 << 20);
+    m.memory.cuda_total_mib =
+        compat::cuda_total_memory(std::max<int>(0, p->device.index())) / double(1 << 20);
   }
   return m;
 }
@@ -409,6 +411,14 @@ std::vector<FixProposal> propose_fixes(const config::ExperimentConfig& cfg, cons
     add("data.batch_size", std::to_string(2 * cfg.data.batch_size),
         "amortise per-step overhead (changes the optimisation: revisit optim.lr)");
   }
+  // Memory-bound on a GPU (the step's peak near the device's memory): checkpointing frees room for
+  // a larger micro-batch. On its own it is slower per step, so the keep rule usually refuses it.
+  const auto& mem = m.memory;
+  if (mem.cuda && mem.cuda_total_mib > 0 &&
+      mem.cuda_peak_allocated_mib > 0.9 * mem.cuda_total_mib &&
+      (cfg.model.name == "resnet" || cfg.model.name == "gpt") && cfg.memory.checkpoint == "none")
+    add("memory.checkpoint", "blocks",
+        "memory-bound: recomputed activations leave room for a larger data.batch_size");
   if (cfg.runtime.allocator == "system" && m.memory.page_faults_per_step > 2000)
     add("runtime.allocator", "retain", "freed memory kept: no page faults per step");
   return out;
@@ -612,6 +622,7 @@ nlohmann::json Measure::to_json() const {
     mem["cuda_reserved_mib"] = memory.cuda_reserved_mib;
     mem["cuda_peak_allocated_mib"] = memory.cuda_peak_allocated_mib;
     mem["cuda_allocated_before_mib"] = memory.cuda_allocated_before_mib;
+    mem["cuda_total_mib"] = memory.cuda_total_mib;
   }
   nlohmann::json out = {{"steps", steps},
                         {"batch_size", batch_size},
@@ -660,6 +671,7 @@ Measure Measure::from_json(const nlohmann::json& j) {
     mem.at("cuda_reserved_mib").get_to(m.memory.cuda_reserved_mib);
     mem.at("cuda_peak_allocated_mib").get_to(m.memory.cuda_peak_allocated_mib);
     mem.at("cuda_allocated_before_mib").get_to(m.memory.cuda_allocated_before_mib);
+    m.memory.cuda_total_mib = mem.value("cuda_total_mib", 0.0);
   }
   return m;
 }

@@ -52,7 +52,7 @@ struct Measure {
     std::vector<double> rss_per_step_mib;
     bool cuda = false;
     double cuda_allocated_mib = 0, cuda_reserved_mib = 0, cuda_peak_allocated_mib = 0,
-           cuda_allocated_before_mib = 0;
+           cuda_allocated_before_mib = 0, cuda_total_mib = 0;
   } memory;
 
   double share(const char* phase) const;  // by train::phase_name
