@@ -744,6 +744,28 @@ nlohmann::json ProfileReport::to_json() const {
   return j;
 }
 
+// The --fix table of the text report.
+static void write_fix_text(std::ostringstream& o, const ProfileReport::Fix& f,
+                           const std::string& verdict) {
+  o << "\nfix (--fix: " << f.baseline.size() << " interleaved rounds; baseline "
+    << format_fixed(f.baseline_median, 0) << " samples/s, run-to-run noise "
+    << format_fixed(100 * f.noise) << "%; kept: every round faster than every baseline "
+    << "round)\n";
+  if (f.rows.empty()) o << "  nothing to propose for a " << verdict << " step\n";
+  for (const auto& row : f.rows) {
+    std::string change =
+        row.proposal.value.empty() ? row.proposal.key : row.proposal.key + "=" + row.proposal.value;
+    o << "  " << change << std::string(change.size() < 34 ? 34 - change.size() : 1, ' ')
+      << format_fixed(row.median, 0) << " samples/s  " << (row.gain >= 0 ? "+" : "")
+      << format_fixed(100 * row.gain) << "%  " << (row.kept ? "kept" : "not proven") << "  ("
+      << row.proposal.why << ")\n";
+  }
+  std::string kept;
+  for (const auto& k : f.kept) kept += " " + k;
+  o << "  -> " << (kept.empty() ? "no change proven" : "kept:" + kept)
+    << (f.fixed_yaml.empty() ? "" : "; " + f.fixed_yaml) << "\n";
+}
+
 std::string ProfileReport::to_text() const {
   std::ostringstream o;
   const Measure& m = measure;
@@ -831,25 +853,7 @@ std::string ProfileReport::to_text() const {
   if (trace)
     o << "\ntrace: " << trace->path << " (" << trace->events << " events"
       << (trace->truncated ? ", capped" : "") << "; open in https://ui.perfetto.dev)\n";
-  if (fix) {
-    o << "\nfix (--fix: " << fix->baseline.size() << " interleaved rounds; baseline "
-      << format_fixed(fix->baseline_median, 0) << " samples/s, run-to-run noise "
-      << format_fixed(100 * fix->noise) << "%; kept: every round faster than every baseline "
-      << "round)\n";
-    if (fix->rows.empty()) o << "  nothing to propose for a " << diagnosis.verdict << " step\n";
-    for (const auto& row : fix->rows) {
-      std::string change = row.proposal.value.empty() ? row.proposal.key
-                                                      : row.proposal.key + "=" + row.proposal.value;
-      o << "  " << change << std::string(change.size() < 34 ? 34 - change.size() : 1, ' ')
-        << format_fixed(row.median, 0) << " samples/s  " << (row.gain >= 0 ? "+" : "")
-        << format_fixed(100 * row.gain) << "%  " << (row.kept ? "kept" : "not proven") << "  ("
-        << row.proposal.why << ")\n";
-    }
-    std::string kept;
-    for (const auto& k : fix->kept) kept += " " + k;
-    o << "  -> " << (kept.empty() ? "no change proven" : "kept:" + kept)
-      << (fix->fixed_yaml.empty() ? "" : "; " + fix->fixed_yaml) << "\n";
-  }
+  if (fix) write_fix_text(o, *fix, diagnosis.verdict);
   return o.str();
 }
 
