@@ -5,15 +5,20 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/dist/heartbeat.hpp"
 #include "mltrain/optim/optimizer.hpp"
 
 #ifdef MLTRAIN_WITH_GLOO
@@ -53,6 +58,10 @@ struct Comm::Impl {
 #endif
   torch::Device device = torch::kCPU;  // where the group's tensors must live
   bool nccl = false;
+  std::thread watchdog;  // distributed.hang_timeout: Comm::watch()
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool stop_watch = false;
   // The tensors the group works on: `ts` itself, or copies on the group's device.
   std::vector<torch::Tensor> stage(const std::vector<torch::Tensor>& ts) const {
     std::vector<torch::Tensor> v;
@@ -75,6 +84,14 @@ struct Comm::Pending {
 
 Comm::Comm() : impl_(std::make_unique<Impl>()) {}
 Comm::~Comm() {
+  if (impl_->watchdog.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(impl_->watch_mu);
+      impl_->stop_watch = true;
+    }
+    impl_->watch_cv.notify_all();
+    impl_->watchdog.join();
+  }
 #ifdef MLTRAIN_WITH_NCCL_PG
   if (impl_->nccl && impl_->pg) detail::shutdown_nccl_group(impl_->pg);
 #endif
@@ -204,6 +221,10 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   spdlog::info("[dist] rank {}/{} (local {}/{}, node {}/{}, {}) joined {} over {}", w.rank, w.size,
                w.local_rank, w.local_size, w.node_rank, w.nodes, w.source,
                nccl ? "NCCL on " + c->impl_->device.str() : std::string("Gloo"), store_kind);
+  if (o.hang_timeout_s > 0 && w.size > 1) {
+    Comm* self = c.get();
+    c->impl_->watchdog = std::thread([self, h = o.hang_timeout_s] { self->watch(h); });
+  }
   return c;
 #endif
 }
@@ -238,6 +259,9 @@ static bool process_gone(int pid) {
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
+static const char* const kAllAlive =
+    "every rank on this host is alive (a peer on another host, or a hang)";
+
 // Ranks on this host whose process is gone, from the pids every rank stored when it joined.
 static std::string missing_ranks(Comm::Impl& impl, int size) {
 #ifdef MLTRAIN_WITH_GLOO
@@ -266,21 +290,142 @@ static std::string missing_ranks(Comm::Impl& impl, int size) {
   if (!gone.empty()) s += "missing: " + gone + " exited";
   if (!unknown.empty())
     s += std::string(s.empty() ? "" : "; ") + "never joined or unknown: ranks " + unknown;
-  return s.empty() ? "every rank on this host is alive (a peer on another host, or a hang)" : s;
+  return s.empty() ? kAllAlive : s;
 #else
   (void)impl, (void)size;
   return "";
 #endif
 }
 
+namespace {
+std::string heartbeat_key(int rank) { return "mltrain/heartbeat/" + std::to_string(rank); }
+}  // namespace
+
+// The watchdog: every fifth of the timeout (50 ms .. 1 s) publish this rank's collective count
+// and last collective when it changed, read the others', and stop the group when one is hung.
+void Comm::watch(double hang_timeout_s) {
+#ifdef MLTRAIN_WITH_GLOO
+  using Clock = std::chrono::steady_clock;
+  Impl& im = *impl_;
+  const auto period =
+      std::chrono::milliseconds(std::clamp<int64_t>(int64_t(hang_timeout_s * 200), 50, 1000));
+  const int n = world_.size, me = world_.rank;
+  std::vector<uint64_t> seen(size_t(n), 0);
+  std::vector<std::string> last(static_cast<size_t>(n));
+  std::vector<Clock::time_point> moved(size_t(n), Clock::now());
+  uint64_t published = UINT64_MAX;
+  std::unique_lock<std::mutex> lock(im.watch_mu);
+  while (!im.watch_cv.wait_for(lock, period, [&] { return im.stop_watch; })) {
+    lock.unlock();  // the destructor may stop the watch while the store is slow to answer
+    struct Relock {
+      std::unique_lock<std::mutex>& l;
+      ~Relock() { l.lock(); }
+    } relock{lock};
+    try {
+      uint64_t issued = 0;
+      std::string op = "none yet";
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        issued = seq_;
+        if (!ring_.empty()) op = ring_.back();
+      }
+      if (issued != published) {
+        const std::string v = std::to_string(issued) + "\n" + op;
+        im.store->set(heartbeat_key(me), std::vector<uint8_t>(v.begin(), v.end()));
+        published = issued;
+      }
+      const auto now = Clock::now();
+      std::vector<Beat> beats(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        uint64_t s = issued;
+        std::string o = op;
+        if (r != me) {
+          s = 0, o = "none yet";
+          if (im.store->check({heartbeat_key(r)})) {
+            const auto v = im.store->get(heartbeat_key(r));
+            const std::string text(v.begin(), v.end());
+            const auto nl = text.find('\n');
+            s = std::strtoull(text.c_str(), nullptr, 10);
+            if (nl != std::string::npos) o = text.substr(nl + 1);
+          }
+        }
+        if (s != seen[size_t(r)]) seen[size_t(r)] = s, moved[size_t(r)] = now;
+        last[size_t(r)] = o;
+        beats[size_t(r)] = {s, std::chrono::duration<double>(now - moved[size_t(r)]).count()};
+      }
+      const int hung = find_hung(beats, hang_timeout_s);
+      if (hung >= 0 && hung != me) {
+        int front = 0;
+        for (int r = 0; r < n; ++r)
+          if (beats[size_t(r)].issued > beats[size_t(front)].issued) front = r;
+        report_hang(hung, beats[size_t(hung)].idle_s, last[size_t(hung)], last[size_t(front)],
+                    hang_timeout_s);
+      }
+    } catch (const std::exception&) {
+      return;  // the store is gone (its host exited): the collectives' own failure path reports
+    }
+  }
+#else
+  (void)hang_timeout_s;
+#endif
+}
+
+// Names the hung rank (host and pid from the rendezvous, its last collective from its heartbeat)
+// and ends this process: the main thread is blocked in a collective the hung rank never joins,
+// so only an exit lets the launcher see a failure and restart the group.
+void Comm::report_hang(int hung, double idle_s, const std::string& hung_op,
+                       const std::string& front_op, double hang_timeout_s) {
+  std::string who = "pid unknown";
+#ifdef MLTRAIN_WITH_GLOO
+  try {
+    const auto key = "mltrain/pid/" + std::to_string(hung);
+    if (impl_->store->check({key})) {
+      const auto v = impl_->store->get(key);
+      who = std::string(v.begin(), v.end());
+      const auto colon = who.rfind(':');
+      if (colon != std::string::npos)
+        who = "host " + who.substr(0, colon) + ", pid " + who.substr(colon + 1);
+    }
+  } catch (const std::exception&) {
+  }
+#endif
+  char idle[32];
+  std::snprintf(idle, sizeof idle, "%.1f", idle_s);
+  const std::string what = "rank " + std::to_string(hung) + " (" + who +
+                           ") has made no progress for " + idle + " s (hang_timeout " +
+                           std::to_string(int(hang_timeout_s)) +
+                           " s) while the others wait; its last collective: " + hung_op +
+                           "; the others are at: " + front_op;
+  spdlog::error("[dist] rank {}: {}", world_.rank, what);
+  spdlog::default_logger()->flush();
+  std::fprintf(stderr,
+               "error: distributed: %s\n  fix: the launcher restarts the group from the latest "
+               "checkpoint (--max-restarts); if it recurs, attach a debugger to that pid (gdb -p) "
+               "or raise distributed.hang_timeout above the longest checkpoint write\n",
+               what.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(1);
+}
+
 void Comm::fail(const std::string& op, const std::exception& e) {
   const std::string what = e.what();
-  const std::string missing = missing_ranks(*impl_, world_.size);
+  std::string missing = missing_ranks(*impl_, world_.size);
+  // A closed or reset connection is usually a peer being killed, and the kernel closes a dying
+  // process's sockets before it turns into a zombie: the survivor can look while the peer is
+  // still tearing down (seen under load: "all alive" about a rank SIGKILLed a moment before).
+  // Look again until a local rank is gone or a few seconds pass, before blaming another host.
+  const bool closed = what.find("onnection") != std::string::npos;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (closed && missing == kAllAlive && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    missing = missing_ranks(*impl_, world_.size);
+  }
   // The peers are worth naming when one is gone or the transport says so (a timeout, a closed or
   // reset connection); not for a local refusal such as an unsupported dtype.
-  const bool peers =
-      missing.rfind("missing:", 0) == 0 || missing.find("never joined") != std::string::npos ||
-      what.find("imed out") != std::string::npos || what.find("onnection") != std::string::npos;
+  const bool peers = missing.rfind("missing:", 0) == 0 ||
+                     missing.find("never joined") != std::string::npos ||
+                     what.find("imed out") != std::string::npos || closed;
   if (peers) spdlog::error("[dist] rank {}: {}", world_.rank, missing);
   spdlog::error("[dist] rank {}: {} failed: {}\nlast collectives on this rank:\n{}", world_.rank,
                 op, what, recent());

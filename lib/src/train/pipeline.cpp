@@ -354,8 +354,8 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   p->eval_loader = std::make_unique<data::Loader>(eval, eo);
 
   if (distributed) {
-    p->comm = dist::Comm::create(
-        world, {cfg.distributed.backend, cfg.distributed.timeout_s, "", p->device});
+    p->comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, "",
+                                         p->device, cfg.distributed.hang_timeout.seconds()});
     p->dp = std::make_unique<dist::DataParallel>(
         *p->comm, p->model->named_parameters(), p->model->named_buffers(),
         static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)), cfg.distributed.overlap,

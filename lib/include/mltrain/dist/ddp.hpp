@@ -5,6 +5,8 @@
 //                 is logged) or torchrun's own store, with a timeout on every collective, and a
 //                 ring buffer of the last collectives (sequence number, op, bytes) dumped when one
 //                 fails. With NCCL, CPU tensors (metrics, 1-bit packets) go through the GPU.
+//                 With hang_timeout_s, a watchdog thread publishes this rank's collective count
+//                 to the store and names a rank that stopped while the others wait (heartbeat.hpp).
 //   DataParallel  broadcasts parameters and buffers from rank 0 once; all-reduces gradients in
 //                 buckets launched from autograd hooks as each bucket's last gradient arrives, so
 //                 communication overlaps the rest of the backward pass; does nothing on
@@ -39,6 +41,7 @@ struct CommOptions {
   std::string store_dir;  // FileStore folder (default: $TMPDIR)
   torch::Device device =
       torch::kCPU;  // nccl: this rank's GPU; CPU tensors handed to Comm are staged through it
+  double hang_timeout_s = 0;  // > 0 (and a world > 1): the heartbeat watchdog (heartbeat.hpp)
 };
 
 class Comm {
@@ -67,6 +70,9 @@ class Comm {
   Comm();
   void record(const char* op, int64_t bytes);
   [[noreturn]] void fail(const std::string& op, const std::exception& e);
+  void watch(double hang_timeout_s);  // the watchdog thread's loop (heartbeat.hpp)
+  [[noreturn]] void report_hang(int hung, double idle_s, const std::string& hung_op,
+                                const std::string& front_op, double hang_timeout_s);
   std::unique_ptr<Impl> impl_;
   World world_;
   double timeout_s_ = 300;
