@@ -218,6 +218,42 @@ TEST_CASE("epoch order is a pure function of (seed, epoch, rank, world)", "[load
   CHECK(seq == std::vector<int64_t>{0, 1, 2, 3, 4});
 }
 
+TEST_CASE(
+    "epoch order with a skip: the rest of one world's epoch re-shards over another, each sample "
+    "once",
+    "[loader][elastic]") {
+  const int64_t n = 1000;
+  // World 2, 4 batches of 16 on each rank consumed the first 2 x 4 x 16 = 128 entries of the
+  // global permutation, whatever the world.
+  const auto global = epoch_order(n, 7, 3, 0, 1, true);
+  std::multiset<int64_t> seen;
+  for (int r = 0; r < 2; ++r) {
+    const auto part = epoch_order(n, 7, 3, r, 2, true);
+    seen.insert(part.begin(), part.begin() + 4 * 16);
+  }
+  CHECK(seen == std::multiset<int64_t>(global.begin(), global.begin() + 128));
+  // The other 872 over three ranks: 290 each (2 of them dropped, as drop_last drops any tail).
+  for (const int64_t world : {1, 3, 4}) {
+    std::multiset<int64_t> rest = seen;
+    for (int64_t r = 0; r < world; ++r) {
+      const auto part = epoch_order(n, 7, 3, r, world, true, /*skip=*/128);
+      CHECK(int64_t(part.size()) == (n - 128) / world);
+      CHECK(part.front() == global[size_t(128 + r)]);  // strided from the skip
+      rest.insert(part.begin(), part.end());
+    }
+    CHECK(std::set<int64_t>(rest.begin(), rest.end()).size() == rest.size());  // no repeats
+    CHECK(int64_t(rest.size()) == 128 + (n - 128) / world * world);
+  }
+  // rank_share by hand; a skip past the end leaves nothing.
+  const std::vector<int64_t> perm = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+  CHECK(rank_share(perm, 1, 3, 2) == std::vector<int64_t>{6, 3});
+  CHECK(rank_share(perm, 0, 1, 7) == std::vector<int64_t>{2, 1, 0});
+  CHECK(rank_share(perm, 0, 2, 20).empty());
+  // Chunk sets take the same skip.
+  const auto chunked = chunked_order(n, 0, 100, 2, 7, 3, 0, 1);
+  CHECK(chunked_order(n, 0, 100, 2, 7, 3, 1, 2, 10).front() == chunked[11]);
+}
+
 static std::vector<torch::Tensor> collect(Loader& l, int64_t epoch, int64_t first = 0) {
   std::vector<torch::Tensor> out;
   l.start_epoch(epoch, first);
@@ -262,6 +298,24 @@ TEST_CASE("loader: batches are normalised, identical for any worker count, resum
   auto tail = collect(lr, 2, 9);
   REQUIRE(tail.size() == 6);
   for (size_t i = 0; i < tail.size(); ++i) CHECK(torch::equal(tail[i], ref[9 + i]));
+  // Rank 1 of 3 after 320 samples consumed by another world: (1000 - 320) / 3 = 226 samples,
+  // 3 batches of 64, the first holding global entries 321, 324, ...
+  {
+    LoaderOptions r = o;
+    r.rank = 1, r.world = 3;
+    Loader lk(ds, r);
+    CHECK(lk.batches_after(320) == 3);
+    CHECK(lk.batches_after(0) == lk.batches_per_epoch());
+    lk.start_epoch(2, 0, /*skip=*/320);
+    CHECK(lk.batches_this_epoch() == 3);
+    const auto first = lk.batch_samples(0);
+    REQUIRE(first.size() == 64);
+    CHECK(first[0] == order[321]);
+    CHECK(first[1] == order[324]);
+    Batch b;
+    REQUIRE(lk.next(b));
+    CHECK(b.y[0].item<int64_t>() == ds.label(order[321]));
+  }
   // No drop_last: a short final batch.
   o.drop_last = false;
   o.shuffle = false;

@@ -16,7 +16,7 @@
 namespace mltrain::data {
 
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank,
-                                 int64_t world, bool shuffle) {
+                                 int64_t world, bool shuffle, int64_t skip) {
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = i;
   if (shuffle) {
@@ -25,22 +25,25 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_
     for (int64_t i = n - 1; i > 0; --i)
       std::swap(perm[static_cast<size_t>(i)], perm[rng.below(static_cast<uint64_t>(i + 1))]);
   }
-  return rank_share(perm, rank, world);
+  return rank_share(perm, rank, world, skip);
 }
 
-std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world) {
-  if (world <= 1) return perm;
+std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world,
+                                int64_t skip) {
   const int64_t n = static_cast<int64_t>(perm.size());
-  const int64_t per_rank = n / world;
+  skip = std::clamp<int64_t>(skip, 0, n);
+  if (world <= 1) return {perm.begin() + skip, perm.end()};
+  const int64_t per_rank = (n - skip) / world;
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(per_rank));
   for (int64_t k = 0; k < per_rank; ++k)
-    mine.push_back(perm[static_cast<size_t>(k * world + rank)]);
+    mine.push_back(perm[static_cast<size_t>(skip + k * world + rank)]);
   return mine;
 }
 
 std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int64_t window,
-                                   uint64_t seed, int64_t epoch, int64_t rank, int64_t world) {
+                                   uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
+                                   int64_t skip) {
   // Chunks (of the underlying set; a slice may start mid-chunk) in a seeded order, then the
   // samples of each group of `window` consecutive chunks shuffled together.
   const int64_t first = offset / chunk, last = (offset + n - 1) / chunk;
@@ -59,7 +62,7 @@ std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int
     for (size_t i = perm.size(); i > begin + 1; --i)
       std::swap(perm[i - 1], perm[begin + rng.below(i - begin)]);
   }
-  return rank_share(perm, rank, world);
+  return rank_share(perm, rank, world, skip);
 }
 
 int64_t auto_workers(int64_t cores, int64_t gpus, int64_t chunks) {
@@ -129,9 +132,22 @@ int64_t Loader::samples_per_epoch() const {
   return per_rank;
 }
 
-int64_t Loader::batches_per_epoch() const {
-  const int64_t n = samples_per_epoch();
+int64_t Loader::batches_per_epoch() const { return batches_after(0); }
+
+int64_t Loader::batches_after(int64_t skip) const {
+  int64_t n = samples_per_epoch();
+  if (skip > 0 && !(opt_.world > 1 && opt_.cover_all))
+    n = (ds_.count - std::min(skip, ds_.count)) / std::max<int64_t>(1, opt_.world);
   return opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
+}
+
+int64_t Loader::batches_this_epoch() const { return st_->num_batches; }
+
+std::vector<int64_t> Loader::batch_samples(int64_t b) const {
+  const auto& order = st_->order;
+  const int64_t begin = std::min<int64_t>(b * opt_.batch_size, int64_t(order.size()));
+  const int64_t end = std::min<int64_t>(begin + opt_.batch_size, int64_t(order.size()));
+  return {order.begin() + begin, order.begin() + end};
 }
 
 void Loader::stop_workers() {
@@ -263,7 +279,7 @@ int64_t Loader::filled_samples() const { return st_->filled_samples.load(); }
 double Loader::augment_seconds() const { return st_->aug_ns.load() * 1e-9; }
 int64_t Loader::augmented_samples() const { return st_->aug_samples.load(); }
 
-void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
+void Loader::start_epoch(int64_t epoch, int64_t first_batch, int64_t skip) {
   stop_workers();
   auto& st = *st_;
   st.stop = false;
@@ -272,14 +288,16 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
     st.order.clear();
     for (int64_t i = opt_.rank; i < ds_.count; i += opt_.world) st.order.push_back(i);
   } else {
-    st.order = ds_.chunk_samples > 0 && opt_.shuffle
-                   ? chunked_order(ds_.count, ds_.reader_offset, ds_.chunk_samples,
-                                   std::max<int64_t>(1, opt_.shuffle_window), opt_.seed, epoch,
-                                   opt_.rank, opt_.world)
-                   : epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle);
+    st.order =
+        ds_.chunk_samples > 0 && opt_.shuffle
+            ? chunked_order(ds_.count, ds_.reader_offset, ds_.chunk_samples,
+                            std::max<int64_t>(1, opt_.shuffle_window), opt_.seed, epoch, opt_.rank,
+                            opt_.world, skip)
+            : epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle, skip);
   }
-  if (opt_.drop_last) st.order.resize(static_cast<size_t>(batches_per_epoch() * opt_.batch_size));
-  st.num_batches = batches_per_epoch();
+  const int64_t batches = batches_after(skip);
+  if (opt_.drop_last) st.order.resize(static_cast<size_t>(batches * opt_.batch_size));
+  st.num_batches = batches;
   epoch_ = epoch;
   st.next_batch = std::min(first_batch, st.num_batches);
   const int64_t P = static_cast<int64_t>(st.slots.size());

@@ -225,6 +225,9 @@ void CheckpointWriter::save(Trainer& t) {
   if (last_saved_ == p.step) return;
   nlohmann::json ts = {{"epoch", p.epoch},
                        {"batch_in_epoch", p.batch_in_epoch},
+                       {"epoch_skip", p.epoch_skip},
+                       {"world", t.world()},
+                       {"batch_size", t.train_loader().options().batch_size},
                        {"train_seconds", p.train_seconds},
                        {"optimizer_steps", t.optimizer().steps()},
                        {"lr_scale", p.lr_scale},
@@ -310,6 +313,18 @@ void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
   p.step = ck.step;
   p.epoch = ts.at("epoch").get<int64_t>();
   p.batch_in_epoch = ts.at("batch_in_epoch").get<int64_t>();
+  p.epoch_skip = ts.value("epoch_skip", int64_t{0});
+  // Written by a world of another size (or another per-rank batch): the rest of the epoch is
+  // re-sharded (a checkpoint from before the world was recorded is taken as this world's).
+  const int64_t old_world = ts.value("world", t.world());
+  const int64_t old_batch = ts.value("batch_size", t.train_loader().options().batch_size);
+  if (old_world < 1 || old_batch < 1)
+    throw CheckpointError((ck.dir / "trainer.json").string(),
+                          "records a world of " + std::to_string(old_world) + " and a batch of " +
+                              std::to_string(old_batch),
+                          "resume from an earlier checkpoint, or set checkpoint.resume=never");
+  if (old_world != t.world() || old_batch != t.train_loader().options().batch_size)
+    t.reshard(old_world, old_batch);
   p.train_seconds = ts.value("train_seconds", 0.0);
   if (ts.contains("time_to_target")) p.time_to_target = ts["time_to_target"].get<double>();
   p.lr_scale = ts.value("lr_scale", 1.0);

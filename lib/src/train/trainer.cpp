@@ -62,11 +62,12 @@ int64_t resolve_accumulate(const config::ExperimentConfig& cfg, int64_t world) {
   return t.accumulate.value;
 }
 
-StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epoch, int64_t world) {
+StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epoch, int64_t world,
+                    int64_t total_steps) {
   StepPlan p;
   p.accumulate = resolve_accumulate(cfg, world);
   p.steps_per_epoch = (batches_per_epoch + p.accumulate - 1) / p.accumulate;
-  p.total_steps = cfg.train.duration.to_steps(p.steps_per_epoch);
+  p.total_steps = total_steps >= 0 ? total_steps : cfg.train.duration.to_steps(p.steps_per_epoch);
   // Larger effective batches may take a larger LR: linear (Goyal et al. 2017) or square-root scaling.
   const double k = static_cast<double>(p.accumulate * world);
   const double factor = cfg.train.lr_scaling == "linear" ? k
@@ -385,7 +386,63 @@ void Trainer::advance_progress(int64_t last_batch_index, int64_t batches_per_epo
   if (progress_.batch_in_epoch >= batches_per_epoch) {
     progress_.epoch += 1;
     progress_.batch_in_epoch = 0;
+    progress_.epoch_skip = 0;
   }
+}
+
+int64_t Trainer::world() const { return comm_ ? comm_->size() : 1; }
+
+void Trainer::reshard(int64_t old_world, int64_t old_batch) {
+  auto& p = progress_;
+  const int64_t consumed = p.epoch_skip + p.batch_in_epoch * old_batch * old_world;
+  p.epoch_skip = consumed;
+  p.batch_in_epoch = 0;
+  const int64_t left = train_.batches_after(consumed);
+  const int64_t steps_left = (left + accumulate_ - 1) / accumulate_;
+  // An epoch-long duration still ends where it says: this epoch's rest in this world, then whole
+  // epochs of this world's steps. A step count stays a step count.
+  const auto& d = cfg_.train.duration;
+  if (d.unit == config::Period::Unit::kEpochs) {
+    const double after = d.value - double(p.epoch + 1);  // epochs after the current one
+    int64_t total = p.step + steps_left + std::llround(std::max(0.0, after) * steps_per_epoch_);
+    if (after < 0) {  // the run ends inside this epoch: at that share of its samples
+      const double n = double(train_.dataset().count);
+      const double per_step = double(train_.options().batch_size * world() * accumulate_);
+      total = p.step +
+              std::max<int64_t>(
+                  0, std::llround(((d.value - double(p.epoch)) * n - double(consumed)) / per_step));
+    }
+    replan(total);
+  }
+  spdlog::info(
+      "[checkpoint] world {} -> {} ranks (batch {} -> {}): epoch {} resumes after {} of its "
+      "samples, the other {} re-sharded over {} ranks ({} batches each); the run now ends at "
+      "step {}",
+      old_world, world(), old_batch, train_.options().batch_size, p.epoch, consumed,
+      train_.dataset().count - consumed, world(), left, total_steps_);
+}
+
+void Trainer::replan(int64_t total_steps) {
+  StepPlan plan = plan_steps(cfg_, train_.batches_per_epoch(), world(), total_steps);
+  total_steps_ = plan.total_steps;
+  schedule_ = std::move(plan.lr);
+  smoothing_ = std::make_unique<optim::Schedule>(
+      cfg_.label_smoothing.schedule, cfg_.label_smoothing.value, total_steps_, steps_per_epoch_);
+}
+
+void Trainer::start_rewarm(int64_t optimizer_step) {
+  if (!cfg_.distributed.rewarm.enabled()) return;
+  rewarm_from_ = optimizer_step;
+  rewarm_steps_ = cfg_.distributed.rewarm.to_steps(steps_per_epoch_);
+  spdlog::info(
+      "[train] re-warming the learning rate over {} steps after the restart (distributed.rewarm)",
+      rewarm_steps_);
+}
+
+// Linear from 1/n at the first step after the resume to 1 after n steps.
+double Trainer::rewarm_factor(int64_t optimizer_step) const {
+  if (rewarm_from_ < 0 || optimizer_step >= rewarm_from_ + rewarm_steps_) return 1.0;
+  return double(std::max<int64_t>(0, optimizer_step - rewarm_from_) + 1) / double(rewarm_steps_);
 }
 
 // An evaluation inside fit(): the plateau schedule, time to target, early stopping and adaptive
@@ -424,7 +481,6 @@ void Trainer::check_stop_signal() {
 
 void Trainer::fit() {
   const int64_t eval_every = cfg_.train.eval_every.to_steps(steps_per_epoch_);
-  const int64_t bpe = train_.batches_per_epoch();
   const double full_window = static_cast<double>(accumulate_ * cfg_.data.batch_size);
   const auto params = model_.named_parameters();
   const auto fit_start = Clock::now();
@@ -434,7 +490,13 @@ void Trainer::fit() {
   if (cfg_.grad_health.policy == "rollback" && snapshots_.empty()) take_snapshot();
 
   while (progress_.step < total_steps_ && stop_reason_.empty() && failure_.empty()) {
-    train_.start_epoch(progress_.epoch, progress_.batch_in_epoch);
+    train_.start_epoch(progress_.epoch, progress_.batch_in_epoch, progress_.epoch_skip);
+    const int64_t bpe = train_.batches_this_epoch();  // fewer after a resume in another world
+    if (bpe == 0) {  // what a resume in another world left of this epoch fills no batch
+      progress_.epoch += 1;
+      progress_.batch_in_epoch = progress_.epoch_skip = 0;
+      continue;
+    }
     data::Batch batch;
     StepInfo info;
     int64_t micro = 0, window_samples = 0;

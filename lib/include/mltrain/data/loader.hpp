@@ -8,7 +8,8 @@
 //   while (loader.next(b)) { train_step(b.x, b.y); }   // b's slot is reused once b is reset/reassigned
 //
 // The sample order is a pure function of (seed, epoch, rank, world) — see epoch_order() — so a
-// checkpoint needs only {epoch, batch index} to resume mid-epoch exactly.
+// checkpoint needs only {epoch, batch index} to resume mid-epoch exactly, and {epoch, samples
+// consumed} to resume it in a world of another size.
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -35,20 +36,26 @@ struct LoaderOptions {
                            // sample once over the ranks, unshuffled) instead of an even share
 };
 
-// Indices this rank visits in `epoch`. Every rank gets floor(N / world) samples of one global
-// permutation (strided by rank), so the union over ranks is a permutation without repeats.
+// Indices this rank visits in `epoch`. Every rank gets floor((N - skip) / world) samples of one
+// global permutation (strided by rank), so the union over ranks is a permutation without repeats.
+// The permutation depends on (seed, epoch) only, never on the world: `skip` samples of it already
+// consumed (by any world) leave its rest to be shared by this one. After k batches of B on every
+// rank of a world W, exactly the first skip + k*B*W entries have been consumed.
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank,
-                                 int64_t world, bool shuffle);
+                                 int64_t world, bool shuffle, int64_t skip = 0);
 
-// The even rank share of a global permutation: rank r takes perm[r], perm[r + world], ...
-std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world);
+// The even rank share of a global permutation past its first `skip` entries: rank r takes
+// perm[skip + r], perm[skip + r + world], ...
+std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world,
+                                int64_t skip = 0);
 
 // Chunk sets: the chunks of samples [offset, offset + n) in a seeded order, the samples of each
 // group of `window` chunks shuffled together, then the rank share. A pure function of its
 // arguments, so {epoch, batch} still resumes mid-epoch exactly; at most ~2 windows of chunks are
 // being read at any time.
 std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int64_t window,
-                                   uint64_t seed, int64_t epoch, int64_t rank, int64_t world);
+                                   uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
+                                   int64_t skip = 0);
 
 // Workers for `auto`: enough to keep one consumer fed without starving the compute threads.
 // The field guide's rule: min(usable cores, 4 x GPUs where there are GPUs, chunks where the data
@@ -74,7 +81,15 @@ class Loader {
 
   int64_t batches_per_epoch() const;
   int64_t samples_per_epoch() const;
-  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  // Batches of an epoch whose first `skip` global samples were consumed before (a resume in
+  // another world): batches_per_epoch() when skip is 0.
+  int64_t batches_after(int64_t skip) const;
+  // `skip`: global samples of this epoch's order already consumed (see epoch_order); `first_batch`
+  // counts batches of the rest, in this world.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0, int64_t skip = 0);
+  int64_t batches_this_epoch() const;  // of the epoch started last
+  // The sample indices of batch b of the epoch started last (tests, tools: what a batch holds).
+  std::vector<int64_t> batch_samples(int64_t b) const;
   bool next(Batch& out);        // false when the epoch is done
   double wait_seconds() const;  // total time next() spent blocked on workers
   // Augmentation (training loader only): applied in the workers; progress for each op's window is

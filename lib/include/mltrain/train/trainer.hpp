@@ -35,7 +35,9 @@ namespace mltrain::train {
 struct Progress {
   int64_t step = 0;            // optimizer-step attempts done (skipped ones included)
   int64_t epoch = 0;           // epoch the next batch belongs to
-  int64_t batch_in_epoch = 0;  // next batch within that epoch
+  int64_t batch_in_epoch = 0;  // next batch within that epoch (after epoch_skip)
+  int64_t epoch_skip = 0;      // global samples of this epoch consumed in a world of another size
+                               // before a resume (data::epoch_order's skip); 0 otherwise
   double train_seconds = 0;    // wall time spent in fit(), summed over resumes
   double lr_scale = 1.0;       // lowered by gradient-health rollbacks
   int64_t skipped_steps = 0;   // steps whose update was skipped (inf/nan, skip_step, rollback)
@@ -109,7 +111,9 @@ struct StepPlan {
   int64_t accumulate = 1, steps_per_epoch = 0, total_steps = 0;
   std::unique_ptr<optim::Schedule> lr;
 };
-StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epoch, int64_t world);
+// total_steps >= 0 replaces the duration's count (a run re-planned after a resume in another world).
+StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epoch, int64_t world,
+                    int64_t total_steps = -1);
 
 // Data parallel over comm (world > 1): steps are planned for the world size (global batch, LR
 // scaling), gradients sync through dp, evaluation metrics are summed over ranks and stop signals
@@ -143,8 +147,17 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   int64_t accumulate() const { return accumulate_; }
   double lr_at(int64_t optimizer_step) const {
-    return schedule_->lr(optimizer_step) * progress_.lr_scale;
+    return schedule_->lr(optimizer_step) * progress_.lr_scale * rewarm_factor(optimizer_step);
   }
+  int64_t world() const;  // ranks training together (1 without a process group)
+  // A resume from a checkpoint written by `old_world` ranks of `old_batch` samples each, in the
+  // middle of an epoch: the samples consumed so far become the epoch's skip, the rest of the
+  // epoch is re-sharded over this world, and an epoch-long run's total steps and schedules are
+  // re-planned so that it still ends where its duration says.
+  void reshard(int64_t old_world, int64_t old_batch);
+  // distributed.rewarm: the learning rate ramps from 0 back to the schedule's over that period,
+  // starting at `optimizer_step` (the resume).
+  void start_rewarm(int64_t optimizer_step);
   optim::Schedule& schedule() { return *schedule_; }
   std::optional<EvalResult> last_eval() const { return last_eval_; }
   double data_wait_seconds() const { return train_.wait_seconds(); }
@@ -182,6 +195,8 @@ class Trainer {
                            std::chrono::steady_clock::time_point fit_start);
   void check_stop_signal();
   void advance_progress(int64_t last_batch_index, int64_t batches_per_epoch);
+  double rewarm_factor(int64_t optimizer_step) const;
+  void replan(int64_t total_steps);
 
   const config::ExperimentConfig& cfg_;
   torch::Device device_ = torch::kCPU;  // where the model's parameters live
@@ -196,6 +211,7 @@ class Trainer {
   dist::DataParallel* dp_ = nullptr;
   Progress progress_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0, accumulate_ = 1;
+  int64_t rewarm_from_ = -1, rewarm_steps_ = 0;  // distributed.rewarm after a resume
   std::optional<EvalResult> last_eval_;
   std::unique_ptr<optim::Schedule> schedule_, smoothing_;
   std::optional<LossScaler> scaler_;
