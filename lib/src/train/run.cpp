@@ -67,25 +67,50 @@ namespace {
 // Test hooks for the distributed tests, off unless their variables are set:
 //   MLTRAIN_TEST_PARAM_DIGEST=PREFIX  each rank appends "<step> <FNV-1a of every parameter's bytes>"
 //                                     to PREFIX.<rank> after every step (bitwise-equality check)
+//   MLTRAIN_TEST_SAMPLES=PREFIX       each rank appends "<step> <sample index>..." to PREFIX.<rank>:
+//                                     the training samples each step consumed
 //   MLTRAIN_TEST_KILL=RANK:STEP       that rank SIGKILLs itself at that step on the first attempt
 //                                     (TORCHELASTIC_RESTART_COUNT unset or 0): a real dead worker
 //   MLTRAIN_TEST_STALL=RANK:STEP      that rank stops making progress at that step (sleeps until
-//                                     killed): a hung worker, alive but silent
+//                                     killed) on the first attempt: a hung worker, alive but silent
+//   MLTRAIN_TEST_HOLD=RANK:STEP       that rank waits at that step on the first attempt until a
+//                                     stop signal arrives (the elastic tests: the group is still
+//                                     running when a new node comes, however fast it trains)
 class TestHooks : public Observer {
  public:
   TestHooks(model::Model& m, int rank) : model_(m), rank_(rank) {
     if (const char* d = std::getenv("MLTRAIN_TEST_PARAM_DIGEST"))
       digest_ = std::string(d) + "." + std::to_string(rank);
-    if (const char* k = std::getenv("MLTRAIN_TEST_KILL")) {
-      const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-      if (!restart || std::string(restart) == "0")
-        std::sscanf(k, "%d:%ld", &kill_rank_, &kill_step_);
-    }
-    if (const char* k = std::getenv("MLTRAIN_TEST_STALL"))
+    if (const char* d = std::getenv("MLTRAIN_TEST_SAMPLES"))
+      samples_ = std::string(d) + "." + std::to_string(rank);
+    const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    const bool first_attempt = !restart || std::string(restart) == "0";
+    if (const char* k = std::getenv("MLTRAIN_TEST_KILL"); k && first_attempt)
+      std::sscanf(k, "%d:%ld", &kill_rank_, &kill_step_);
+    if (const char* k = std::getenv("MLTRAIN_TEST_STALL"); k && first_attempt)
       std::sscanf(k, "%d:%ld", &stall_rank_, &stall_step_);
+    if (const char* k = std::getenv("MLTRAIN_TEST_HOLD"); k && first_attempt)
+      std::sscanf(k, "%d:%ld", &hold_rank_, &hold_step_);
   }
-  bool active() const { return !digest_.empty() || kill_rank_ >= 0 || stall_rank_ >= 0; }
+  bool active() const {
+    return !digest_.empty() || !samples_.empty() || kill_rank_ >= 0 || stall_rank_ >= 0 ||
+           hold_rank_ >= 0;
+  }
+  void on_train_begin(Trainer& t) override {
+    epoch_ = t.progress().epoch, first_ = t.progress().batch_in_epoch;
+  }
   void on_step_end(Trainer& t, const StepInfo&) override {
+    if (!samples_.empty()) {  // the batches this step consumed, from the loader's own order
+      auto& loader = t.train_loader();
+      const int64_t end =
+          t.progress().epoch != epoch_ ? loader.batches_this_epoch() : t.progress().batch_in_epoch;
+      std::ofstream out(samples_, std::ios::app);
+      out << t.progress().step;
+      for (int64_t b = first_; b < end; ++b)
+        for (const int64_t i : loader.batch_samples(b)) out << " " << i;
+      out << "\n";
+      epoch_ = t.progress().epoch, first_ = t.progress().batch_in_epoch;
+    }
     if (!digest_.empty()) {
       uint64_t h = 1469598103934665603ULL;
       for (auto& [n, p] : model_.named_parameters()) {
@@ -99,14 +124,17 @@ class TestHooks : public Observer {
     if (kill_rank_ == rank_ && t.progress().step == kill_step_) ::raise(SIGKILL);
     if (stall_rank_ == rank_ && t.progress().step == stall_step_)
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    if (hold_rank_ == rank_ && t.progress().step == hold_step_)
+      while (!stop_signal()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
  private:
   model::Model& model_;
   int rank_;
-  std::string digest_;
-  int kill_rank_ = -1, stall_rank_ = -1;
-  long kill_step_ = -1, stall_step_ = -1;
+  std::string digest_, samples_;
+  int64_t epoch_ = 0, first_ = 0;  // MLTRAIN_TEST_SAMPLES: the first batch not yet written
+  int kill_rank_ = -1, stall_rank_ = -1, hold_rank_ = -1;
+  long kill_step_ = -1, stall_step_ = -1, hold_step_ = -1;
 };
 }  // namespace
 
@@ -247,6 +275,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     restore_checkpoint(*ck, trainer);
     spdlog::info("[checkpoint] restored {} (step {}, epoch {}, batch {})", ck->dir.string(),
                  ck->step, trainer.progress().epoch, trainer.progress().batch_in_epoch);
+    trainer.start_rewarm(trainer.optimizer().steps());
   }
   if (p->dp)
     p->dp->broadcast_initial();  // rank 0's weights and buffers (restored or fresh) everywhere

@@ -680,6 +680,8 @@ struct DistributedConfig {
   int64_t nproc_per_node = 0;
   int64_t max_restarts = 0;
   int64_t max_requeues = 3;
+  Period rewarm = Period::never();
+  Duration hang_timeout = Duration::never();
   template <class V>
   void visit(V& v) {
     v.field("backend", backend, "process group: gloo (CPU; NCCL builds: nccl)",
@@ -708,6 +710,15 @@ struct DistributedConfig {
             "Slurm (mltrain slurm): on SIGUSR1/SIGTERM checkpoint and requeue the job at most this "
             "often",
             non_negative<int64_t>());
+    v.field("rewarm", rewarm,
+            "after a restart from a checkpoint, ramp the learning rate linearly from 0 back to the "
+            "schedule's over this period (e.g. 200u; the field guide's advice when the world or "
+            "the global batch changed), logged; never: resume at the scheduled rate");
+    v.field("hang_timeout", hang_timeout,
+            "each rank publishes its step to the rendezvous store; a rank whose step has not moved "
+            "for this long while another rank has moved on is named (rank, host, pid, last "
+            "collective) and the group fails, to be restarted by its launcher (e.g. 60s; never: "
+            "rely on timeout_s alone)");
   }
 };
 
