@@ -4,6 +4,8 @@
 #include <map>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/dist/heartbeat.hpp"
+#include "mltrain/dist/launch.hpp"
 #include "mltrain/dist/world.hpp"
 
 using namespace mltrain::dist;
@@ -100,4 +102,134 @@ TEST_CASE("world from torchrun, Slurm or nothing", "[dist]") {
                   mltrain::ConfigError);
   CHECK_THROWS_WITH(from({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}),
                     Catch::Contains("WORLD_SIZE") && Catch::Contains("out of range"));
+}
+
+TEST_CASE("Kubeflow's contracts: PyTorchJob pods and Trainer v2's PET_* variables", "[dist]") {
+  // A PyTorchJob pod running mltrain train itself: one process per pod, WORLD_SIZE pods.
+  const std::map<std::string, std::string> pod = {{"KUBERNETES_SERVICE_HOST", "10.96.0.1"},
+                                                  {"MASTER_ADDR", "job-master-0"},
+                                                  {"MASTER_PORT", "23456"},
+                                                  {"WORLD_SIZE", "3"},
+                                                  {"RANK", "2"}};
+  const auto p = from(pod);
+  CHECK(p.source == "pytorchjob");
+  CHECK((p.rank == 2 && p.size == 3 && p.local_rank == 0 && p.local_size == 1 && p.node_rank == 2 &&
+         p.nodes == 3));
+  CHECK(p.master_addr == "job-master-0");
+  CHECK(p.master_port == 23456);
+  CHECK_FALSE(p.single_node());  // a TCPStore across pods, never a FileStore
+  // The same variables outside a pod stay a hand-set world on one host (as before).
+  auto outside = pod;
+  outside.erase("KUBERNETES_SERVICE_HOST");
+  CHECK(from(outside).source == "torchrun");
+  CHECK(from(outside).single_node());
+  // Workers of a launcher inside the pod: the launcher's LOCAL_* make them torchrun's.
+  auto worker = pod;
+  worker["LOCAL_RANK"] = "1", worker["LOCAL_WORLD_SIZE"] = "2", worker["WORLD_SIZE"] = "6";
+  worker["RANK"] = "5";
+  CHECK(from(worker).source == "torchrun");
+
+  // Trainer v2 (TrainJob): PET_* only.
+  const std::map<std::string, std::string> pet = {{"PET_NNODES", "2"},
+                                                  {"PET_NODE_RANK", "1"},
+                                                  {"PET_MASTER_ADDR", "train-node-0-0.train"},
+                                                  {"PET_MASTER_PORT", "29500"},
+                                                  {"PET_NPROC_PER_NODE", "1"}};
+  const auto t = from(pet);
+  CHECK(t.source == "trainer");
+  CHECK((t.rank == 1 && t.size == 2 && t.node_rank == 1 && t.nodes == 2 && t.local_size == 1));
+  CHECK(t.master_addr == "train-node-0-0.train");
+  auto four = pet;
+  four["PET_NPROC_PER_NODE"] = "4";
+  CHECK_THROWS_WITH(from(four),
+                    Catch::Contains("PET_NPROC_PER_NODE") && Catch::Contains("need a launcher"));
+
+  // The node contract a launcher reads.
+  auto env_of = [](const std::map<std::string, std::string>& m) {
+    return Getenv([m](const char* k) -> const char* {
+      auto it = m.find(k);
+      return it == m.end() ? nullptr : it->second.c_str();
+    });
+  };
+  const auto c = node_contract_from_env(env_of(pet));
+  CHECK((c.source == "trainer" && c.nnodes == 2 && c.node_rank == 1 && c.master_port == 29500 &&
+         c.nproc == "1"));
+  const auto j = node_contract_from_env(env_of(pod));
+  CHECK((j.source == "pytorchjob" && j.nnodes == 3 && j.node_rank == 2 && j.nproc.empty()));
+  CHECK(node_contract_from_env(env_of({})).source == "none");
+  CHECK(node_contract_from_env(env_of(outside)).source == "none");
+
+  // Flags win; what they leave unset comes from the cluster.
+  LaunchOptions lo;
+  lo.nproc = 2;
+  auto filled = with_node_contract(lo, c, {"--nproc-per-node"}, /*cores=*/16, /*gpus=*/0);
+  CHECK((filled.nnodes == 2 && filled.node_rank == 1 && filled.master_port == 29500 &&
+         filled.nproc == 2 && filled.master_addr == "train-node-0-0.train"));
+  auto eight = c;
+  eight.nproc = "auto";
+  CHECK(with_node_contract(lo, eight, {}, 8, 0).nproc == 8);
+  CHECK(with_node_contract(lo, eight, {}, 8, 4).nproc == 4);
+  CHECK(with_node_contract(lo, j, {"--master-port"}, 8, 0).master_port == 0);
+  CHECK(with_node_contract(lo, node_contract_from_env(env_of({})), {}, 8, 0).nnodes == 1);
+
+  // torchrun's nproc values: accept / reject.
+  CHECK(resolve_nproc("3", 16, 0) == 3);
+  CHECK(resolve_nproc("cpu", 6, 2) == 6);
+  CHECK(resolve_nproc("gpu", 6, 2) == 2);
+  CHECK(resolve_nproc("auto", 6, 0) == 6);
+  CHECK_THROWS_WITH(resolve_nproc("gpu", 6, 0), Catch::Contains("no CUDA device"));
+  for (const char* bad : {"0", "-1", "x", "2(x3)", ""})
+    CHECK_THROWS_AS(resolve_nproc(bad, 6, 0), mltrain::ConfigError);
+
+  // Bad contracts: exit 2 naming the variables.
+  auto rank_high = pet;
+  rank_high["PET_NODE_RANK"] = "2";
+  CHECK_THROWS_WITH(node_contract_from_env(env_of(rank_high)),
+                    Catch::Contains("PET_NODE_RANK") && Catch::Contains("not below PET_NNODES=2"));
+  // An elastic job (a PyTorchJob's elasticPolicy): the launcher runs the elastic rendezvous.
+  auto elastic = pet;
+  elastic["PET_NNODES"] = "1:3";
+  elastic["PET_RDZV_ENDPOINT"] = "job-master-0:29400";
+  elastic["PET_RDZV_ID"] = "job7";
+  const auto e = node_contract_from_env(env_of(elastic));
+  CHECK((e.elastic && e.min_nodes == 1 && e.max_nodes == 3 && e.master_addr == "job-master-0" &&
+         e.master_port == 29400 && e.rdzv_id == "job7"));
+  const auto el = with_node_contract(lo, e, {}, 8, 0);
+  CHECK((el.elastic && el.min_nodes == 1 && el.max_nodes == 3 && el.rdzv_id == "job7" &&
+         el.master_port == 29400));
+  CHECK_FALSE(with_node_contract(lo, e, {"--nnodes"}, 8, 0).elastic);  // the flag wins
+  CHECK_THROWS_WITH(from(elastic),
+                    Catch::Contains("elastic range") && Catch::Contains("mltrain launch"));
+  elastic["PET_RDZV_ENDPOINT"] = "nohost";
+  CHECK_THROWS_WITH(node_contract_from_env(env_of(elastic)),
+                    Catch::Contains("PET_RDZV_ENDPOINT") && Catch::Contains("host:port"));
+  elastic["PET_NNODES"] = "3:1";
+  CHECK_THROWS_WITH(node_contract_from_env(env_of(elastic)),
+                    Catch::Contains("PET_NNODES") && Catch::Contains("MIN 3 is above MAX 1"));
+  auto both = pet;
+  both["SLURM_JOB_NUM_NODES"] = "4";
+  CHECK_THROWS_WITH(node_contract_from_env(env_of(both)),
+                    Catch::Contains("PET_NNODES and SLURM_JOB_NUM_NODES") &&
+                        Catch::Contains("says 2 nodes, Slurm says 4"));
+  CHECK_THROWS_WITH(from(both), Catch::Contains("SLURM_JOB_NUM_NODES"));
+  auto pod_slurm = pod;
+  pod_slurm["SLURM_NNODES"] = "2";
+  CHECK_THROWS_WITH(node_contract_from_env(env_of(pod_slurm)),
+                    Catch::Contains("WORLD_SIZE and SLURM_NNODES"));
+  auto agree = pet;
+  agree["SLURM_JOB_NUM_NODES"] = "2";  // the same world from both: no conflict
+  CHECK(node_contract_from_env(env_of(agree)).nnodes == 2);
+}
+
+TEST_CASE("heartbeat: a rank behind the others and idle past the timeout is hung", "[dist]") {
+  // issued, idle seconds
+  CHECK(find_hung({{47, 0.2}, {45, 31}}, 30) == 1);
+  CHECK(find_hung({{47, 0.2}, {45, 29}}, 30) == -1);  // not idle long enough
+  CHECK(find_hung({{47, 40}, {47, 40}}, 30) == -1);   // level: both waiting (or both done)
+  CHECK(find_hung({{50, 0}, {48, 35}, {46, 35}, {50, 1}}, 30) == 2);  // the furthest behind
+  CHECK(find_hung({{50, 0}, {46, 35}, {46, 35}}, 30) == 1);           // ties: the lowest rank
+  CHECK(find_hung({{3, 0}, {0, 100}}, 30) == -1);   // never reached its first collective: starting
+  CHECK(find_hung({{3, 100}, {1, 100}}, 30) == 1);  // the front idle too: it waits for rank 1
+  CHECK(find_hung({{3, 0}}, 30) == -1);
+  CHECK(find_hung({{3, 0}, {1, 100}}, 0) == -1);  // off
 }

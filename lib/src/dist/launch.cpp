@@ -12,12 +12,16 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <cstring>
 #include <random>
 #include <thread>
 
+#include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/process.hpp"
+#include "mltrain/core/runtime.hpp"
+#include "mltrain/dist/rendezvous.hpp"
 
 extern char** environ;
 
@@ -83,6 +87,15 @@ void check_options(const LaunchOptions& o) {
         "--node-rank",
         std::to_string(o.node_rank) + " is not below --nnodes " + std::to_string(o.nnodes),
         "number the nodes 0 .. nnodes-1");
+  if (o.elastic) {
+    if (o.min_nodes < 1 || o.min_nodes > o.max_nodes)
+      throw ConfigError("--nnodes", "MIN " + std::to_string(o.min_nodes) + " is above MAX " +
+                                        std::to_string(o.max_nodes));
+    if (o.master_port <= 0)
+      throw ConfigError("--master-port", "an elastic rendezvous needs a port every node agrees on",
+                        "pass the same --master-addr and --master-port on every node");
+    if (o.rdzv_id.empty()) throw ConfigError("--rdzv-id", "must not be empty");
+  }
   if (o.nnodes > 1 && o.master_port <= 0)
     throw ConfigError("--master-port", "several nodes need a port agreed on by every launcher",
                       "pass the same --master-port (and --master-addr) on every node");
@@ -94,37 +107,43 @@ void check_options(const LaunchOptions& o) {
 }
 
 // This node's workers of one attempt, with torchrun's environment; stdout and stderr through one
-// pipe each, streamed with the rank's prefix; they die with the launcher.
+// pipe each, streamed with the rank's prefix; they die with the launcher. `agent_store`: the
+// workers' process group meets in the launchers' rendezvous store (elastic rounds), under the
+// attempt's prefix, as torchrun's workers do in its agent's store.
 std::vector<Worker> start_workers(const LaunchOptions& o, int attempt, int port,
-                                  const std::string& run_id) {
+                                  const std::string& run_id, bool agent_store = false) {
   const int world = o.nnodes * o.nproc, first = o.node_rank * o.nproc;
   std::vector<Worker> ws(size_t(o.nproc));
   for (int r = 0; r < o.nproc; ++r) {
-    const std::vector<std::string> set = {
-        "RANK=" + std::to_string(first + r),
-        "WORLD_SIZE=" + std::to_string(world),
-        "LOCAL_RANK=" + std::to_string(r),
-        "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
-        "GROUP_RANK=" + std::to_string(o.node_rank),
-        "MASTER_ADDR=" + o.master_addr,
-        "MASTER_PORT=" + std::to_string(port),
-        "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt),
-        "MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt)};
+    std::vector<std::string> set = {"RANK=" + std::to_string(first + r),
+                                    "WORLD_SIZE=" + std::to_string(world),
+                                    "LOCAL_RANK=" + std::to_string(r),
+                                    "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc),
+                                    "GROUP_RANK=" + std::to_string(o.node_rank),
+                                    "MASTER_ADDR=" + o.master_addr,
+                                    "MASTER_PORT=" + std::to_string(port),
+                                    "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt),
+                                    "MLTRAIN_RUN_ID=" + run_id + "-" + std::to_string(attempt)};
+    if (agent_store) set.push_back("TORCHELASTIC_USE_AGENT_STORE=True");
     ws[size_t(r)].pid =
         spawn_child(o.command, environment_with(set), &ws[size_t(r)].fd, "", /*own_group=*/false);
   }
-  std::fprintf(stderr, "[launch] attempt %d: node %d/%d, %d workers, rendezvous %s:%d\n", attempt,
-               o.node_rank, o.nnodes, o.nproc, o.master_addr.c_str(), port);
+  std::fprintf(stderr, "[launch] %s %d: node %d/%d, %d workers, rendezvous %s:%d\n",
+               agent_store ? "round" : "attempt", attempt, o.node_rank, o.nnodes, o.nproc,
+               o.master_addr.c_str(), port);
   return ws;
 }
 
 struct Outcome {
   int failed = -1, status = 0;  // the first worker that failed (global rank), its wait status
+  bool interrupted = false;     // stopped because `interrupt` said so (a new elastic round)
 };
 
 // Streams the workers' output until every one has exited. The first failure (or a signal to the
-// launcher) stops the others: SIGTERM, then SIGKILL after the grace period.
-Outcome supervise(const LaunchOptions& o, std::vector<Worker>& ws) {
+// launcher, or `interrupt` returning true, asked every quarter second) stops the others: SIGTERM,
+// then SIGKILL after the grace period.
+Outcome supervise(const LaunchOptions& o, std::vector<Worker>& ws,
+                  const std::function<bool()>& interrupt = nullptr) {
   const int first = o.node_rank * o.nproc;
   Outcome out;
   int alive = o.nproc;
@@ -137,8 +156,17 @@ Outcome supervise(const LaunchOptions& o, std::vector<Worker>& ws) {
     stop_time =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000));
   };
+  auto asked = std::chrono::steady_clock::now();
   while (alive > 0) {
     if (g_forward && !stopping) stop_all(g_forward);  // the launcher was signalled: pass it on
+    if (interrupt && !stopping &&
+        std::chrono::steady_clock::now() - asked > std::chrono::milliseconds(250)) {
+      asked = std::chrono::steady_clock::now();
+      if (interrupt()) {
+        out.interrupted = true;
+        stop_all(SIGTERM);  // every rank stops at one step; rank 0 checkpoints
+      }
+    }
     std::vector<pollfd> pf;
     for (auto& w : ws) pf.push_back({w.fd, POLLIN, 0});
     ::poll(pf.data(), pf.size(), 100);
@@ -184,12 +212,96 @@ Outcome supervise(const LaunchOptions& o, std::vector<Worker>& ws) {
 
 }  // namespace
 
+void log_contract(const NodeContract& c, const LaunchOptions& o) {
+  if (c.source == "none") return;
+  std::fprintf(stderr, "[launch] %s: node %d/%d, %d workers per node, rendezvous %s:%d\n",
+               c.source == "trainer" ? "Kubeflow Trainer (PET_* variables)"
+                                     : "Kubeflow PyTorchJob (WORLD_SIZE nodes, RANK node rank)",
+               o.node_rank, o.nnodes, o.nproc, o.master_addr.c_str(), o.master_port);
+}
+
+namespace {
+
+// --nnodes MIN:MAX: rounds of the elastic rendezvous (rendezvous.hpp). A worker failure opens the
+// next round and counts against --max-restarts; a membership change (a node waiting to join while
+// the round is below MAX, or another node opening the next round) stops the workers with SIGTERM
+// (a clean checkpoint) and does not.
+LaunchResult launch_elastic(const LaunchOptions& o) {
+  LaunchResult res;
+  Rendezvous rdzv({o.master_addr, o.master_port, o.rdzv_id, o.min_nodes, o.max_nodes, o.last_call_s,
+                   o.join_timeout_s, [] { return g_forward != 0; }});
+  for (;;) {
+    const Round r = rdzv.next_round();
+    if (r.cancelled) {
+      res.exit_code = 128 + int(g_forward);
+      return res;
+    }
+    if (r.done) {
+      std::fprintf(stderr, "[launch] the job finished before this node could join a round\n");
+      return res;
+    }
+    LaunchOptions ro = o;
+    ro.nnodes = r.nnodes, ro.node_rank = r.node_rank;
+    std::vector<Worker> ws = start_workers(ro, r.number, o.master_port, o.rdzv_id, true);
+    bool store_ok = true;
+    const Outcome out = supervise(ro, ws, [&] {
+      if (!store_ok) return false;
+      try {
+        if (rdzv.superseded(r.number)) {
+          std::fprintf(stderr, "[launch] round %d was superseded: stopping the workers\n",
+                       r.number);
+          return true;
+        }
+        if (r.nnodes < o.max_nodes && rdzv.waiting(r.number) > 0) {
+          std::fprintf(stderr,
+                       "[launch] a node is waiting to join (round of %d, at most %d): restarting "
+                       "the group to admit it\n",
+                       r.nnodes, o.max_nodes);
+          rdzv.open_next(r.number);
+          return true;
+        }
+      } catch (const std::exception& e) {  // the store's host is gone: supervise the workers alone
+        std::fprintf(stderr,
+                     "[launch] rendezvous store unreachable (%s); watching the workers only\n",
+                     e.what());
+        store_ok = false;
+      }
+      return false;
+    });
+    if (g_forward) {
+      res.exit_code = 128 + int(g_forward);
+      return res;
+    }
+    if (out.failed < 0 && !out.interrupted) {
+      if (store_ok) rdzv.finish(r.number, r.nnodes);
+      return res;
+    }
+    if (out.interrupted) continue;  // a membership change, not a failure
+    res.failed_rank = out.failed;
+    res.failure = describe(out.failed, out.status);
+    if (res.restarts >= o.max_restarts) {
+      res.exit_code =
+          WIFEXITED(out.status) && WEXITSTATUS(out.status) != 0 ? WEXITSTATUS(out.status) : 1;
+      return res;
+    }
+    ++res.restarts;
+    std::fprintf(stderr,
+                 "[launch] opening round %d after the failure (%d of %d restarts); the group "
+                 "resumes from its latest checkpoint with the nodes that join\n",
+                 r.number + 1, res.restarts, o.max_restarts);
+    rdzv.open_next(r.number);
+  }
+}
+
+}  // namespace
+
 LaunchResult launch(const LaunchOptions& o) {
   check_options(o);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  if (o.elastic) return launch_elastic(o);
   LaunchResult res;
   std::mt19937_64 rng(std::random_device{}());
   // Every node must agree on the run id; one node alone picks its own.
@@ -228,14 +340,41 @@ LaunchResult launch(const LaunchOptions& o) {
 
 namespace mltrain::dist {
 
+LaunchOptions with_node_contract(LaunchOptions o, const NodeContract& c,
+                                 const std::set<std::string>& given, int cores, int gpus) {
+  if (c.source == "none") return o;
+  auto unset = [&](const char* flag) { return given.count(flag) == 0; };
+  if (unset("--nnodes")) o.nnodes = c.nnodes;
+  if (unset("--node-rank")) o.node_rank = c.node_rank;
+  if (unset("--master-addr")) o.master_addr = c.master_addr;
+  if (unset("--master-port")) o.master_port = c.master_port;
+  if (unset("--nproc-per-node") && !c.nproc.empty()) o.nproc = resolve_nproc(c.nproc, cores, gpus);
+  if (unset("--nnodes") && c.elastic) {
+    o.elastic = true;
+    o.min_nodes = c.min_nodes, o.max_nodes = c.max_nodes;
+    if (!c.rdzv_id.empty()) o.rdzv_id = c.rdzv_id;
+  }
+  return o;
+}
+
 std::optional<int> launch_if_configured(const config::DistributedConfig& cfg,
                                         const std::vector<std::string>& command) {
-  if (cfg.nproc_per_node <= 1 || std::getenv("RANK") || std::getenv("SLURM_PROCID"))
+  const NodeContract c = node_contract_from_env();
+  // Already a worker: a launcher's (LOCAL_RANK), srun's, or a hand-set world outside a pod.
+  if (std::getenv("LOCAL_RANK") || std::getenv("SLURM_PROCID") ||
+      (std::getenv("RANK") && c.source != "pytorchjob"))
     return std::nullopt;
   LaunchOptions lo;
   lo.nproc = static_cast<int>(cfg.nproc_per_node);
   lo.max_restarts = static_cast<int>(cfg.max_restarts);
   lo.command = command;
+  std::set<std::string> given;
+  if (lo.nproc > 1) given.insert("--nproc-per-node");  // the config's count wins over the cluster's
+  lo = with_node_contract(lo, c, given, runtime::usable_cores(), compat::cuda_device_count());
+  if (lo.nproc <= 1 && !lo.elastic) return std::nullopt;
+  if (lo.elastic && lo.rdzv_id.empty())
+    lo.rdzv_id = "launch-" + lo.master_addr + "-" + std::to_string(lo.master_port);
+  log_contract(c, lo);
   const LaunchResult r = launch(lo);
   if (r.exit_code != 0 && !r.failure.empty())
     std::fprintf(stderr, "error: launch: %s\n", r.failure.c_str());

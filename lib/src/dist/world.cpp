@@ -2,10 +2,12 @@
 
 #include <cerrno>
 #include <climits>
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/dist/rendezvous.hpp"
 
 namespace mltrain::dist {
 namespace {
@@ -108,14 +110,133 @@ std::vector<std::string> expand_nodelist(const std::string& list) {
   return out;
 }
 
+namespace {
+
+Getenv or_process(const Getenv& g) {
+  return g ? g : Getenv([](const char* k) { return std::getenv(k); });
+}
+
+std::string str_of(const Getenv& env, const char* k, const std::string& fallback) {
+  const char* v = env(k);
+  return v && *v ? std::string(v) : fallback;
+}
+
+// In a Kubernetes pod with RANK and WORLD_SIZE but no LOCAL_* (which torchrun and mltrain launch
+// always set): the PyTorchJob operator's variables, one pod each.
+bool pytorchjob_pod(const Getenv& env) {
+  return env("KUBERNETES_SERVICE_HOST") && env("RANK") && env("WORLD_SIZE") && !env("LOCAL_RANK") &&
+         !env("LOCAL_WORLD_SIZE");
+}
+
+}  // namespace
+
+NodeContract node_contract_from_env(const Getenv& getenv_in) {
+  const Getenv env = or_process(getenv_in);
+  NodeContract c;
+  const char* nodes_var = "";
+  const char *rank_var = "", *port_var = "";
+  if (env("PET_NNODES")) {
+    c.source = "trainer";
+    nodes_var = "PET_NNODES", rank_var = "PET_NODE_RANK", port_var = "PET_MASTER_PORT";
+    c.master_addr = str_of(env, "PET_MASTER_ADDR", "127.0.0.1");
+    c.master_port = to_int(env, "PET_MASTER_PORT", 29500);
+    const std::string nnodes = str_of(env, "PET_NNODES", "");
+    if (nnodes.find(':') != std::string::npos) {
+      NodeRange range;
+      try {
+        range = parse_nnodes(nnodes);
+      } catch (const ConfigError& e) {
+        throw ConfigError("PET_NNODES", e.message(), e.fix());
+      }
+      c.elastic = true;
+      c.min_nodes = range.min, c.max_nodes = c.nnodes = range.max;
+      c.rdzv_id = str_of(env, "PET_RDZV_ID", "");
+      if (const std::string ep = str_of(env, "PET_RDZV_ENDPOINT", ""); !ep.empty()) {
+        const auto colon = ep.rfind(':');
+        if (colon == std::string::npos || colon == 0)
+          throw ConfigError("PET_RDZV_ENDPOINT", "'" + ep + "' is not host:port");
+        c.master_addr = ep.substr(0, colon);
+        c.master_port =
+            to_int([&](const char*) { return ep.c_str() + colon + 1; }, "PET_RDZV_ENDPOINT", 0);
+      }
+      port_var = "PET_RDZV_ENDPOINT";
+    } else {
+      c.nnodes = to_int(env, "PET_NNODES", 1);
+      c.node_rank = to_int(env, "PET_NODE_RANK", 0);
+    }
+    c.nproc = str_of(env, "PET_NPROC_PER_NODE", "");
+  } else if (pytorchjob_pod(env)) {
+    c.source = "pytorchjob";
+    nodes_var = "WORLD_SIZE", rank_var = "RANK", port_var = "MASTER_PORT";
+    c.nnodes = to_int(env, "WORLD_SIZE", 1);
+    c.node_rank = to_int(env, "RANK", 0);
+    c.master_addr = str_of(env, "MASTER_ADDR", "127.0.0.1");
+    c.master_port = to_int(env, "MASTER_PORT", 23456);  // the operator's default port
+  } else {
+    return c;
+  }
+  const std::string who = c.source == "trainer" ? "the TrainJob" : "the PyTorchJob";
+  if (c.nnodes < 1) throw ConfigError(nodes_var, "must be at least 1", "check " + who);
+  if (c.node_rank < 0 || c.node_rank >= c.nnodes)
+    throw ConfigError(
+        rank_var,
+        std::to_string(c.node_rank) + " is not below " + nodes_var + "=" + std::to_string(c.nnodes),
+        "check " + who);
+  if (c.master_port <= 0 || c.master_port > 65535)
+    throw ConfigError(port_var, std::to_string(c.master_port) + " is not a TCP port");
+  for (const char* slurm : {"SLURM_JOB_NUM_NODES", "SLURM_NNODES"}) {
+    if (!env(slurm)) continue;
+    const int n = to_int(env, slurm, c.nnodes);
+    if (n != c.nnodes)
+      throw ConfigError(
+          std::string(nodes_var) + " and " + slurm,
+          who + " says " + std::to_string(c.nnodes) + " nodes, Slurm says " + std::to_string(n),
+          "run under one scheduler: unset the other's variables in the job's environment");
+    break;
+  }
+  return c;
+}
+
+int resolve_nproc(const std::string& value, int cores, int gpus) {
+  if (value == "cpu") return std::max(1, cores);
+  if (value == "auto") return gpus > 0 ? gpus : std::max(1, cores);
+  if (value == "gpu") {
+    if (gpus < 1)
+      throw ConfigError("PET_NPROC_PER_NODE", "'gpu' but this node has no CUDA device",
+                        "give the job GPUs, or a number of CPU workers");
+    return gpus;
+  }
+  const char* name = "PET_NPROC_PER_NODE";
+  const int n = to_int([&](const char*) { return value.c_str(); }, name, 1);
+  if (n < 1 || value.empty() || value.find('(') != std::string::npos)
+    throw ConfigError(name, "'" + value + "' is not a positive number of workers",
+                      "use a number, auto, cpu or gpu");
+  return n;
+}
+
 World world_from_env(const Getenv& getenv_in) {
-  const Getenv env = getenv_in ? getenv_in : Getenv([](const char* k) { return std::getenv(k); });
+  const Getenv env = or_process(getenv_in);
   World w;
-  auto str = [&](const char* k, const std::string& d) {
-    const char* v = env(k);
-    return v && *v ? std::string(v) : d;
-  };
-  if (env("RANK") && env("WORLD_SIZE")) {
+  auto str = [&](const char* k, const std::string& d) { return str_of(env, k, d); };
+  if (pytorchjob_pod(env) || (env("PET_NNODES") && !env("RANK"))) {
+    // One process per pod: the node contract is this process's world.
+    const NodeContract c = node_contract_from_env(env);
+    if (c.elastic)
+      throw ConfigError("PET_NNODES", "'" + str("PET_NNODES", "") + "' is an elastic range",
+                        "make the container's command `mltrain launch -- mltrain train ...`: the "
+                        "launcher runs the elastic rendezvous");
+    if (c.source == "trainer" && !c.nproc.empty() && c.nproc != "1")
+      throw ConfigError("PET_NPROC_PER_NODE", "'" + c.nproc + "' workers per node need a launcher",
+                        "make the container's command `mltrain train` or `mltrain launch -- "
+                        "mltrain train ...` (either starts the workers), or torchrun --no-python");
+    w.source = c.source;
+    w.rank = w.node_rank = c.node_rank;
+    w.size = w.nodes = c.nnodes;
+    w.local_rank = 0, w.local_size = 1;
+    w.master_addr = c.master_addr;
+    w.master_port = c.master_port;
+    w.run_id = str("MLTRAIN_RUN_ID", c.source + ".port" + std::to_string(c.master_port));
+  } else if (env("RANK") && env("WORLD_SIZE")) {
     w.source = "torchrun";
     w.rank = to_int(env, "RANK", 0);
     w.size = to_int(env, "WORLD_SIZE", 1);

@@ -3,6 +3,11 @@
 //   torchrun / mltrain launch: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 //                              MASTER_ADDR, MASTER_PORT (and TORCHELASTIC_RUN_ID / MLTRAIN_RUN_ID,
 //                              TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE)
+//   Kubeflow PyTorchJob pod:  RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT without LOCAL_WORLD_SIZE,
+//                              in a Kubernetes pod (KUBERNETES_SERVICE_HOST): one process per pod
+//   Kubeflow Trainer v2 pod:  PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT with
+//                              PET_NPROC_PER_NODE 1 (more per node need a launcher: see
+//                              node_contract_from_env)
 //   Slurm (srun):             SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
 //                              SLURM_JOB_NODELIST (expanded here: node[01-04,07],gpu3),
 //                              SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE, SLURM_JOB_ID
@@ -26,7 +31,7 @@ struct World {
   int node_rank = 0, nodes = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string source = "single";  // single | torchrun | slurm
+  std::string source = "single";  // single | torchrun | pytorchjob | trainer | slurm
   std::string run_id;  // names the rendezvous (FileStore path) so a stale store is never reused
   int restart = 0;     // TORCHELASTIC_RESTART_COUNT (mltrain launch sets it too)
   bool agent_store =
@@ -36,6 +41,36 @@ struct World {
 
 using Getenv = std::function<const char*(const char*)>;
 World world_from_env(const Getenv& getenv = nullptr);
+
+// What a cluster tells one node's launcher (`mltrain launch`, or `mltrain train` when it becomes
+// the launcher): how many nodes, this node's number, where node 0 serves the rendezvous, and how
+// many workers each node runs. Read in this order, the first present wins:
+//   Kubeflow Trainer v2 (TrainJob, torch policy): PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR,
+//       PET_MASTER_PORT, PET_NPROC_PER_NODE ("4", or torchrun's "auto" | "cpu" | "gpu");
+//       elastic: PET_NNODES "MIN:MAX" with PET_RDZV_ENDPOINT and PET_RDZV_ID
+//   Kubeflow PyTorchJob, the launcher as the pod's command: WORLD_SIZE = pods (nodes),
+//       RANK = this pod's index, MASTER_ADDR, MASTER_PORT (the master pod's service)
+//   neither: source "none" (one node unless flags say otherwise).
+// Slurm's node count (SLURM_JOB_NUM_NODES, SLURM_NNODES) set to another number is a ConfigError
+// naming both variables: two schedulers disagreeing about the world is never guessed between.
+struct NodeContract {
+  std::string source = "none";  // none | trainer | pytorchjob
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string nproc;  // PET_NPROC_PER_NODE as given; empty when the cluster does not say
+  // An elastic job (PET_NNODES "MIN:MAX", as a PyTorchJob's elasticPolicy sets it): the launcher
+  // runs the elastic rendezvous at PET_RDZV_ENDPOINT (host:port; else the master's), named by
+  // PET_RDZV_ID, and node_rank is the rendezvous's to assign.
+  bool elastic = false;
+  int min_nodes = 1, max_nodes = 1;
+  std::string rdzv_id;
+};
+NodeContract node_contract_from_env(const Getenv& getenv = nullptr);
+
+// Workers per node for torchrun's PET_NPROC_PER_NODE values: a positive integer, "cpu" (the
+// usable cores), "gpu" (the GPUs; none is an error), "auto" (the GPUs, else the cores).
+int resolve_nproc(const std::string& value, int cores, int gpus);
 
 // Slurm's compressed host lists: "node[01-04,07],gpu3" -> node01 node02 node03 node04 node07 gpu3;
 // several bracket groups multiply ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2); zero padding kept.
