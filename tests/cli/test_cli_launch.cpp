@@ -1,6 +1,8 @@
 // `mltrain launch`: data parallelism over Gloo, failures, restarts, several nodes.
 #include "cli_support.hpp"
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstring>
 #include <map>
 
@@ -186,6 +188,39 @@ TEST_CASE(
         6 + 3 + 15);  // the timeout, the grace period, start-up: never the hour the peer sleeps
 }
 
+TEST_CASE(
+    "a hung peer with distributed.hang_timeout: the heartbeat names it long before the collective "
+    "timeout, and the restarted group finishes",
+    "[cli][dist][heartbeat]") {
+  const auto d = tmpdir("ddp_heartbeat");
+  // Rank 1 stalls at step 10 on the first attempt; the collective timeout (300 s) would take five
+  // minutes to notice, and without naming anyone.
+  ::setenv("MLTRAIN_TEST_STALL", "1:10", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run("launch --nproc-per-node 2 --max-restarts 1 --grace 3 -- mltrain train " + kSrc +
+               "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
+               "train.duration=2ep checkpoint.every=8u distributed.timeout_s=300 "
+               "distributed.hang_timeout=3s run.dir=" +
+               d.string() + " run.name=hb");
+  ::unsetenv("MLTRAIN_TEST_STALL");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.out);
+  CHECK(r.code == 0);
+  // Named: rank, host, pid, how long, its last collective.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  CHECK(r.out.find("error: distributed: rank 1 (host " + std::string(host) + ", pid ") !=
+        std::string::npos);
+  CHECK(r.out.find("has made no progress for ") != std::string::npos);
+  CHECK(r.out.find("its last collective: #") != std::string::npos);
+  CHECK(r.out.find("[launch] rank 0 exited with status 1") != std::string::npos);
+  CHECK(r.out.find("restarting the group (1 of 1 restarts)") != std::string::npos);
+  CHECK(r.out.find("restored") != std::string::npos);
+  CHECK(r.out.find("after 64 steps") != std::string::npos);
+  CHECK(r.out.find("(timeout 300 s") == std::string::npos);  // not the collective timeout
+  CHECK(secs < 150);  // start-ups, two trainings, 3 s to notice, 3 s grace: never 300 s
+}
+
 TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer bytes, learns",
           "[cli][dist][onebit]") {
   const auto d = tmpdir("onebit");
@@ -350,4 +385,134 @@ TEST_CASE(
   CHECK(one.code == 2);
   CHECK(one.out.find("global_batch 128 != data.batch_size 64 x accumulate 1 x world 1") !=
         std::string::npos);
+}
+
+// configs/k8s/pytorchjob.yaml replayed on this host: each pod's init container, then its main
+// container, with the variables the training operator injects (MASTER_ADDR = the master pod's
+// service, here loopback; MASTER_PORT = the port named pytorchjob-port, here a free one;
+// WORLD_SIZE = pods; RANK = Master 0, Workers 1..; KUBERNETES_SERVICE_HOST as in every pod).
+TEST_CASE(
+    "the example PyTorchJob's environment contract, replayed: init container, then one launcher "
+    "per pod; the same weights as mltrain launch",
+    "[cli][dist][k8s]") {
+  const auto d = tmpdir("pytorchjob");
+  const YAML::Node job = YAML::LoadFile(kSrc + "/configs/k8s/pytorchjob.yaml");
+  REQUIRE(job["kind"].as<std::string>() == "PyTorchJob");
+  const std::string test_overrides =
+      " data.limit_train=4096 data.batch_size=64 train.duration=1ep model.dropout=0 "
+      "runtime.threads=1 distributed.timeout_s=60";
+  auto command_of = [&](const YAML::Node& container) {
+    std::string cmd;
+    for (const auto& a : container["command"]) {
+      std::string s = a.as<std::string>();
+      if (s == "mltrain") s = kBin;
+      if (s == "run.dir=/runs") s = "run.dir=" + (d / "runs").string();  // the shared volume
+      cmd += " '" + s + "'";
+    }
+    return "cd " + kSrc + " &&" + cmd;
+  };
+  // Pods in the operator's order: Master first, then the Workers.
+  std::vector<std::pair<std::string, YAML::Node>> pods;
+  int port = 0;
+  for (const char* type : {"Master", "Worker"}) {
+    const auto spec = job["spec"]["pytorchReplicaSpecs"][type];
+    REQUIRE(spec);
+    for (int i = 0; i < spec["replicas"].as<int>(); ++i)
+      pods.emplace_back(type, spec["template"]["spec"]);
+    for (const auto& p : spec["template"]["spec"]["containers"][0]["ports"])
+      if (p["name"].as<std::string>() == "pytorchjob-port") port = p["containerPort"].as<int>();
+  }
+  REQUIRE(pods.size() == 2);
+  REQUIRE(port == 23456);  // the manifest's port; the replay takes a free one in its place
+  const std::string master_port = std::to_string(free_ports());
+  std::string script = "cd " + d.string() + " && { ";
+  for (size_t rank = 0; rank < pods.size(); ++rank) {
+    const std::string env =
+        "KUBERNETES_SERVICE_HOST=127.0.0.1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + master_port +
+        " WORLD_SIZE=" + std::to_string(pods.size()) + " RANK=" + std::to_string(rank) + " ";
+    const auto& spec = pods[rank].second;
+    const std::string r = std::to_string(rank), at = d.string() + "/";
+    // The init container must succeed before the pod's container starts, as in Kubernetes.
+    const std::string init = "( export " + env + "; " + command_of(spec["initContainers"][0]) +
+                             " > " + at + "init" + r + ".log 2>&1; echo $? > " + at + "init" + r +
+                             ".rc )";
+    const std::string main = "( export " + env + "; " + command_of(spec["containers"][0]) +
+                             test_overrides + " run.name=k8s > " + at + "pod" + r + ".log 2>&1 )";
+    script +=
+        "{ " + init + " && [ \"$(cat " + at + "init" + r + ".rc)\" = 0 ] && " + main + "; } & ";
+  }
+  script += "wait; }";
+  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "k8s").c_str(), 1);
+  auto res = sh(script);
+  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  const std::string pod0 = slurp(d / "pod0.log"), pod1 = slurp(d / "pod1.log");
+  INFO(res.out << "\ninit 0:\n"
+               << slurp(d / "init0.log") << "\npod 0:\n"
+               << pod0 << "\npod 1:\n"
+               << pod1);
+  // The checklist as an init container: exit 0 here (a FAIL item would be 4 and stop the pod).
+  CHECK(slurp(d / "init0.rc") == "0\n");
+  CHECK(slurp(d / "init1.rc") == "0\n");
+  CHECK(pod0.find("[launch] Kubeflow PyTorchJob (WORLD_SIZE nodes, RANK node rank): node 0/2, 1 "
+                  "workers per node, rendezvous 127.0.0.1:" +
+                  master_port) != std::string::npos);
+  CHECK(pod1.find("node 1/2, 1 workers per node") != std::string::npos);
+  CHECK(pod0.find("rank 0/2 (local 0/1, node 0/2, torchrun) joined Gloo over TCPStore") !=
+        std::string::npos);
+  CHECK(pod0.find("test accuracy: ") != std::string::npos);
+  // Same data, same global batch (2 x 64) as two local ranks: the same weights, step by step.
+  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "local").c_str(), 1);
+  auto local =
+      run("launch --nproc-per-node 2 -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml" +
+          test_overrides + " run.name=local run.dir=" + d.string());
+  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  REQUIRE(local.code == 0);
+  const auto want = lines_of(d / "local.0");
+  REQUIRE(want.size() == 32);
+  CHECK(lines_of(d / "k8s.0") == want);
+  CHECK(lines_of(d / "k8s.1") == want);
+}
+
+TEST_CASE(
+    "Kubeflow Trainer v2's PET_* variables: mltrain train as the pod's command, one worker per "
+    "pod or a launcher for several; conflicting schedulers refused",
+    "[cli][dist][k8s]") {
+  const auto d = tmpdir("trainjob");
+  const std::string train = kBin + " train " + kSrc +
+                            "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 "
+                            "data.batch_size=64 train.duration=1ep model.dropout=0 "
+                            "runtime.threads=1 distributed.timeout_s=60 run.dir=" +
+                            d.string();
+  // Two pods, one worker each: the PET_* contract is the world.
+  const std::string port = std::to_string(free_ports());
+  auto pet = [&](int nnodes, int node, const std::string& nproc) {
+    return "PET_NNODES=" + std::to_string(nnodes) + " PET_NODE_RANK=" + std::to_string(node) +
+           " PET_MASTER_ADDR=127.0.0.1 PET_MASTER_PORT=" + port + " PET_NPROC_PER_NODE=" + nproc +
+           " ";
+  };
+  auto two = sh("cd " + d.string() + " && { " + pet(2, 1, "1") + train +
+                " run.name=pods > pod1.log 2>&1 & " + pet(2, 0, "1") + train +
+                " run.name=pods; rc=$?; wait; exit $rc; }");
+  INFO(two.out << "\npod 1:\n" << slurp(d / "pod1.log"));
+  CHECK(two.code == 0);
+  CHECK(two.out.find("rank 0/2 (local 0/1, node 0/2, trainer) joined Gloo over TCPStore") !=
+        std::string::npos);
+  // One pod with PET_NPROC_PER_NODE=2: mltrain train starts the node's two workers itself.
+  auto one = sh("cd " + d.string() + " && " + pet(1, 0, "2") + train + " run.name=launcher");
+  INFO(one.out);
+  CHECK(one.code == 0);
+  CHECK(one.out.find("[launch] Kubeflow Trainer (PET_* variables): node 0/1, 2 workers per node") !=
+        std::string::npos);
+  CHECK(one.out.find("[rank 0] ") != std::string::npos);
+  CHECK(one.out.find("rank 0/2 (local 0/2, node 0/1, torchrun) joined Gloo") != std::string::npos);
+  // Two schedulers that disagree about the world: exit 2 naming both variables, nothing started.
+  auto both = sh("cd " + d.string() + " && SLURM_JOB_NUM_NODES=3 " + pet(2, 0, "1") + kBin +
+                 " launch -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml");
+  INFO(both.out);
+  CHECK(both.code == 2);
+  CHECK(both.out.find("PET_NNODES and SLURM_JOB_NUM_NODES") != std::string::npos);
+  CHECK(both.out.find("[rank 0]") == std::string::npos);
+  auto bad = sh("cd " + d.string() + " && " + pet(2, 0, "two") + train);
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("PET_NPROC_PER_NODE") != std::string::npos);
 }
