@@ -1,5 +1,11 @@
 #include "mltrain/dist/rendezvous.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +57,23 @@ std::string key(int round, const char* what) {
   return "rdzv/round" + std::to_string(round) + "/" + what;
 }
 void pause() { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }  // store polling
+
+// Whether this host's port is taken already (another launcher serves there): then this launcher
+// connects without trying to serve, so c10d does not log its failed bind on every node.
+bool port_taken(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(uint16_t(port));
+  const bool taken =
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return taken;
+}
 }  // namespace
 
 struct Rendezvous::Impl {
@@ -73,7 +96,7 @@ Rendezvous::Rendezvous(const RendezvousOptions& o) : impl_(std::make_unique<Impl
   // the server is not up yet.
   const auto t0 = Clock::now();
   std::string last;
-  for (bool tried_server = false;;) {
+  for (bool tried_server = port_taken(o.port);;) {
     try {
       so.isServer = !tried_server;
       tried_server = true;
