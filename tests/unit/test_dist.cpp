@@ -1,11 +1,13 @@
 // The distributed world from launcher environments (torchrun, Slurm) and Slurm host lists.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/dist/heartbeat.hpp"
 #include "mltrain/dist/launch.hpp"
+#include "mltrain/dist/pipe_schedule.hpp"
 #include "mltrain/dist/world.hpp"
 
 using namespace mltrain::dist;
@@ -232,4 +234,76 @@ TEST_CASE("heartbeat: a rank behind the others and idle past the timeout is hung
   CHECK(find_hung({{3, 100}, {1, 100}}, 30) == 1);  // the front idle too: it waits for rank 1
   CHECK(find_hung({{3, 0}}, 30) == -1);
   CHECK(find_hung({{3, 0}, {1, 100}}, 0) == -1);  // off
+}
+
+TEST_CASE("pipeline schedules: GPipe and 1F1B orders, activations held, bubble formula",
+          "[dist][pipeline]") {
+  using Ops = std::vector<PipeOp>;
+  // GPipe: every forward, then the backwards in reverse (Huang et al. 2019, figure 2).
+  CHECK(pipe_schedule(PipeKind::kGPipe, 2, 0, 3) ==
+        Ops{{true, 0}, {true, 1}, {true, 2}, {false, 2}, {false, 1}, {false, 0}});
+  // 1F1B (PipeDream-Flush), 4 stages, 6 micro-batches: stage 0 warms up with 3 forwards, the
+  // last stage alternates from the start.
+  CHECK(pipe_schedule(PipeKind::k1F1B, 4, 0, 6) == Ops{{true, 0},
+                                                       {true, 1},
+                                                       {true, 2},
+                                                       {true, 3},
+                                                       {false, 0},
+                                                       {true, 4},
+                                                       {false, 1},
+                                                       {true, 5},
+                                                       {false, 2},
+                                                       {false, 3},
+                                                       {false, 4},
+                                                       {false, 5}});
+  CHECK(pipe_schedule(PipeKind::k1F1B, 4, 3, 3) ==
+        Ops{{true, 0}, {false, 0}, {true, 1}, {false, 1}, {true, 2}, {false, 2}});
+  // Fewer micro-batches than the warm-up: all forwards, then all backwards.
+  CHECK(pipe_schedule(PipeKind::k1F1B, 4, 0, 2) ==
+        Ops{{true, 0}, {true, 1}, {false, 0}, {false, 1}});
+  for (const auto kind : {PipeKind::kGPipe, PipeKind::k1F1B})
+    for (int64_t S : {1, 2, 4})
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t M : {1, 4, 16}) {
+          const auto ops = pipe_schedule(kind, S, s, M);
+          REQUIRE(ops.size() == size_t(2 * M));
+          std::vector<int> seen(size_t(M), 0);  // 1 after the forward, 2 after the backward
+          for (const auto& op : ops) {
+            CHECK(seen[size_t(op.micro)] == (op.forward ? 0 : 1));
+            seen[size_t(op.micro)] += 1;
+          }
+          CHECK(std::count(seen.begin(), seen.end(), 2) == M);
+          // 1F1B holds at most S - s activations; GPipe all M.
+          CHECK(pipe_in_flight(ops) ==
+                (kind == PipeKind::kGPipe ? M : std::min<int64_t>(S - s, M)));
+        }
+  CHECK(theoretical_bubble(4, 4) == Approx(3.0 / 7));
+  CHECK(theoretical_bubble(2, 16) == Approx(1.0 / 17));
+  CHECK(theoretical_bubble(1, 1) == 0);
+  CHECK(pipe_kind("gpipe") == PipeKind::kGPipe);
+  CHECK_THROWS_AS(pipe_kind("interleaved"), mltrain::ConfigError);
+}
+
+TEST_CASE("pipeline balance: contiguous stages minimising the slowest one", "[dist][pipeline]") {
+  using B = std::vector<int64_t>;
+  // By hand: cutting {3,1,1,1,2} after 2 units gives stages of 4 and 4 (after 1: 3 and 5).
+  CHECK(balance_stages({3, 1, 1, 1, 2}, 2) == B{0, 2, 5});
+  CHECK(balance_stages({1, 1, 1, 1}, 4) == B{0, 1, 2, 3, 4});
+  CHECK(balance_stages({1, 1, 1, 1}, 1) == B{0, 4});
+  // A heavy first unit stands alone; the rest share the other stages: slowest 9 (of the ties,
+  // any), where an even split by count (3, 2, 2 units) would give 13.
+  const std::vector<double> heavy = {9, 2, 2, 2, 2, 2, 2};
+  const B h = balance_stages(heavy, 3);
+  REQUIRE(h.size() == 4);
+  CHECK(h[1] == 1);
+  for (size_t s = 0; s + 1 < h.size(); ++s) {
+    double t = 0;
+    for (int64_t u = h[s]; u < h[s + 1]; ++u) t += heavy[size_t(u)];
+    CHECK(t <= 9);
+  }
+  // Zero-cost units still land in non-empty stages.
+  const B z = balance_stages({0, 0, 5, 0}, 3);
+  REQUIRE(z.size() == 4);
+  for (size_t s = 0; s + 1 < z.size(); ++s) CHECK(z[s] < z[s + 1]);
+  CHECK_THROWS_AS(balance_stages({1, 1}, 3), mltrain::ConfigError);
 }

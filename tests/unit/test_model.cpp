@@ -50,6 +50,42 @@ TEST_CASE("models: shapes, parameter names, init schemes", "[model]") {
   CHECK(bias.abs().sum().item<float>() == 0.f);
 }
 
+TEST_CASE("pipeline units: the chain of units is the model's forward, parameters owned in order",
+          "[model][pipeline]") {
+  config::ModelConfig mc;
+  mc.widths = {8, 16};
+  mc.depths = {1, 2};
+  mc.dropout = 0;
+  for (const char* name : {"mlp", "resnet"}) {
+    INFO(name);
+    mc.name = name;
+    auto m = model::build_model(mc, {1, 28, 28}, 10, 0);
+    m->set_training(false);  // BatchNorm: running statistics, the same in both passes
+    const int64_t n = m->num_units();
+    // mlp: flatten, (linear, batchnorm, relu) x 2, linear; resnet: stem, 3 blocks, head.
+    CHECK(n == (std::string(name) == "mlp" ? 8 : 5));
+    const auto x = torch::randn({4, 1, 28, 28});
+    const auto whole = m->forward(x);
+    auto chained = x;
+    for (int64_t u = 0; u < n; ++u) chained = m->forward_units(chained, u, u + 1);
+    CHECK(torch::equal(whole, chained));
+    CHECK(torch::equal(whole, m->forward_units(m->forward_units(x, 0, 2), 2, n)));
+    int64_t prev = 0;
+    for (const auto& [pname, p] : m->named_parameters()) {
+      const int64_t u = m->unit_of(pname);
+      INFO(pname << " -> unit " << u);
+      CHECK(u >= prev);
+      CHECK(u < n);
+      prev = u;
+    }
+    CHECK(prev == n - 1);  // the output layer is the last unit's
+  }
+  mc.name = "cnn";
+  auto cnn = model::build_model(mc, {1, 28, 28}, 10, 0);
+  CHECK(cnn->num_units() == 0);
+  CHECK_THROWS_AS(cnn->forward_units(torch::randn({1, 1, 28, 28}), 0, 1), ConfigError);
+}
+
 TEST_CASE("TorchScript models load, run and train from C++", "[model]") {
   config::ModelConfig mc;
   mc.name = "torchscript";

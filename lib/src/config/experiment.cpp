@@ -110,6 +110,43 @@ static void task_checks(const ExperimentConfig& c, Issues& issues, const std::st
        "torchscript and model.path");
 }
 
+// distributed.pipeline: what the stages can split, and the techniques that need the whole model's
+// gradients on one rank (or a per-rank state the stages would not agree on).
+static void pipeline_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
+  const auto& pp = c.distributed.pipeline;
+  if (pp.stages <= 1) return;
+  auto need = [&](bool ok, const std::string& path, const std::string& msg) {
+    if (!ok) issues.add(file, path, msg);
+  };
+  const std::string why = " with distributed.pipeline.stages > 1";
+  need(c.model.name == "mlp" || c.model.name == "resnet", "model.name",
+       c.model.name +
+           " cannot be cut into pipeline stages here (mlp and resnet can; gpt ties its "
+           "output layer to the first stage's embedding): set model.name=mlp or "
+           "resnet, or distributed.pipeline.stages=1");
+  need(c.task.name != "custom", "task.name",
+       "custom models compute their own loss" + why + ": set distributed.pipeline.stages=1");
+  need(c.data.batch_size.is_auto() || pp.microbatches <= c.data.batch_size,
+       "distributed.pipeline.microbatches",
+       std::to_string(pp.microbatches) + " micro-batches of a batch of " +
+           std::to_string(int64_t(c.data.batch_size)) +
+           " samples: lower it to at most data.batch_size");
+  need(!c.data.batch_size.is_auto(), "data.batch_size",
+       "auto is not supported" + why + ": give a number (the stages split it into micro-batches)");
+  need(c.memory.checkpoint == "none", "memory.checkpoint",
+       "not supported" + why +
+           ": set memory.checkpoint=none (more micro-batches also lower "
+           "each stage's activation memory)");
+  need(c.memory.micro_batch.is_auto(), "memory.micro_batch",
+       "the pipeline's micro-batches replace it" + why +
+           ": remove memory.micro_batch and set distributed.pipeline.microbatches");
+  need(!c.ema.enabled, "ema.enabled", "not supported" + why + ": set ema.enabled=false");
+  need(c.optim.name != "onebit_adam", "optim.name",
+       "1-bit Adam exchanges every parameter's momentum" + why + ": use adam or adamw");
+  need(!(c.amp.enabled && c.amp.dtype == "fp16"), "amp.dtype",
+       "fp16 loss scaling is not supported" + why + ": use amp.dtype=bf16");
+}
+
 static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
   auto need = [&](bool ok, const std::string& path, const std::string& msg) {
     if (!ok) issues.add(file, path, msg);
@@ -143,6 +180,7 @@ static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::s
       "train.accumulate",
       "with data.batch_size=auto each loader batch is the whole step: set train.accumulate=1 "
       "(micro-batches come from memory.micro_batch)");
+  pipeline_checks(c, issues, file);
   task_checks(c, issues, file);
 }
 

@@ -80,6 +80,7 @@ struct Comm::Pending {
 #endif
   std::string what;
   torch::Tensor target, staged;  // NCCL with a CPU tensor: the result is copied back on wait()
+  torch::Tensor keep;            // a send's buffer
 };
 
 Comm::Comm() : impl_(std::make_unique<Impl>()) {}
@@ -532,6 +533,80 @@ std::shared_ptr<Comm::Pending> Comm::allreduce_async(torch::Tensor& t, const cha
   }
 #endif
   return p;
+}
+
+std::shared_ptr<Comm::Pending> Comm::send(const torch::Tensor& t, int dst, int tag,
+                                          const char* what) {
+  auto p = std::make_shared<Pending>();
+  p->what = what;
+#ifdef MLTRAIN_WITH_GLOO
+  record(what, t.numel() * int64_t(t.element_size()));
+  std::vector<torch::Tensor> v = impl_->stage({t.contiguous()});
+  p->keep = v[0];  // alive until the send completes
+  try {
+    p->work = impl_->pg->send(v, dst, tag);
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+#endif
+  return p;
+}
+
+void Comm::recv(torch::Tensor& t, int src, int tag, const char* what) {
+#ifdef MLTRAIN_WITH_GLOO
+  record(what, t.numel() * int64_t(t.element_size()));
+  std::vector<torch::Tensor> v = impl_->stage({t});
+  try {
+    impl_->pg->recv(v, src, tag)->wait();
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+  if (!v[0].is_same(t)) t.copy_(v[0]);
+#endif
+}
+
+std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::string& name) {
+  std::unique_ptr<Comm> c(new Comm());
+  c->world_ = world_;
+  c->world_.size = int(ranks.size());
+  c->world_.rank = int(std::find(ranks.begin(), ranks.end(), world_.rank) - ranks.begin());
+  c->timeout_s_ = timeout_s_;
+#ifdef MLTRAIN_WITH_GLOO
+  c->impl_->nccl = impl_->nccl;
+  c->impl_->device = impl_->device;
+  c->impl_->store = c10::make_intrusive<c10d::PrefixStore>("sub/" + name, impl_->store);
+  auto group_store = c10::make_intrusive<c10d::PrefixStore>("mltrain", c->impl_->store);
+  const auto timeout = std::chrono::milliseconds(int64_t(timeout_s_ * 1000));
+  try {
+    if (impl_->nccl) {
+#ifdef MLTRAIN_WITH_NCCL_PG
+      c->impl_->pg = detail::make_nccl_group(group_store, c->world_.rank, c->world_.size, timeout);
+#endif
+    } else {
+      auto opts = c10d::ProcessGroupGloo::Options::create();
+      const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
+      opts->devices.push_back(iface ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
+                              : world_.single_node()
+                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                  : c10d::ProcessGroupGloo::createDefaultDevice());
+      opts->timeout = timeout;
+      c->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, c->world_.rank,
+                                                                 c->world_.size, opts);
+    }
+  } catch (const std::exception& e) {
+    fail("subgroup " + name, e);
+  }
+  // Pids under the subgroup's rank numbers, for naming a missing rank when one of its ops fails.
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == world_.rank) {
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      const std::string me = std::string(host) + ":" + std::to_string(::getpid());
+      c->impl_->store->set("mltrain/pid/" + std::to_string(i),
+                           std::vector<uint8_t>(me.begin(), me.end()));
+    }
+#endif
+  return c;
 }
 
 void Comm::wait(const std::shared_ptr<Pending>& p) {

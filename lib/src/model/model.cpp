@@ -51,10 +51,12 @@ struct MlpImpl : nn::Module {
     body->push_back(nn::Linear(width, classes));
     for (size_t i = 0; i < body->size(); ++i) names.push_back("body." + std::to_string(i));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    auto it = body->begin();
-    for (size_t i = 0; i < names.size(); ++i, ++it)
-      x = isl->call(names[i], x, [&](const torch::Tensor& t) { return it->forward(t); });
+  torch::Tensor forward(torch::Tensor x) { return units(x, 0, int64_t(names.size())); }
+  // Pipeline units: the body's layers (flatten, linear, batchnorm, relu, dropout), in order.
+  torch::Tensor units(torch::Tensor x, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      x = isl->call(names[size_t(i)], x,
+                    [&](const torch::Tensor& t) { return (body->begin() + i)->forward(t); });
     return x;
   }
 };
@@ -173,6 +175,32 @@ struct ResNetImpl : nn::Module {
     head = register_module("head", nn::Linear(in, classes));
   }
   bool cl = false;
+  // Pipeline units: 0 the stem, 1..n the blocks, n+1 pooling and the head. The blocks run without
+  // activation checkpointing here (the config refuses both together).
+  int64_t num_units() const { return int64_t(blocks.size()) + 2; }
+  torch::Tensor units(torch::Tensor x, int64_t begin, int64_t end) {
+    const int64_t last = num_units() - 1;
+    for (int64_t u = begin; u < end; ++u) {
+      if (u == 0) {
+        if (cl) x = channels_last(x);
+        x = isl->call(names[0], x, [&](const torch::Tensor& t) { return stem(t); });
+        if (stem_bn) x = isl->call(names[1], x, [&](const torch::Tensor& t) { return stem_bn(t); });
+        x = torch::relu(x);
+      } else if (u == last) {
+        x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+        x = isl->call(names[2], drop(x), [&](const torch::Tensor& t) { return head(t); });
+      } else {
+        Block& b = blocks[size_t(u - 1)];
+        x = b->isl->call(b->prefix, x, [&](const torch::Tensor& in) { return b->forward(in); });
+      }
+    }
+    return x;
+  }
+  int64_t unit_of(const std::string& name) const {
+    if (name.rfind("stem", 0) == 0) return 0;
+    if (name.rfind("stages.", 0) == 0) return 1 + std::atoll(name.c_str() + 7);
+    return num_units() - 1;  // head
+  }
   torch::Tensor forward(torch::Tensor x) {
     if (cl) x = channels_last(x);
     x = isl->call(names[0], x, [&](const torch::Tensor& t) { return stem(t); });
@@ -239,6 +267,21 @@ class ModuleModel : public Model {
       Model::set_checkpointing(every);
   }
   torch::Tensor forward(const torch::Tensor& x) override { return m_->forward(x); }
+  int64_t num_units() const override {
+    if constexpr (std::is_same_v<M, Mlp>) return int64_t(m_->names.size());
+    if constexpr (std::is_same_v<M, ResNet>) return m_->num_units();
+    return 0;
+  }
+  torch::Tensor forward_units(const torch::Tensor& x, int64_t begin, int64_t end) override {
+    if constexpr (std::is_same_v<M, Mlp> || std::is_same_v<M, ResNet>)
+      return m_->units(x, begin, end);
+    return Model::forward_units(x, begin, end);
+  }
+  int64_t unit_of(const std::string& name) const override {
+    if constexpr (std::is_same_v<M, Mlp>) return std::atoll(name.c_str() + 5);  // body.<i>.
+    if constexpr (std::is_same_v<M, ResNet>) return m_->unit_of(name);
+    return Model::unit_of(name);
+  }
   NamedTensors named_parameters() override {
     NamedTensors out;
     for (auto& item : m_->named_parameters()) out.emplace_back(item.key(), item.value());
@@ -336,6 +379,14 @@ std::map<std::string, std::string> Model::recorded_dtypes() const {
   for (const auto& [n, t] : islands_->outputs()) out[n] = c10::toString(t);
   return out;
 }
+
+torch::Tensor Model::forward_units(const torch::Tensor&, int64_t, int64_t) {
+  throw ConfigError("distributed.pipeline.stages",
+                    describe() + " cannot be cut into pipeline stages (mlp and resnet can)",
+                    "set distributed.pipeline.stages=1, or model.name=mlp or resnet");
+}
+
+int64_t Model::unit_of(const std::string&) const { return 0; }
 
 c10::IValue Model::forward_with_targets(const torch::Tensor&, const torch::Tensor&) {
   throw ConfigError("task.name",

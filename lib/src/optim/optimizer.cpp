@@ -360,6 +360,19 @@ void Optimizer::zero_grad() {
   for (auto& s : slots_) s.param.mutable_grad() = torch::Tensor();
 }
 
+std::vector<torch::Tensor> Optimizer::buffers_of(const std::string& param_name) {
+  std::vector<torch::Tensor> out;
+  for (const auto& s : slots_) {
+    if (s.name != param_name) continue;
+    for (const auto& b : buffer_names()) {
+      auto& t = buffers_[s.name + "/" + b];
+      if (!t.defined()) t = torch::zeros_like(s.param);
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
 model::NamedTensors Optimizer::state() const {
   model::NamedTensors out;
   for (const auto& [k, v] : buffers_) out.emplace_back(k, v);

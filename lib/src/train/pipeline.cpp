@@ -313,6 +313,22 @@ static int64_t choose_micro_batch(const config::ExperimentConfig& cfg, bool auto
   return plan.micro;
 }
 
+// The pipeline stages of this rank, cut by the measured time of each unit on a micro-batch of
+// real training samples.
+static std::unique_ptr<PipelineStages> make_stages(const config::ExperimentConfig& cfg,
+                                                   Pipeline& p) {
+  auto stages = std::make_unique<PipelineStages>(cfg, *p.model, *p.comm);
+  const int64_t micro = (cfg.data.batch_size + cfg.distributed.pipeline.microbatches - 1) /
+                        cfg.distributed.pipeline.microbatches;
+  data::Loader probe(p.splits.train, plain_loader_options(cfg, micro, false, true));
+  probe.start_epoch(0);
+  data::Batch sample;
+  probe.next(sample);
+  sample.x = sample.x.to(p.device), sample.y = sample.y.to(p.device);
+  stages->balance(sample, task::amp_of(cfg.amp, p.device.is_cuda()));
+  return stages;
+}
+
 std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
                                          const dist::World& world, const PipelineOptions& opt) {
   const bool auto_batch = config.data.batch_size.is_auto();
@@ -341,12 +357,26 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
 
   data::LoaderOptions lo = train_loader_options(cfg, p->device, &p->splits.train);
   lo.rank = world.rank, lo.world = world.size;  // each rank its shard of one global shuffle
+  const int64_t stages = cfg.distributed.pipeline.stages;
+  if (stages > 1) {  // the stages of one pipeline read the same batches: shards per replica
+    if (world.size < stages)
+      throw ConfigError("distributed.pipeline.stages",
+                        std::to_string(stages) + " stages need " + std::to_string(stages) +
+                            " ranks (one per stage), and this run has " +
+                            std::to_string(std::max(1, world.size)),
+                        "launch it with mltrain launch --nproc-per-node " + std::to_string(stages) +
+                            " (or a multiple), or set "
+                            "distributed.pipeline.stages=1");
+    lo.rank = world.rank / int(stages), lo.world = world.size / int(stages);
+  }
   if (distributed && cfg.data.workers.is_auto()) lo.workers = std::min<int64_t>(lo.workers, 1);
   p->train_loader = std::make_unique<data::Loader>(p->splits.train, lo);
   p->train_options = lo;
   p->optimizer = optim::Optimizer::create(cfg.optim, p->model->named_parameters());
   const int64_t micro = choose_micro_batch(cfg, auto_batch, *p);
   p->eval_options = eval_options_for(cfg, *p, micro);
+  // Evaluation runs on every rank with the whole model (pipeline stages gather it first).
+  p->eval_options.rank = world.rank, p->eval_options.world = std::max(1, world.size);
   const data::LoaderOptions& eo = p->eval_options;
   const data::Dataset eval =
       opt.eval_limit > 0 ? p->splits.eval.slice(0, std::min(p->splits.eval.count, opt.eval_limit))
@@ -356,16 +386,25 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   if (distributed) {
     p->comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, "",
                                          p->device, cfg.distributed.hang_timeout.seconds()});
-    p->dp = std::make_unique<dist::DataParallel>(
-        *p->comm, p->model->named_parameters(), p->model->named_buffers(),
-        static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20)), cfg.distributed.overlap,
-        cfg.distributed.compress);
+    const auto bucket = static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20));
+    if (stages > 1) {
+      p->stages = make_stages(cfg, *p);
+      if (auto* replicas = p->stages->replica_group())
+        p->dp = std::make_unique<dist::DataParallel>(
+            *replicas, p->stages->owned_parameters(), p->stages->owned_buffers(), bucket,
+            cfg.distributed.overlap, cfg.distributed.compress);
+    } else {
+      p->dp = std::make_unique<dist::DataParallel>(
+          *p->comm, p->model->named_parameters(), p->model->named_buffers(), bucket,
+          cfg.distributed.overlap, cfg.distributed.compress);
+    }
     dist::Comm* c = p->comm.get();
     p->optimizer->set_momentum_reducer(
         [c](torch::Tensor& m, torch::Tensor& e) { dist::onebit_average(*c, m, e); });
   }
-  p->trainer = std::make_unique<Trainer>(cfg, *p->model, *p->optimizer, *p->train_loader,
-                                         *p->eval_loader, Distributed{p->comm.get(), p->dp.get()});
+  p->trainer =
+      std::make_unique<Trainer>(cfg, *p->model, *p->optimizer, *p->train_loader, *p->eval_loader,
+                                Distributed{p->comm.get(), p->dp.get(), p->stages.get()});
   p->trainer->set_micro_batch(micro, /*recover=*/auto_batch);
   for (const auto& w : memory_warnings(cfg, p->trainer->accumulate(), micro))
     spdlog::warn("[memory] {}", w);

@@ -225,6 +225,21 @@ static nlohmann::json finish_summary(Pipeline& p, RunResult& result) {
   return summary;
 }
 
+// The model, the splits and the loader, as the run's first lines say them.
+static void log_model(const Pipeline& p) {
+  int64_t frozen = 0;
+  for (const auto& [name, t] : p.model->named_parameters())
+    if (!t.requires_grad()) frozen += t.numel();
+  spdlog::info(
+      "[model] {}: {} parameters{} on {}; train {} samples, {} {} samples; {} loader workers{}",
+      p.model->describe(), p.model->num_parameters(),
+      frozen ? fmt::format(" ({} frozen, {} trainable)", frozen, p.model->num_parameters() - frozen)
+             : std::string(),
+      p.device.str(), p.splits.train.count, p.splits.eval_name, p.splits.eval.count,
+      p.train_loader->options().workers,
+      p.train_loader->options().pin_memory ? " (pinned memory)" : "");
+}
+
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
   const dist::World world = dist::world_from_env();
   if (world.size > 1 && world.rank != 0)
@@ -232,18 +247,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   // Data, model, optimizer and the step plan first: bad input fails before any run folder exists.
   const auto p = build_pipeline(cfg, world);
   Trainer& trainer = *p->trainer;
-  int64_t frozen = 0;
-  for (const auto& [name, t] : p->model->named_parameters())
-    if (!t.requires_grad()) frozen += t.numel();
-  spdlog::info(
-      "[model] {}: {} parameters{} on {}; train {} samples, {} {} samples; {} loader workers{}",
-      p->model->describe(), p->model->num_parameters(),
-      frozen
-          ? fmt::format(" ({} frozen, {} trainable)", frozen, p->model->num_parameters() - frozen)
-          : std::string(),
-      p->device.str(), p->splits.train.count, p->splits.eval_name, p->splits.eval.count,
-      p->train_loader->options().workers,
-      p->train_loader->options().pin_memory ? " (pinned memory)" : "");
+  log_model(*p);
 
   RunResult result;
   std::optional<LoadedCheckpoint> ck;
@@ -281,6 +285,8 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     p->dp->broadcast_initial();  // rank 0's weights and buffers (restored or fresh) everywhere
   if (auto hooks = std::make_unique<TestHooks>(*p->model, world.rank); hooks->active())
     trainer.add_observer(std::move(hooks));
+  // Pipeline stages hand their state to rank 0 before it writes a checkpoint.
+  if (p->stages) trainer.add_observer(std::make_unique<StageGather>(*p->stages));
   if (writer) {  // rank 0 alone writes metrics, checkpoints and the console log
     // Resumed from step k, or restarted in the folder of a run killed before its first
     // checkpoint (step 0): what that run recorded after the step is redone, so it goes.

@@ -13,6 +13,7 @@
 #include "mltrain/core/memory.hpp"
 #include "mltrain/core/signals.hpp"
 #include "mltrain/model/replay.hpp"
+#include "mltrain/train/stages.hpp"
 
 namespace mltrain::train {
 
@@ -88,6 +89,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
       eval_(eval),
       comm_(distributed.comm),
       dp_(distributed.dp),
+      pipe_(distributed.pipe),
       clipper_(cfg.clip),
       health_(cfg.grad_health),
       early_(cfg.early_stopping) {
@@ -100,7 +102,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
                           std::to_string(train_.samples_per_epoch()) + " samples): no full batch",
                       "lower data.batch_size");
   // Planned once, with the world: global_batch = batch_size x accumulate x world.
-  StepPlan plan = plan_steps(cfg_, bpe, comm_ ? comm_->size() : 1);
+  StepPlan plan = plan_steps(cfg_, bpe, world());
   accumulate_ = plan.accumulate;
   steps_per_epoch_ = plan.steps_per_epoch;
   total_steps_ = plan.total_steps;
@@ -158,6 +160,7 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   const auto t0 = Clock::now();
   const bool use_ema = ema_ && cfg_.ema.evaluate;
   if (use_ema) ema_->swap();
+  if (pipe_) pipe_->gather();  // every rank evaluates its shard with the whole model
   torch::NoGradGuard no_grad;
   model_.set_training(false);
   auto metrics = task_->accumulator();
@@ -204,6 +207,14 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
     if (phases_) phases_->lap(p);
   };
   BatchSums sums;
+  if (pipe_) {  // the batch's micro-batches through the stages
+    if (dp_) dp_->broadcast_buffers();
+    const StageSums s = pipe_->run(batch, *task_, eps, full_window, amp(), [&] {
+      if (dp_) dp_->begin_backward(final_micro && opt_.wants_gradient_sync());
+    });
+    lap(Phase::kBackward);
+    return {s.loss, s.correct, s.units, s.counted};
+  }
   const int64_t n = batch.y.size(0);
   const int64_t m = micro_ > 0 ? micro_ : n;
   for (int64_t start = 0; start < n; start += m) {
@@ -355,6 +366,7 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
   }
   const bool found_inf = scaler_ ? scaler_->unscale(params) : false;
   info.grad_norm = grad_norm(params);
+  if (pipe_) info.grad_norm = pipe_->global_norm(info.grad_norm);  // this stage's part of it
   bool step_now = true;
   if (scaler_ && found_inf) {  // fp16 overflow: normal for a loss scaler, skip and back off
     step_now = false;
@@ -390,7 +402,7 @@ void Trainer::advance_progress(int64_t last_batch_index, int64_t batches_per_epo
   }
 }
 
-int64_t Trainer::world() const { return comm_ ? comm_->size() : 1; }
+int64_t Trainer::world() const { return pipe_ ? pipe_->replicas() : comm_ ? comm_->size() : 1; }
 
 void Trainer::reshard(int64_t old_world, int64_t old_batch) {
   auto& p = progress_;
@@ -561,6 +573,7 @@ void Trainer::fit() {
     }
   }
   progress_.train_seconds = seconds_before + since(fit_start);
+  if (pipe_) pipe_->log_summary();
   if (!stop_reason_.empty()) spdlog::info("[train] stopping early: {}", stop_reason_);
   for (auto& o : observers_) o->on_train_end(*this);  // checkpoints the last healthy weights
   if (!failure_.empty())

@@ -671,6 +671,31 @@ struct CheckpointConfig {
   }
 };
 
+// distributed.pipeline: the model cut into stages at block boundaries, one rank per stage, each
+// batch sent through them as micro-batches (world = stages x data-parallel replicas).
+struct PipelineConfig {
+  int64_t stages = 1;
+  int64_t microbatches = 4;
+  std::string schedule = "1f1b";
+  template <class V>
+  void visit(V& v) {
+    v.field("stages", stages,
+            "pipeline stages (1: no pipeline); the world must be a multiple: world = stages x "
+            "replicas, consecutive ranks forming one pipeline (mlp and resnet, cut at block "
+            "boundaries balanced by measured time)",
+            positive<int64_t>());
+    v.field("microbatches", microbatches,
+            "micro-batches each loader batch is split into and sent through the stages; the "
+            "bubble (idle share) is about (stages-1)/(microbatches+stages-1)",
+            positive<int64_t>());
+    v.field("schedule", schedule,
+            "gpipe (every forward, then every backward: M activations held) | 1f1b (one forward, "
+            "one backward once the pipe is full: at most stages activations held); same "
+            "gradients",
+            one_of({"gpipe", "1f1b"}));
+  }
+};
+
 struct DistributedConfig {
   std::string backend = "gloo";
   double timeout_s = 300;
@@ -682,6 +707,7 @@ struct DistributedConfig {
   int64_t max_requeues = 3;
   Period rewarm = Period::never();
   Duration hang_timeout = Duration::never();
+  PipelineConfig pipeline;
   template <class V>
   void visit(V& v) {
     v.field("backend", backend, "process group: gloo (CPU; NCCL builds: nccl)",
@@ -719,6 +745,8 @@ struct DistributedConfig {
             "for this long while another rank has moved on is named (rank, host, pid, last "
             "collective) and the group fails, to be restarted by its launcher (e.g. 60s; never: "
             "rely on timeout_s alone)");
+    v.section("pipeline", pipeline,
+              "pipeline parallelism: stages, micro-batches and their schedule");
   }
 };
 

@@ -58,8 +58,16 @@ class Comm {
   void barrier(const char* what);
   // Every rank's tensor (same size and dtype on every rank), in rank order.
   std::vector<torch::Tensor> allgather(const torch::Tensor& t, const char* what);
-  // Asynchronous all-reduce (sum): wait with wait().
+  // Point to point (pipeline stages): send returns at once (wait() before reusing the tensor);
+  // recv blocks until the tensor, of the size and dtype the receiver expects, has arrived. Tags
+  // keep messages between the same two ranks apart.
   struct Pending;
+  std::shared_ptr<Pending> send(const torch::Tensor& t, int dst, int tag, const char* what);
+  void recv(torch::Tensor& t, int src, int tag, const char* what);
+  // A group of some of this group's ranks (every rank in `ranks` calls it with the same list and
+  // name; others do not): its rank numbers are positions in `ranks`.
+  std::unique_ptr<Comm> subgroup(const std::vector<int>& ranks, const std::string& name);
+  // Asynchronous all-reduce (sum): wait with wait().
   std::shared_ptr<Pending> allreduce_async(torch::Tensor& t, const char* what);
   void wait(const std::shared_ptr<Pending>& p);
   std::string recent() const;  // the ring buffer, oldest first

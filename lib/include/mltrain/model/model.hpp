@@ -40,6 +40,14 @@ class Model {
   virtual void set_checkpointing(int64_t every);
   virtual int64_t num_blocks() const { return 0; }
 
+  // distributed.pipeline: the forward pass as a chain of units cut at block boundaries, each a
+  // function of the previous one's output, so forward(x) == forward_units(x, 0, num_units()).
+  // unit_of(name): the unit a parameter or buffer belongs to. 0 units: the model cannot be cut
+  // (forward_units throws ConfigError naming distributed.pipeline.stages).
+  virtual int64_t num_units() const { return 0; }
+  virtual torch::Tensor forward_units(const torch::Tensor& x, int64_t begin, int64_t end);
+  virtual int64_t unit_of(const std::string& tensor_name) const;
+
   // amp.fp32_modules: sub-modules whose names match a glob run outside autocast, inputs cast to
   // fp32. island_names() lists the names a pattern can match; a pattern that matches none is a
   // ConfigError listing them. Returns the chosen names.

@@ -45,6 +45,9 @@ class Optimizer {
   using MomentumReducer = std::function<void(torch::Tensor& momentum, torch::Tensor& error)>;
   virtual void set_momentum_reducer(MomentumReducer) {}
 
+  // One parameter's buffers, in buffer order, created as zeros where this rank never stepped it
+  // (what its first step starts from): pipeline stages send each other their parameters' state.
+  std::vector<torch::Tensor> buffers_of(const std::string& param_name);
   // "<param name>/<buffer>" -> tensor, plus "__step__".
   model::NamedTensors state() const;
   void load_state(const std::map<std::string, torch::Tensor>& state);  // throws CheckpointError

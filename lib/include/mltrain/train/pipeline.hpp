@@ -21,6 +21,7 @@
 #include "mltrain/dist/world.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
+#include "mltrain/train/stages.hpp"
 #include "mltrain/train/trainer.hpp"
 
 namespace mltrain::train {
@@ -72,8 +73,9 @@ struct Pipeline {
   std::unique_ptr<model::Model> model;
   std::unique_ptr<data::Loader> train_loader, eval_loader;
   std::unique_ptr<optim::Optimizer> optimizer;
-  std::unique_ptr<dist::Comm> comm;  // world > 1 only
-  std::unique_ptr<dist::DataParallel> dp;
+  std::unique_ptr<dist::Comm> comm;        // world > 1 only
+  std::unique_ptr<PipelineStages> stages;  // distributed.pipeline.stages > 1 only
+  std::unique_ptr<dist::DataParallel> dp;  // with stages: the stage's replicas (if more than one)
   std::unique_ptr<Trainer> trainer;
 
   // The loaders' options; eval_options also for a test loader built after training.

@@ -69,6 +69,7 @@ struct EvalResult {
 };
 
 class Trainer;
+class PipelineStages;
 
 // Where a training step's wall time goes (`mltrain profile`). The trainer laps the clock at each
 // phase boundary when one is attached; on CUDA the clock can synchronise first, so each phase is
@@ -118,9 +119,12 @@ StepPlan plan_steps(const config::ExperimentConfig& cfg, int64_t batches_per_epo
 // Data parallel over comm (world > 1): steps are planned for the world size (global batch, LR
 // scaling), gradients sync through dp, evaluation metrics are summed over ranks and stop signals
 // agreed, so every rank takes the same decisions at the same step.
+// With pipeline stages (distributed.pipeline), `dp` is the stage's data-parallel group over its
+// replicas, the world of the step plan is the replicas, and each batch runs through `pipe`.
 struct Distributed {
   dist::Comm* comm = nullptr;
   dist::DataParallel* dp = nullptr;
+  PipelineStages* pipe = nullptr;
 };
 
 class Trainer {
@@ -209,6 +213,7 @@ class Trainer {
   PhaseClock* phases_ = nullptr;
   dist::Comm* comm_ = nullptr;
   dist::DataParallel* dp_ = nullptr;
+  PipelineStages* pipe_ = nullptr;
   Progress progress_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0, accumulate_ = 1;
   int64_t rewarm_from_ = -1, rewarm_steps_ = 0;  // distributed.rewarm after a resume
