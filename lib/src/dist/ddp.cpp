@@ -159,6 +159,23 @@ static c10::intrusive_ptr<c10d::Store> make_store(const World& w, const CommOpti
 }
 #endif
 
+#ifdef MLTRAIN_WITH_GLOO
+// A Gloo group of `size` ranks meeting in `store`. One node: loopback. Several: GLOO_SOCKET_IFNAME,
+// else the interface this host's name resolves to.
+static c10::intrusive_ptr<compat::C10dGroup> gloo_group(
+    const c10::intrusive_ptr<c10d::Store>& store, const World& w, int rank, int size,
+    std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
+  opts->devices.push_back(iface ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
+                          : w.single_node()
+                              ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                              : c10d::ProcessGroupGloo::createDefaultDevice());
+  opts->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+#endif
+
 std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
 #ifndef MLTRAIN_WITH_GLOO
   throw ConfigError("distributed", "this mltrain was built without c10d Gloo",
@@ -197,15 +214,7 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
       c->impl_->pg = detail::make_nccl_group(group_store, w.rank, w.size, timeout);
 #endif
     } else {
-      auto opts = c10d::ProcessGroupGloo::Options::create();
-      const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
-      // One node: loopback. Several: GLOO_SOCKET_IFNAME, else the interface this host's name resolves to.
-      opts->devices.push_back(iface ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
-                              : w.single_node()
-                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                  : c10d::ProcessGroupGloo::createDefaultDevice());
-      opts->timeout = timeout;
-      c->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, w.rank, w.size, opts);
+      c->impl_->pg = gloo_group(group_store, w, w.rank, w.size, timeout);
     }
   } catch (const std::exception& e) {
     throw RuntimeError("distributed",
@@ -583,15 +592,7 @@ std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::s
       c->impl_->pg = detail::make_nccl_group(group_store, c->world_.rank, c->world_.size, timeout);
 #endif
     } else {
-      auto opts = c10d::ProcessGroupGloo::Options::create();
-      const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
-      opts->devices.push_back(iface ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
-                              : world_.single_node()
-                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                  : c10d::ProcessGroupGloo::createDefaultDevice());
-      opts->timeout = timeout;
-      c->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, c->world_.rank,
-                                                                 c->world_.size, opts);
+      c->impl_->pg = gloo_group(group_store, world_, c->world_.rank, c->world_.size, timeout);
     }
   } catch (const std::exception& e) {
     fail("subgroup " + name, e);

@@ -265,9 +265,13 @@ void CheckpointWriter::save(Trainer& t) {
   last_saved_ = p.step;
 }
 
-void CheckpointWriter::on_step_end(Trainer& t, const StepInfo&) {
+bool checkpoint_due(Trainer& t) {
   const int64_t every = t.cfg().checkpoint.every.to_steps(t.steps_per_epoch());
-  if (every > 0 && t.progress().step % every == 0) save(t);
+  return every > 0 && t.progress().step % every == 0;
+}
+
+void CheckpointWriter::on_step_end(Trainer& t, const StepInfo&) {
+  if (checkpoint_due(t)) save(t);
 }
 
 void CheckpointWriter::on_stop_request(Trainer& t, int signal) {

@@ -9,6 +9,7 @@
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/model/replay.hpp"
+#include "mltrain/train/observers.hpp"
 
 namespace mltrain::train {
 
@@ -313,8 +314,7 @@ void PipelineStages::log_summary() {
 }
 
 void StageGather::on_step_end(Trainer& t, const StepInfo&) {
-  const int64_t every = t.cfg().checkpoint.every.to_steps(t.steps_per_epoch());
-  if (every > 0 && t.progress().step % every == 0) p_.gather(&t.optimizer());
+  if (checkpoint_due(t)) p_.gather(&t.optimizer());
 }
 
 }  // namespace mltrain::train

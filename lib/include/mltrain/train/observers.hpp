@@ -71,6 +71,10 @@ class ConsoleReporter : public Observer {
   double last_draw_ = -1;
 };
 
+// Whether checkpoint.every falls on the step just finished (the writer saves then; pipeline
+// stages gather their state for it on every rank).
+bool checkpoint_due(Trainer& t);
+
 class CheckpointWriter : public Observer {
  public:
   explicit CheckpointWriter(CheckpointStore& store) : store_(store) {}
