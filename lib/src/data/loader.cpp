@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <mutex>
@@ -264,9 +265,22 @@ static int64_t thread_cpu_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// MLTRAIN_TEST_LOADER_DELAY_MS (tests only): every batch also waits this long, as if read from slow
+// storage, so a loader is starved by a margin no machine's timing noise hides (profile --fix's
+// test: twice the workers then supply about twice the batches). Read once.
+static int64_t test_delay_ms() {
+  static const int64_t ms = [] {
+    const char* v = std::getenv("MLTRAIN_TEST_LOADER_DELAY_MS");
+    return v ? std::max<int64_t>(0, std::atoll(v)) : int64_t(0);
+  }();
+  return ms;
+}
+
 // fill() plus the CPU time the calling thread spent in it (loader utilisation for `mltrain profile`).
 template <class Slot>
 void Loader::timed_fill(int64_t b, Slot& slot) {
+  if (const int64_t ms = test_delay_ms(); ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   const int64_t c0 = thread_cpu_ns();
   fill(b, slot.x, slot.y, slot.y2, slot.lam);
   st_->fill_cpu_ns += thread_cpu_ns() - c0;
