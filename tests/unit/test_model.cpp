@@ -80,6 +80,23 @@ TEST_CASE("pipeline units: the chain of units is the model's forward, parameters
     }
     CHECK(prev == n - 1);  // the output layer is the last unit's
   }
+  // gpt: embeddings, 2 blocks, head; the output layer reuses the embedding (a tied weight).
+  mc.name = "gpt";
+  mc.n_layer = 2;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.block_size = 8;
+  auto gpt = model::build_model(mc, {8}, 40, 0);
+  gpt->set_training(false);
+  REQUIRE(gpt->num_units() == 4);
+  const auto idx = torch::randint(0, 40, {3, 8}, torch::kLong);
+  auto h = idx;
+  for (int64_t u = 0; u < 4; ++u) h = gpt->forward_units(h, u, u + 1);
+  CHECK(torch::equal(gpt->forward(idx), h));
+  CHECK(gpt->unit_of("wte.weight") == 0);
+  CHECK(gpt->units_using("wte.weight") == std::vector<int64_t>{0, 3});
+  CHECK(gpt->unit_of("h.1.attn.c_attn.weight") == 2);
+  CHECK(gpt->units_using("ln_f.weight") == std::vector<int64_t>{3});
   mc.name = "cnn";
   auto cnn = model::build_model(mc, {1, 28, 28}, 10, 0);
   CHECK(cnn->num_units() == 0);

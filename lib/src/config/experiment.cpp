@@ -119,11 +119,10 @@ static void pipeline_checks(const ExperimentConfig& c, Issues& issues, const std
     if (!ok) issues.add(file, path, msg);
   };
   const std::string why = " with distributed.pipeline.stages > 1";
-  need(c.model.name == "mlp" || c.model.name == "resnet", "model.name",
+  need(c.model.name == "mlp" || c.model.name == "resnet" || c.model.name == "gpt", "model.name",
        c.model.name +
-           " cannot be cut into pipeline stages here (mlp and resnet can; gpt ties its "
-           "output layer to the first stage's embedding): set model.name=mlp or "
-           "resnet, or distributed.pipeline.stages=1");
+           " cannot be cut into pipeline stages (mlp, resnet and gpt can): set "
+           "model.name=mlp, resnet or gpt, or distributed.pipeline.stages=1");
   need(c.task.name != "custom", "task.name",
        "custom models compute their own loss" + why + ": set distributed.pipeline.stages=1");
   need(c.data.batch_size.is_auto() || pp.microbatches <= c.data.batch_size,

@@ -149,7 +149,34 @@ struct GptImpl : nn::Module {
         p.zero_();
     }
   }
-  torch::Tensor forward(const torch::Tensor& idx) {
+  // Pipeline units: 0 the embeddings, 1..n the blocks, n+1 the final norm and the output layer
+  // (which uses unit 0's wte.weight: a tied weight two stages share).
+  int64_t num_units() const { return int64_t(blocks.size()) + 2; }
+  torch::Tensor units(torch::Tensor x, int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      if (u == 0) {
+        x = embed(x);
+      } else if (u == num_units() - 1) {
+        x = head(x);
+      } else {
+        Block& b = blocks[size_t(u - 1)];
+        const auto causal = causal_mask(x.size(1), x.options().dtype(torch::kFloat32));
+        x = b->isl->call(b->prefix, x,
+                         [&](const torch::Tensor& in) { return b->forward(in, causal); });
+      }
+    }
+    return x;
+  }
+  int64_t unit_of(const std::string& name) const {
+    if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) return 0;
+    if (name.rfind("h.", 0) == 0) return 1 + std::atoll(name.c_str() + 2);
+    return num_units() - 1;  // ln_f
+  }
+  // -inf above the diagonal: position t attends to positions <= t only.
+  static torch::Tensor causal_mask(int64_t T, const torch::TensorOptions& o) {
+    return torch::full({T, T}, -std::numeric_limits<float>::infinity(), o).triu(1);
+  }
+  torch::Tensor embed(const torch::Tensor& idx) {
     const int64_t T = idx.size(1);
     if (T > block_size)
       throw ConfigError("model.block_size",
@@ -160,10 +187,17 @@ struct GptImpl : nn::Module {
     const auto pos = torch::arange(T, idx.options().dtype(torch::kLong));
     auto x = wte->forward(idx) + wpe->forward(pos);
     if (dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(dropout).training(is_training()));
-    // -inf above the diagonal: position t attends to positions <= t only.
-    const auto causal = torch::full({T, T}, -std::numeric_limits<float>::infinity(),
-                                    idx.options().dtype(torch::kFloat32))
-                            .triu(1);
+    return x;
+  }
+  torch::Tensor head(torch::Tensor x) {
+    x = isl->call(ln_f_name, x, [&](const torch::Tensor& t) { return ln_f->forward(t); });
+    // The output layer is tied to the embedding.
+    return isl->call(head_name, x,
+                     [&](const torch::Tensor& t) { return F::linear(t, wte->weight); });
+  }
+  torch::Tensor forward(const torch::Tensor& idx) {
+    auto x = embed(idx);
+    const auto causal = causal_mask(idx.size(1), idx.options().dtype(torch::kFloat32));
     // causal by value: a checkpointed segment runs this again in backward.
     x = run_segments(
         blocks, checkpoint_every, x,
@@ -172,10 +206,7 @@ struct GptImpl : nn::Module {
                               [&](const torch::Tensor& in) { return b->forward(in, causal); });
         },
         [](Block&) { return std::vector<torch::Tensor>{}; });
-    x = isl->call(ln_f_name, x, [&](const torch::Tensor& t) { return ln_f->forward(t); });
-    // The output layer is tied to the embedding.
-    return isl->call(head_name, x,
-                     [&](const torch::Tensor& t) { return F::linear(t, wte->weight); });
+    return head(x);
   }
 };
 TORCH_MODULE(Gpt);
@@ -200,6 +231,15 @@ class GptModel : public Model {
   int64_t num_blocks() const override { return static_cast<int64_t>(net_->blocks.size()); }
   void set_checkpointing(int64_t every) override { net_->checkpoint_every = every; }
   torch::Tensor forward(const torch::Tensor& x) override { return net_->forward(x); }
+  int64_t num_units() const override { return net_->num_units(); }
+  torch::Tensor forward_units(const torch::Tensor& x, int64_t begin, int64_t end) override {
+    return net_->units(x, begin, end);
+  }
+  int64_t unit_of(const std::string& name) const override { return net_->unit_of(name); }
+  std::vector<int64_t> units_using(const std::string& name) const override {
+    if (name == "wte.weight") return {0, net_->num_units() - 1};  // embedding and output layer
+    return {unit_of(name)};
+  }
   NamedTensors named_parameters() override {
     NamedTensors out;
     for (auto& p : net_->named_parameters()) out.emplace_back(p.key(), p.value());

@@ -382,8 +382,8 @@ std::map<std::string, std::string> Model::recorded_dtypes() const {
 
 torch::Tensor Model::forward_units(const torch::Tensor&, int64_t, int64_t) {
   throw ConfigError("distributed.pipeline.stages",
-                    describe() + " cannot be cut into pipeline stages (mlp and resnet can)",
-                    "set distributed.pipeline.stages=1, or model.name=mlp or resnet");
+                    describe() + " cannot be cut into pipeline stages (mlp, resnet and gpt can)",
+                    "set distributed.pipeline.stages=1, or model.name=mlp, resnet or gpt");
 }
 
 int64_t Model::unit_of(const std::string&) const { return 0; }

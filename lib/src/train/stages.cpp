@@ -10,6 +10,7 @@
 #include "mltrain/core/error.hpp"
 #include "mltrain/model/replay.hpp"
 #include "mltrain/train/observers.hpp"
+#include "mltrain/train/techniques.hpp"
 
 namespace mltrain::train {
 
@@ -134,6 +135,11 @@ void PipelineStages::balance(const data::Batch& sample, const task::Amp& amp) {
   for (int64_t u = 0; u < n; ++u)
     unit_seconds_[size_t(u)] = v[0][u].item<double>() / double(world_.size());
   bounds_ = dist::balance_stages(unit_seconds_, stages_);
+  for (auto& [name, p] : model_.named_parameters()) {
+    int64_t users = 0;
+    for (int64_t s = 0; s < stages_; ++s) users += uses(name, s) ? 1 : 0;
+    if (users > 1) shared_.push_back(p);
+  }
   std::string cut;
   for (int64_t s = 0; s < stages_; ++s) {
     double ms = 0;
@@ -149,18 +155,33 @@ void PipelineStages::balance(const data::Batch& sample, const task::Amp& amp) {
       cfg_.distributed.pipeline.schedule, n, cut);
 }
 
+bool PipelineStages::uses(const std::string& name, int64_t stage) const {
+  for (const int64_t u : model_.units_using(name))
+    if (unit_stage(u) == stage) return true;
+  return false;
+}
+
 model::NamedTensors PipelineStages::owned_parameters() {
   model::NamedTensors out;
   for (auto& [name, p] : model_.named_parameters())
-    if (unit_stage(model_.unit_of(name)) == stage_) out.emplace_back(name, p);
+    if (uses(name, stage_)) out.emplace_back(name, p);
   return out;
 }
 
 model::NamedTensors PipelineStages::owned_buffers() {
   model::NamedTensors out;
   for (auto& [name, b] : model_.named_buffers())
-    if (unit_stage(model_.unit_of(name)) == stage_) out.emplace_back(name, b);
+    if (uses(name, stage_)) out.emplace_back(name, b);
   return out;
+}
+
+void PipelineStages::sum_shared_gradients() {
+  for (auto& p : shared_) {
+    torch::Tensor g = p.grad().defined() ? p.grad() : torch::zeros_like(p);
+    std::vector<torch::Tensor> v = {g};
+    pipe_group_->allreduce_sum(v, "allreduce(tied weight gradient)");
+    if (!p.grad().defined()) p.mutable_grad() = v[0];
+  }
 }
 
 StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, double smoothing,
@@ -258,7 +279,11 @@ StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, 
   return sums;
 }
 
-double PipelineStages::global_norm(double local_norm) {
+double PipelineStages::global_norm(const model::NamedTensors& params) {
+  model::NamedTensors mine;
+  for (const auto& [name, p] : params)
+    if (unit_stage(model_.unit_of(name)) == stage_) mine.emplace_back(name, p);
+  const double local_norm = grad_norm(mine);
   std::vector<torch::Tensor> v = {torch::tensor({local_norm * local_norm}, torch::kDouble)};
   pipe_group_->allreduce_sum(v, "allreduce(pipeline gradient norm)");
   return std::sqrt(v[0][0].item<double>());

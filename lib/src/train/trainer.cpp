@@ -348,6 +348,7 @@ bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors&
 // (and records it, the LR and the loss scale in info).
 bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_samples,
                              double full_window, double lr, StepInfo& info) {
+  if (pipe_) pipe_->sum_shared_gradients();
   if (window_samples != static_cast<int64_t>(full_window)) {
     torch::NoGradGuard no_grad;
     for (const auto& [n, p] : params)
@@ -365,8 +366,7 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
     }
   }
   const bool found_inf = scaler_ ? scaler_->unscale(params) : false;
-  info.grad_norm = grad_norm(params);
-  if (pipe_) info.grad_norm = pipe_->global_norm(info.grad_norm);  // this stage's part of it
+  info.grad_norm = pipe_ ? pipe_->global_norm(params) : grad_norm(params);
   bool step_now = true;
   if (scaler_ && found_inf) {  // fp16 overflow: normal for a loss scaler, skip and back off
     step_now = false;

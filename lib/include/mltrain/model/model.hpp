@@ -43,10 +43,16 @@ class Model {
   // distributed.pipeline: the forward pass as a chain of units cut at block boundaries, each a
   // function of the previous one's output, so forward(x) == forward_units(x, 0, num_units()).
   // unit_of(name): the unit a parameter or buffer belongs to. 0 units: the model cannot be cut
-  // (forward_units throws ConfigError naming distributed.pipeline.stages).
+  // (forward_units throws ConfigError naming distributed.pipeline.stages). unit_of names the unit
+  // that owns a tensor (its first user).
   virtual int64_t num_units() const { return 0; }
   virtual torch::Tensor forward_units(const torch::Tensor& x, int64_t begin, int64_t end);
   virtual int64_t unit_of(const std::string& tensor_name) const;
+  // Every unit that uses the tensor: unit_of's, plus the users of a tied weight (gpt's wte.weight
+  // is also its output layer).
+  virtual std::vector<int64_t> units_using(const std::string& tensor_name) const {
+    return {unit_of(tensor_name)};
+  }
 
   // amp.fp32_modules: sub-modules whose names match a glob run outside autocast, inputs cast to
   // fp32. island_names() lists the names a pattern can match; a pattern that matches none is a

@@ -52,6 +52,7 @@ class PipelineStages {
   // Times each unit's forward and backward on `sample` (every rank, summed over ranks so the cut
   // is the same everywhere), cuts the units into stages, logs the cut. RNG and buffers restored.
   void balance(const data::Batch& sample, const task::Amp& amp);
+  // This stage's parameters and buffers: those its units use (a tied weight is on two stages).
   model::NamedTensors owned_parameters();
   model::NamedTensors owned_buffers();
 
@@ -60,8 +61,11 @@ class PipelineStages {
   StageSums run(const data::Batch& batch, const task::Task& task, double smoothing,
                 double full_window, const task::Amp& amp,
                 const std::function<void()>& before_final_backward);
-  // The gradient norm over every stage from this stage's own.
-  double global_norm(double local_norm);
+  // A tied weight's gradient summed over the stages that use it (gpt's embedding and output
+  // layer), before the optimizer step; its owner and its other users then take the same step.
+  void sum_shared_gradients();
+  // The gradient norm over every stage: each stage's owned gradients (a tied weight's once).
+  double global_norm(const model::NamedTensors& params);
   // Every stage's parameters and buffers to every rank (before an evaluation) and, with an
   // optimizer, its state too (before a checkpoint).
   void gather(optim::Optimizer* opt = nullptr);
@@ -70,6 +74,7 @@ class PipelineStages {
 
  private:
   int64_t unit_stage(int64_t unit) const;
+  bool uses(const std::string& name, int64_t stage) const;  // a unit of `stage` uses the tensor
   std::vector<int64_t> act_shape(int64_t boundary, int64_t rows) const;
 
   const config::ExperimentConfig& cfg_;
@@ -81,6 +86,7 @@ class PipelineStages {
   std::vector<int64_t> bounds_;                 // stage s: units bounds_[s] .. bounds_[s+1]
   std::vector<std::vector<int64_t>> unit_out_;  // each unit's output shape without the batch
   std::vector<double> unit_seconds_;
+  std::vector<torch::Tensor> shared_;  // parameters more than one stage uses
   double busy_s_ = 0, wall_s_ = 0;
   int64_t batches_ = 0, micro_total_ = 0;
 };
