@@ -391,7 +391,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
       p->stages = make_stages(cfg, *p);
       if (auto* replicas = p->stages->replica_group())
         p->dp = std::make_unique<dist::DataParallel>(
-            *replicas, p->stages->owned_parameters(), p->stages->owned_buffers(), bucket,
+            *replicas, p->stages->stage_parameters(), p->stages->stage_buffers(), bucket,
             cfg.distributed.overlap, cfg.distributed.compress);
     } else {
       p->dp = std::make_unique<dist::DataParallel>(

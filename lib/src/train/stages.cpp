@@ -161,14 +161,14 @@ bool PipelineStages::uses(const std::string& name, int64_t stage) const {
   return false;
 }
 
-model::NamedTensors PipelineStages::owned_parameters() {
+model::NamedTensors PipelineStages::stage_parameters() {
   model::NamedTensors out;
   for (auto& [name, p] : model_.named_parameters())
     if (uses(name, stage_)) out.emplace_back(name, p);
   return out;
 }
 
-model::NamedTensors PipelineStages::owned_buffers() {
+model::NamedTensors PipelineStages::stage_buffers() {
   model::NamedTensors out;
   for (auto& [name, b] : model_.named_buffers())
     if (uses(name, stage_)) out.emplace_back(name, b);

@@ -53,8 +53,8 @@ class PipelineStages {
   // is the same everywhere), cuts the units into stages, logs the cut. RNG and buffers restored.
   void balance(const data::Batch& sample, const task::Amp& amp);
   // This stage's parameters and buffers: those its units use (a tied weight is on two stages).
-  model::NamedTensors owned_parameters();
-  model::NamedTensors owned_buffers();
+  model::NamedTensors stage_parameters();
+  model::NamedTensors stage_buffers();
 
   // One loader batch: this stage's ops of the schedule; `before_final_backward` runs before the
   // batch's last backward op (data parallelism's gradient hooks). Returns the batch's sums.
