@@ -19,6 +19,7 @@ namespace {
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
+}  // namespace
 
 // The last stage as a Model for Task::forward: its "forward" runs the stage's units on the
 // activation received from the previous stage, so the task computes its loss on the batch's
@@ -41,16 +42,6 @@ class StageTail : public model::Model {
   int64_t begin_, end_;
   torch::Tensor in_;
 };
-
-data::Batch rows(const data::Batch& b, int64_t start, int64_t len) {
-  data::Batch part = b;
-  if (len == b.y.size(0)) return part;
-  part.x = b.x.narrow(0, start, len);
-  part.y = b.y.narrow(0, start, len);
-  if (b.y2.defined()) part.y2 = b.y2.narrow(0, start, len);
-  return part;
-}
-}  // namespace
 
 PipelineStages::PipelineStages(const config::ExperimentConfig& cfg, model::Model& model,
                                dist::Comm& world)
@@ -135,7 +126,9 @@ void PipelineStages::balance(const data::Batch& sample, const task::Amp& amp) {
   for (int64_t u = 0; u < n; ++u)
     unit_seconds_[size_t(u)] = v[0][u].item<double>() / double(world_.size());
   bounds_ = dist::balance_stages(unit_seconds_, stages_);
+  tail_ = std::make_unique<StageTail>(model_, bounds_[size_t(stage_)], bounds_[size_t(stage_) + 1]);
   for (auto& [name, p] : model_.named_parameters()) {
+    if (owner_stage(name) == stage_) owned_.emplace_back(name, p);
     int64_t users = 0;
     for (int64_t s = 0; s < stages_; ++s) users += uses(name, s) ? 1 : 0;
     if (users > 1) shared_.push_back(p);
@@ -153,6 +146,10 @@ void PipelineStages::balance(const data::Batch& sample, const task::Amp& amp) {
       "measured forward+backward time: {}",
       stages_, replicas_, cfg_.distributed.pipeline.microbatches,
       cfg_.distributed.pipeline.schedule, n, cut);
+}
+
+int64_t PipelineStages::owner_stage(const std::string& name) const {
+  return unit_stage(model_.unit_of(name));
 }
 
 bool PipelineStages::uses(const std::string& name, int64_t stage) const {
@@ -196,7 +193,6 @@ StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, 
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   const int prev = int(stage_ - 1), next = int(stage_ + 1);  // ranks in the pipeline group
   dist::Comm& pg = *pipe_group_;
-  StageTail tail(model_, b, e);
   std::vector<torch::Tensor> ins(static_cast<size_t>(m)), outs(static_cast<size_t>(m));
   std::vector<std::shared_ptr<dist::Comm::Pending>> sends;
   StageSums sums;
@@ -204,7 +200,7 @@ StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, 
   double busy = 0;
   for (size_t k = 0; k < ops.size(); ++k) {
     const int64_t i = ops[k].micro, start = i * per, len = std::min(per, n - start);
-    const data::Batch part = rows(batch, start, len);
+    const data::Batch part = batch.rows(start, len);
     if (ops[k].forward) {
       torch::Tensor x;
       if (first) {
@@ -217,8 +213,9 @@ StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, 
       ins[size_t(i)] = x;
       const auto t0 = Clock::now();
       if (last) {
-        tail.set_input(x);
-        const task::Step out = task.forward(tail, part, smoothing, amp);
+        tail_->set_input(x);
+        const task::Step out = task.forward(*tail_, part, smoothing, amp);
+        tail_->set_input(torch::Tensor());  // the graph keeps what backward needs
         outs[size_t(i)] = out.loss * (double(len) / full_window);
         sums.loss += out.loss.item<double>() * double(len);
         if (out.correct.defined()) {
@@ -279,11 +276,8 @@ StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, 
   return sums;
 }
 
-double PipelineStages::global_norm(const model::NamedTensors& params) {
-  model::NamedTensors mine;
-  for (const auto& [name, p] : params)
-    if (unit_stage(model_.unit_of(name)) == stage_) mine.emplace_back(name, p);
-  const double local_norm = grad_norm(mine);
+double PipelineStages::global_norm() {
+  const double local_norm = grad_norm(owned_);
   std::vector<torch::Tensor> v = {torch::tensor({local_norm * local_norm}, torch::kDouble)};
   pipe_group_->allreduce_sum(v, "allreduce(pipeline gradient norm)");
   return std::sqrt(v[0][0].item<double>());
@@ -296,10 +290,10 @@ void PipelineStages::gather(optim::Optimizer* opt) {
     std::vector<torch::Tensor> mine;  // stage s's tensors, the same list on every rank
     for (const auto* list : {&params, &buffers})
       for (const auto& [name, t] : *list)
-        if (unit_stage(model_.unit_of(name)) == s) mine.push_back(t);
+        if (owner_stage(name) == s) mine.push_back(t);
     if (opt && opt->steps() > 0)
       for (const auto& [name, t] : params)
-        if (unit_stage(model_.unit_of(name)) == s)
+        if (owner_stage(name) == s)
           for (auto& buf : opt->buffers_of(name)) mine.push_back(buf);
     if (mine.empty()) continue;
     std::vector<torch::Tensor> flat;

@@ -219,12 +219,7 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
   const int64_t m = micro_ > 0 ? micro_ : n;
   for (int64_t start = 0; start < n; start += m) {
     const int64_t len = std::min(m, n - start);
-    data::Batch part = batch;
-    if (len < n) {
-      part.x = batch.x.narrow(0, start, len);
-      part.y = batch.y.narrow(0, start, len);
-      if (batch.y2.defined()) part.y2 = batch.y2.narrow(0, start, len);
-    }
+    const data::Batch part = batch.rows(start, len);
     const bool last = start + len >= n;
     if (dp_) dp_->broadcast_buffers();
     const task::Step out = task_->forward(model_, part, eps, amp());
@@ -366,7 +361,7 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
     }
   }
   const bool found_inf = scaler_ ? scaler_->unscale(params) : false;
-  info.grad_norm = pipe_ ? pipe_->global_norm(params) : grad_norm(params);
+  info.grad_norm = pipe_ ? pipe_->global_norm() : grad_norm(params);
   bool step_now = true;
   if (scaler_ && found_inf) {  // fp16 overflow: normal for a loss scaler, skip and back off
     step_now = false;

@@ -70,6 +70,15 @@ struct Batch {
   double lam = 1.0;             // weight of y in the loss; 1 - lam for y2
   int64_t index = -1;           // batch number within the epoch
   std::shared_ptr<void> lease;  // releases the slot when the last copy goes away
+  // Samples [start, start + len) as views (micro-batches); the whole batch when len covers it.
+  Batch rows(int64_t start, int64_t len) const {
+    Batch part = *this;
+    if (len == y.size(0)) return part;
+    part.x = x.narrow(0, start, len);
+    part.y = y.narrow(0, start, len);
+    if (y2.defined()) part.y2 = y2.narrow(0, start, len);
+    return part;
+  }
 };
 
 class Loader {

@@ -36,6 +36,8 @@ struct StageSums {
   bool counted = false;
 };
 
+class StageTail;
+
 class PipelineStages {
  public:
   // Throws ConfigError (distributed.pipeline.stages) when the world is not a multiple of the
@@ -65,7 +67,7 @@ class PipelineStages {
   // layer), before the optimizer step; its owner and its other users then take the same step.
   void sum_shared_gradients();
   // The gradient norm over every stage: each stage's owned gradients (a tied weight's once).
-  double global_norm(const model::NamedTensors& params);
+  double global_norm();
   // Every stage's parameters and buffers to every rank (before an evaluation) and, with an
   // optimizer, its state too (before a checkpoint).
   void gather(optim::Optimizer* opt = nullptr);
@@ -75,6 +77,7 @@ class PipelineStages {
  private:
   int64_t unit_stage(int64_t unit) const;
   bool uses(const std::string& name, int64_t stage) const;  // a unit of `stage` uses the tensor
+  int64_t owner_stage(const std::string& name) const;       // the stage of its unit_of
   std::vector<int64_t> act_shape(int64_t boundary, int64_t rows) const;
 
   const config::ExperimentConfig& cfg_;
@@ -87,6 +90,8 @@ class PipelineStages {
   std::vector<std::vector<int64_t>> unit_out_;  // each unit's output shape without the batch
   std::vector<double> unit_seconds_;
   std::vector<torch::Tensor> shared_;  // parameters more than one stage uses
+  model::NamedTensors owned_;          // parameters this stage owns (its part of the norm)
+  std::unique_ptr<StageTail> tail_;    // the last stage's units as a Model for Task::forward
   double busy_s_ = 0, wall_s_ = 0;
   int64_t batches_ = 0, micro_total_ = 0;
 };
