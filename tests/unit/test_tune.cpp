@@ -121,7 +121,7 @@ static double run_sampler(const std::string& name, const TestFunction& f, int tr
     const auto x = *s->sample(f.space, h, seed, n);
     const double v = f.f(x);
     best = std::min(best, v);
-    h.push_back({n, x, v, false});
+    h.push_back({n, x, v, false, false});
   }
   return best - f.minimum;
 }
@@ -195,6 +195,163 @@ TEST_CASE("GP: marginal-likelihood gradient matches finite differences; EI by ha
   // EI(mean 0, sd 1, best 0) = phi(0) = 1/sqrt(2 pi); improvement 1 at sd 1: Phi(1) + phi(1)
   CHECK(detail::expected_improvement(0, 1, 0, 0) == Approx(0.3989422804));
   CHECK(detail::expected_improvement(-1, 1, 0, 0) == Approx(0.8413447461 + 0.2419707245));
+}
+
+TEST_CASE("GP: posterior and log-EI gradients match finite differences", "[tune]") {
+  detail::GpModel m;
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> U(0, 1);
+  std::vector<std::vector<double>> X;
+  std::vector<double> y;
+  for (int i = 0; i < 15; ++i) {
+    X.push_back({U(rng), U(rng), U(rng)});
+    y.push_back(std::sin(5 * X.back()[0]) * X.back()[1] - X.back()[2]);
+  }
+  m.fit(X, y, 2);
+  for (int trial = 0; trial < 5; ++trial) {
+    const std::vector<double> x = {U(rng), U(rng), U(rng)};
+    double mean, sd;
+    std::vector<double> dm, ds;
+    m.predict_grad(x, mean, sd, dm, ds);
+    double m2, s2;
+    m.predict(x, m2, s2);
+    CHECK(mean == Approx(m2).epsilon(1e-12));
+    CHECK(sd == Approx(s2).epsilon(1e-9));
+    for (size_t d = 0; d < 3; ++d) {
+      auto xp = x, xm = x;
+      xp[d] += 1e-6, xm[d] -= 1e-6;
+      double mp, sp, mm, sm;
+      m.predict(xp, mp, sp), m.predict(xm, mm, sm);
+      CHECK(dm[d] == Approx((mp - mm) / 2e-6).epsilon(1e-4).margin(1e-6));
+      CHECK(ds[d] == Approx((sp - sm) / 2e-6).epsilon(1e-4).margin(1e-6));
+    }
+  }
+  // d log EI / d mean and / d sd, in the body and in the Mills-ratio tail (z < -6).
+  for (const auto& [mean, sd] :
+       std::vector<std::pair<double, double>>{{0.3, 0.5}, {-1, 0.2}, {5, 0.5}}) {
+    double gm, gs;
+    detail::log_ei(mean, sd, 0.0, 0.0, &gm, &gs);
+    const double h = 1e-6;
+    CHECK(gm == Approx((detail::log_ei(mean + h, sd, 0, 0) - detail::log_ei(mean - h, sd, 0, 0)) /
+                       (2 * h))
+                    .epsilon(1e-4));
+    CHECK(gs == Approx((detail::log_ei(mean, sd + h, 0, 0) - detail::log_ei(mean, sd - h, 0, 0)) /
+                       (2 * h))
+                    .epsilon(1e-4));
+  }
+}
+
+// The point a sampler suggests next with `running` pending, for pending = liar or ignore.
+static std::vector<double> suggest_with_pending(const std::string& name, const std::string& pending,
+                                                const TestFunction& f,
+                                                std::vector<Observation> hist, int number) {
+  SamplerOptions o;
+  o.name = name;
+  o.pending = pending;
+  return *make_sampler(o, f.space)->sample(f.space, hist, 0, number);
+}
+
+static double unit_distance(const Space& space, const std::vector<double>& a,
+                            const std::vector<double>& b) {
+  double s = 0;
+  for (size_t d = 0; d < space.size(); ++d) {
+    const double t = space[d].to_unit(a[d]) - space[d].to_unit(b[d]);
+    s += t * t;
+  }
+  return std::sqrt(s);
+}
+
+TEST_CASE("pending trials: GP kriging believer and TPE constant liar spread concurrent suggestions",
+          "[tune]") {
+  const auto& f = *find_test_function("branin");
+  std::vector<Observation> hist;
+  {
+    SamplerOptions o;
+    o.name = "random";
+    auto r = make_sampler(o, f.space);
+    for (int n = 0; n < 20; ++n) {
+      const auto x = *r->sample(f.space, hist, 7, n);
+      hist.push_back({n, x, f.f(x), false, false});
+    }
+  }
+  // GP: the point it would suggest is already running. Ignored, it is suggested again (a
+  // duplicate); believed, EI vanishes there and the next suggestion is elsewhere.
+  const auto first = suggest_with_pending("gp", "liar", f, hist, 20);
+  auto with_running = hist;
+  with_running.push_back({20, first, 0.0, false, true});
+  const auto naive = suggest_with_pending("gp", "ignore", f, with_running, 21);
+  const auto believer = suggest_with_pending("gp", "liar", f, with_running, 21);
+  INFO("first " << first[0] << "," << first[1] << " naive " << naive[0] << "," << naive[1]
+                << " believer " << believer[0] << "," << believer[1]);
+  CHECK(unit_distance(f.space, naive, first) < 0.01);
+  CHECK(unit_distance(f.space, believer, first) > 0.02);
+  // TPE: three trials running near the good group's centre. As liars they join the bad group, so
+  // the suggestions (20 numbers) keep further from them on average.
+  std::vector<Observation> sorted = hist;
+  std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.value < b.value; });
+  auto tpe_hist = hist;
+  for (int k = 0; k < 3; ++k) tpe_hist.push_back({20 + k, sorted[size_t(k)].x, 0.0, false, true});
+  double liar = 0, ignore = 0;
+  for (int n = 23; n < 43; ++n) {
+    const auto a = suggest_with_pending("tpe", "liar", f, tpe_hist, n);
+    const auto b = suggest_with_pending("tpe", "ignore", f, tpe_hist, n);
+    double da = INFINITY, db = INFINITY;
+    for (int k = 0; k < 3; ++k) {
+      da = std::min(da, unit_distance(f.space, a, sorted[size_t(k)].x));
+      db = std::min(db, unit_distance(f.space, b, sorted[size_t(k)].x));
+    }
+    liar += da / 20, ignore += db / 20;
+  }
+  INFO("mean distance to a running trial: liar " << liar << " ignore " << ignore);
+  CHECK(liar > 1.5 * ignore);
+}
+
+// Replays a study journal: for each create record, the trials running at that moment.
+static std::vector<int> running_at_each_create(const fs::path& journal) {
+  std::ifstream in(journal);
+  std::string line;
+  std::set<int> running;
+  std::vector<int> counts;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["op"] == "create") {
+      counts.push_back(int(running.size()));
+      running.insert(j["trial"].get<int>());
+    } else if (j["op"] == "finish") {
+      running.erase(j["trial"].get<int>());
+    }
+  }
+  return counts;
+}
+
+TEST_CASE("tune driver: in-process functions run as on max_concurrent workers; curves are pruned",
+          "[tune][driver]") {
+  const auto d = tmpdir("concurrent");
+  const std::string base =
+      kBin + " tune " + MLTRAIN_SOURCE_DIR + "/configs/tune/branin.yaml -q study.dir=" + d.string();
+  REQUIRE(sh(base + " objective.function=hartmann6 sampler.name=gp study.n_trials=12 "
+                    "study.max_concurrent=4 study.name=gp4") == 0);
+  const auto counts = running_at_each_create(d / "gp4" / "journal.jsonl");
+  REQUIRE(counts.size() == 12);
+  for (size_t i = 0; i < counts.size(); ++i) CHECK(counts[i] == std::min<int>(int(i), 3));
+  // A learning-curve function: 27 reports per complete trial; the median pruner stops some early.
+  REQUIRE(sh(base + " objective.function=curves_crossing sampler.name=tpe study.n_trials=30 "
+                    "pruner.name=median study.name=curves") == 0);
+  const auto cfg = study_config_from_folder((d / "curves").string());
+  int pruned = 0, complete = 0;
+  for (const auto& t : read_trials(d / "curves", cfg.space)) {
+    if (t.state == "COMPLETE") {
+      ++complete;
+      CHECK(t.intermediate.size() == 27);
+      CHECK(t.value == Approx(find_test_function("curves_crossing")->f(t.x)));
+    } else {
+      CHECK(t.state == "PRUNED");
+      CHECK(t.intermediate.size() < 27);
+      ++pruned;
+    }
+  }
+  CHECK(complete + pruned == 30);
+  CHECK(pruned > 0);
 }
 
 TEST_CASE("pruners: accept/reject tables", "[tune]") {

@@ -38,6 +38,31 @@ double rosenbrock(const std::vector<double>& x) {
   return s;
 }
 
+constexpr int kCurveSteps = 27;
+
+double curve_noise(const std::vector<double>& x, int t) {
+  double h = 0;
+  for (size_t i = 0; i < x.size(); ++i) h += double(i + 1) * x[i];
+  return 0.01 * std::sin(1000.0 * h + 7.3 * t);
+}
+
+double parallel_curve(const std::vector<double>& x, int t) {
+  static const double c[4] = {0.2, 0.7, 0.4, 0.6};
+  double final_value = 0.1;
+  for (size_t i = 0; i < 4; ++i) final_value += (x[i] - c[i]) * (x[i] - c[i]);
+  return final_value + std::exp(-t / 6.0) + curve_noise(x, t);
+}
+
+double crossing_curve(const std::vector<double>& x, int t) {
+  const double lr = x[0], rate = 10.0 * lr, e = std::log10(lr) + 3.0;
+  const double floor_value =
+      0.1 + 0.15 * e * e + (x[1] - 0.3) * (x[1] - 0.3) + (x[2] - 0.6) * (x[2] - 0.6);
+  return floor_value + (2.5 - floor_value) * std::exp(-rate * t) + curve_noise(x, t);
+}
+
+double parallel_final(const std::vector<double>& x) { return parallel_curve(x, kCurveSteps); }
+double crossing_final(const std::vector<double>& x) { return crossing_curve(x, kCurveSteps); }
+
 std::vector<TestFunction> make_all() {
   std::vector<TestFunction> v;
   v.push_back({"branin",
@@ -50,6 +75,18 @@ std::vector<TestFunction> make_all() {
   Space r;
   for (int i = 1; i <= 4; ++i) r.push_back(Param::floating("x" + std::to_string(i), -5, 10));
   v.push_back({"rosenbrock4", r, 0.0, rosenbrock});
+  Space pc;
+  for (int i = 1; i <= 4; ++i) pc.push_back(Param::floating("x" + std::to_string(i), 0, 1));
+  // Minima: the noise-free optimum less the noise's amplitude (a lower bound for regret).
+  v.push_back({"curves_parallel", pc, 0.1 + std::exp(-kCurveSteps / 6.0) - 0.01, parallel_final,
+               kCurveSteps, parallel_curve});
+  v.push_back({"curves_crossing",
+               {Param::floating("lr", 1e-4, 1, /*log=*/true), Param::floating("x1", 0, 1),
+                Param::floating("x2", 0, 1)},
+               0.0,
+               crossing_final,
+               kCurveSteps,
+               crossing_curve});
   return v;
 }
 

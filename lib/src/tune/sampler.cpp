@@ -118,10 +118,13 @@ class TpeSampler : public Sampler {
     std::mt19937_64 rng(detail::seed_for(seed, number));
     std::vector<const Observation*> complete, pruned;
     for (const auto& h : hist)
-      if (!h.pruned && std::isfinite(h.value))
+      if (h.running) {
+        if (o_.pending == "liar") pruned.push_back(&h);  // a constant liar: worse than any value
+      } else if (!h.pruned && std::isfinite(h.value)) {
         complete.push_back(&h);
-      else if (h.pruned)
+      } else if (h.pruned) {
         pruned.push_back(&h);
+      }
     if (int(complete.size()) < o_.n_startup) {
       std::vector<double> x;
       for (const auto& p : space) x.push_back(p.sample(rng));
@@ -370,7 +373,7 @@ static double matern52(double r2, double amp) {
 bool GpModel::factor() {
   const size_t n = X.size(), D = log_ls.size();
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
-  std::vector<double> ils(D);
+  ils.resize(D);
   for (size_t d = 0; d < D; ++d) ils[d] = std::exp(-log_ls[d]);
   L.assign(n * n, 0.0);
   for (size_t i = 0; i < n; ++i)
@@ -444,8 +447,6 @@ double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
     }
   grad->assign(D + 2, 0.0);
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
-  std::vector<double> ils(D);
-  for (size_t d = 0; d < D; ++d) ils[d] = std::exp(-log_ls[d]);
   std::vector<double> t2(D);
   for (size_t i = 0; i < n; ++i)
     for (size_t j = 0; j <= i; ++j) {
@@ -470,9 +471,29 @@ double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
   return lml;
 }
 
+std::vector<double> GpModel::theta() const {
+  auto th = log_ls;
+  th.push_back(log_amp), th.push_back(log_noise);
+  return th;
+}
+
 void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector<double>& yin,
-                  uint64_t seed) {
+                  uint64_t seed, const std::vector<double>* warm, bool refresh) {
   X = Xin, y = yin;
+  if (X.size() > kFitPoints) {  // the best half and the latest half (Xin is in trial order)
+    std::vector<size_t> order(X.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return yin[a] < yin[b]; });
+    std::vector<bool> take(X.size(), false);
+    for (size_t i = 0; i < kFitPoints / 2; ++i) take[order[i]] = true;
+    size_t taken = kFitPoints / 2;
+    for (size_t i = X.size(); i-- > 0 && taken < kFitPoints;)
+      if (!take[i]) take[i] = true, ++taken;
+    X.clear(), y.clear();
+    for (size_t i = 0; i < Xin.size(); ++i)
+      if (take[i]) X.push_back(Xin[i]), y.push_back(yin[i]);
+  }
   const size_t D = X.empty() ? 0 : X[0].size();
   std::vector<double> lo(D + 2), hi(D + 2);
   for (size_t d = 0; d < D; ++d) lo[d] = std::log(0.01), hi[d] = std::log(20.0);
@@ -497,21 +518,30 @@ void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector
   std::vector<std::vector<double>> starts;
   std::vector<double> th0(D + 2, std::log(0.3));
   th0[D] = 0.0, th0[D + 1] = std::log(1e-6);
-  starts.push_back(th0);
-  for (int r = 0; r < 2; ++r) {
-    std::vector<double> th(D + 2);
-    for (size_t i = 0; i < D + 2; ++i) th[i] = lo[i] + U(rng) * (hi[i] - lo[i]);
-    th[D + 1] = std::log(1e-6);
-    starts.push_back(th);
+  const bool has_warm = warm && warm->size() == D + 2;
+  if (has_warm) {
+    starts.push_back(*warm);
+    for (size_t i = 0; i < D + 2; ++i)
+      starts.back()[i] = std::clamp(starts.back()[i], lo[i], hi[i]);
+  }
+  if (!has_warm || refresh) {
+    starts.push_back(th0);
+    for (int r = has_warm ? 1 : 0; r < 2; ++r) {
+      std::vector<double> th(D + 2);
+      for (size_t i = 0; i < D + 2; ++i) th[i] = lo[i] + U(rng) * (hi[i] - lo[i]);
+      th[D + 1] = std::log(1e-6);
+      starts.push_back(th);
+    }
   }
   double best = std::numeric_limits<double>::infinity();
-  std::vector<double> best_th = th0;
+  std::vector<double> best_th = starts[0];
   for (auto th : starts) {
-    const double v = minimize_box(objective, th, lo, hi, 60);
+    const double v = minimize_box(objective, th, lo, hi, !has_warm ? 60 : refresh ? 40 : 30);
     if (v < best) best = v, best_th = th;
   }
   set(best_th);
-  if (!factor()) {  // numerically hopeless: fall back to a noisier model
+  X = Xin, y = yin;  // condition on every point
+  if (!factor()) {   // numerically hopeless: fall back to a noisier model
     log_noise = std::log(1e-3);
     factor();
   }
@@ -520,11 +550,13 @@ void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector
 void GpModel::predict(const std::vector<double>& x, double& mean, double& sd) const {
   const size_t n = X.size(), D = log_ls.size();
   const double amp = std::exp(log_amp);
-  std::vector<double> k(n);
+  thread_local std::vector<double> k;
+  k.resize(n);
   for (size_t i = 0; i < n; ++i) {
     double r2 = 0;
+    const double* xi = X[i].data();
     for (size_t d = 0; d < D; ++d) {
-      const double t = (x[d] - X[i][d]) * std::exp(-log_ls[d]);
+      const double t = (x[d] - xi[d]) * ils[d];
       r2 += t * t;
     }
     k[i] = matern52(r2, amp);
@@ -533,11 +565,54 @@ void GpModel::predict(const std::vector<double>& x, double& mean, double& sd) co
   double vv = 0;  // v = L^-1 k
   for (size_t i = 0; i < n; ++i) {
     double v = k[i];
-    for (size_t j = 0; j < i; ++j) v -= L[i * n + j] * k[j];
-    k[i] = v / L[i * n + i];
+    const double* Li = &L[i * n];
+    for (size_t j = 0; j < i; ++j) v -= Li[j] * k[j];
+    k[i] = v / Li[i];
     vv += k[i] * k[i];
   }
   sd = std::sqrt(std::max(amp - vv, 1e-12));
+}
+
+void GpModel::predict_grad(const std::vector<double>& x, double& mean, double& sd,
+                           std::vector<double>& dmean, std::vector<double>& dsd) const {
+  const size_t n = X.size(), D = log_ls.size();
+  const double amp = std::exp(log_amp);
+  std::vector<double> k(n), dk(n * D), v(n);  // dk[i * D + d] = dk_i / dx_d
+  for (size_t i = 0; i < n; ++i) {
+    double r2 = 0;
+    const double* xi = X[i].data();
+    for (size_t d = 0; d < D; ++d) {
+      const double t = (x[d] - xi[d]) * ils[d];
+      r2 += t * t;
+    }
+    const double r = std::sqrt(r2), e = std::exp(-kSqrt5 * r);
+    k[i] = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e;
+    const double c = -5.0 / 3.0 * amp * (1.0 + kSqrt5 * r) * e;  // dk/dx_d = c (x_d - X_id) ils_d^2
+    for (size_t d = 0; d < D; ++d) dk[i * D + d] = c * (x[d] - xi[d]) * ils[d] * ils[d];
+  }
+  mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
+  double vv = 0;
+  for (size_t i = 0; i < n; ++i) {  // v = L^-1 k
+    double a = k[i];
+    const double* Li = &L[i * n];
+    for (size_t j = 0; j < i; ++j) a -= Li[j] * v[j];
+    v[i] = a / Li[i];
+    vv += v[i] * v[i];
+  }
+  for (size_t i = n; i-- > 0;) {  // w = L^-T v = K^-1 k, in place
+    double a = v[i];
+    for (size_t j = i + 1; j < n; ++j) a -= L[j * n + i] * v[j];
+    v[i] = a / L[i * n + i];
+  }
+  const double var = amp - vv;
+  sd = std::sqrt(std::max(var, 1e-12));
+  dmean.assign(D, 0.0), dsd.assign(D, 0.0);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t d = 0; d < D; ++d) {
+      dmean[d] += alpha[i] * dk[i * D + d];
+      dsd[d] += -2.0 * v[i] * dk[i * D + d];  // dvar/dx_d = -2 w^T dk/dx_d
+    }
+  for (auto& g : dsd) g = var > 1e-12 ? g / (2.0 * sd) : 0.0;
 }
 
 double expected_improvement(double mean, double sd, double best, double xi) {
@@ -546,13 +621,22 @@ double expected_improvement(double mean, double sd, double best, double xi) {
   return imp * norm_cdf(z) + sd * std::exp(norm_logpdf(z));
 }
 
-// log EI, accurate far into the tail (where EI itself underflows and gives no gradient).
-static double log_ei(double mean, double sd, double best, double xi) {
+// log EI = log sd + log h(z), h(z) = z Phi(z) + phi(z), z = (best - mean - xi) / sd; h' = Phi.
+double log_ei(double mean, double sd, double best, double xi, double* dmean, double* dsd) {
   const double z = (best - mean - xi) / sd;
-  if (z > -6)
-    return std::log(std::max(z * norm_cdf(z) + std::exp(norm_logpdf(z)), 1e-300)) + std::log(sd);
-  // phi(z) + z Phi(z) ~ phi(z) / z^2 (1 - 3 / z^2) for z -> -inf (Mills ratio)
-  return norm_logpdf(z) - 2 * std::log(-z) + std::log1p(-3.0 / (z * z)) + std::log(sd);
+  double v, dlogh;  // log EI and d log h / dz
+  if (z > -6) {
+    const double h = std::max(z * norm_cdf(z) + std::exp(norm_logpdf(z)), 1e-300);
+    v = std::log(h) + std::log(sd);
+    dlogh = norm_cdf(z) / h;
+  } else {
+    // phi(z) + z Phi(z) ~ phi(z) / z^2 (1 - 3 / z^2) for z -> -inf (Mills ratio)
+    v = norm_logpdf(z) - 2 * std::log(-z) + std::log1p(-3.0 / (z * z)) + std::log(sd);
+    dlogh = -z - 2.0 / z + (6.0 / (z * z * z)) / (1.0 - 3.0 / (z * z));
+  }
+  if (dmean) *dmean = -dlogh / sd;
+  if (dsd) *dsd = 1.0 / sd - dlogh * z / sd;
+  return v;
 }
 
 }  // namespace detail
@@ -573,9 +657,12 @@ class GpSampler : public Sampler {
                                             const std::vector<Observation>& hist, uint64_t seed,
                                             int number) override {
     std::mt19937_64 rng(detail::seed_for(seed, number));
-    std::vector<const Observation*> obs;
+    std::vector<const Observation*> obs, pending;
     for (const auto& h : hist)
-      if (!h.pruned && std::isfinite(h.value)) obs.push_back(&h);
+      if (h.running)
+        pending.push_back(&h);
+      else if (!h.pruned && std::isfinite(h.value))
+        obs.push_back(&h);
     const int n_init = std::max(o_.n_startup, 2);
     if (int(obs.size()) < n_init) return latin_hypercube(space, seed, number, n_init);
     std::sort(obs.begin(), obs.end(), [](auto a, auto b) { return a->number < b->number; });
@@ -588,9 +675,17 @@ class GpSampler : public Sampler {
     const double sdv =
         std::sqrt(var / double(y.size())) > 0 ? std::sqrt(var / double(y.size())) : 1.0;
     for (auto& v : y) v = (v - mean) / sdv;
+    // Hyperparameters: a short fit warm-started from the previous one (as Optuna's GP does), which
+    // keeps a suggestion at 100 trials within ~20 ms; every kRefit model-based suggestions (and
+    // at the first) also from the default and a random start, so a poor optimum is left.
     detail::GpModel gp;
-    gp.fit(X, y, detail::seed_for(seed, number) ^ 0x5bd1e995);
+    const bool fresh = warm_.empty() || int(obs.size()) - warm_n_ >= kRefit;
+    gp.fit(X, y, detail::seed_for(seed, number) ^ 0x5bd1e995, warm_.empty() ? nullptr : &warm_,
+           fresh);
+    warm_ = gp.theta();
+    if (fresh) warm_n_ = int(obs.size());
     const double best = *std::min_element(y.begin(), y.end());
+    if (o_.pending == "liar" && !pending.empty()) believe(space, gp, pending);
     auto acq = [&](const std::vector<double>& z) {
       double m, s;
       gp.predict(round_trip(space, z), m, s);
@@ -601,7 +696,7 @@ class GpSampler : public Sampler {
     std::uniform_real_distribution<double> U(0, 1);
     std::normal_distribution<double> N(0, 1);
     std::vector<std::pair<double, std::vector<double>>> cand;
-    for (int i = 0; i < 2000; ++i) {
+    for (int i = 0; i < 1000; ++i) {
       std::vector<double> z(width_);
       for (auto& v : z) v = U(rng);
       cand.emplace_back(acq(z), z);
@@ -635,17 +730,17 @@ class GpSampler : public Sampler {
         if (cont[j])
           idx.push_back(j), u.push_back(z[j]), free_lo.push_back(0.0), free_hi.push_back(1.0);
       if (idx.empty()) break;
+      // -log EI over the continuous coordinates, gradient by the chain rule through the
+      // posterior's (the others are fixed, so round_trip leaves them as they are).
+      std::vector<double> dm, ds;
       auto f = [&](const std::vector<double>& uu, std::vector<double>& g) {
-        auto zz = z;
+        auto zz = round_trip(space, z);
         for (size_t k = 0; k < idx.size(); ++k) zz[idx[k]] = uu[k];
-        const double v = -acq(zz);
+        double m, sd, gm, gs;
+        gp.predict_grad(zz, m, sd, dm, ds);
+        const double v = -detail::log_ei(m, sd, best, o_.xi, &gm, &gs);
         g.assign(uu.size(), 0.0);
-        for (size_t k = 0; k < idx.size(); ++k) {
-          const double h = 1e-6;
-          auto zp = zz, zm = zz;
-          zp[idx[k]] = std::min(1.0, zz[idx[k]] + h), zm[idx[k]] = std::max(0.0, zz[idx[k]] - h);
-          g[k] = (-acq(zp) + acq(zm)) / (zp[idx[k]] - zm[idx[k]]);
-        }
+        for (size_t k = 0; k < idx.size(); ++k) g[k] = -(gm * dm[idx[k]] + gs * ds[idx[k]]);
         return v;
       };
       const double v = -minimize_box(f, u, free_lo, free_hi, 40);
@@ -659,6 +754,28 @@ class GpSampler : public Sampler {
   }
 
  private:
+  // Kriging believer: each running trial joins the data at the model's mean there (the fitted
+  // hyperparameters kept), so its posterior sd, and with it EI, nearly vanishes around it.
+  void believe(const Space& space, detail::GpModel& gp,
+               const std::vector<const Observation*>& pending) const {
+    auto X = gp.X;
+    auto y = gp.y;
+    for (const auto* p : pending) {
+      if (p->x.size() != space.size()) continue;
+      const auto z = encode(space, p->x);
+      double m, s;
+      gp.predict(z, m, s);
+      X.push_back(z), y.push_back(m);
+    }
+    const auto keep_X = gp.X;
+    const auto keep_y = gp.y;
+    gp.X = X, gp.y = y;
+    if (!gp.factor()) {  // a pending point on top of an observed one: believe nothing
+      gp.X = keep_X, gp.y = keep_y;
+      gp.factor();
+    }
+  }
+
   std::vector<double> encode(const Space& space, const std::vector<double>& x) const {
     std::vector<double> z(width_, 0.0);
     for (size_t d = 0; d < space.size(); ++d)
@@ -707,9 +824,12 @@ class GpSampler : public Sampler {
     return x;
   }
 
+  static constexpr int kRefit = 10;
   SamplerOptions o_;
   std::vector<int> offset_;
   size_t width_ = 0;
+  std::vector<double> warm_;  // the last fit's hyperparameters
+  int warm_n_ = 0;            // observations at the last fresh fit
 };
 
 }  // namespace

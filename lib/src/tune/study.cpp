@@ -61,6 +61,22 @@ Replay replay(const std::vector<nlohmann::json>& recs, const Space& space) {
   return r;
 }
 
+// The replayed state kept up to date with a journal's records (only new records are applied).
+struct LiveReplay {
+  Replay state;
+  size_t applied = 0;
+  const Replay& update(const std::vector<nlohmann::json>& recs, const Space& space) {
+    if (recs.size() < applied) state = Replay(), applied = 0;
+    for (; applied < recs.size(); ++applied) {
+      try {
+        replay_one(state, recs[applied], recs.size(), space);
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+    return state;
+  }
+};
+
 // One journal record into the replayed state. Trial numbers are dense (each has its create
 // record), so one past the journal's record count is not a trial: skipped, not allocated.
 void replay_one(Replay& r, const nlohmann::json& j, size_t n_records, const Space& space) {
@@ -146,6 +162,8 @@ struct Child {
   double started = 0;
   nlohmann::json attrs = nlohmann::json::object();
   fs::path log;
+  std::vector<double> x;  // in-process test functions: the point, and the steps taken
+  int steps_done = 0;
 };
 
 std::string env_name(const std::string& p) {
@@ -283,10 +301,15 @@ class Driver {
   nlohmann::json run() {
     while (true) {
       const bool time_left = cfg_.timeout_s <= 0 || now_s() - t0_ < cfg_.timeout_s;
-      bool started = false, done = false;
-      if (int(running_.size()) < cfg_.max_concurrent && time_left && !exhausted_) {
+      bool started = false, done = done_;
+      if (int(running_.size()) < cfg_.max_concurrent && time_left && !exhausted_ && !done_) {
         started = start_next(&done);
+        done_ = done && fn_;    // in-process: nothing else can add work (processes: a stale retry)
         if (started) continue;  // fill every free slot before waiting
+      }
+      if (fn_ && !running_.empty()) {
+        advance_functions();
+        continue;
       }
       if (running_.empty()) {
         if (done || exhausted_ || !time_left) break;
@@ -310,11 +333,53 @@ class Driver {
     for (const auto& t : ts) {
       if (t.x.empty()) continue;
       if (t.state == "COMPLETE" && std::isfinite(t.value))
-        obs.push_back({t.number, t.x, sign_ * t.value, false});
+        obs.push_back({t.number, t.x, sign_ * t.value, false, false});
       else if (t.state == "PRUNED" && !t.intermediate.empty())
-        obs.push_back({t.number, t.x, sign_ * t.intermediate.back().second, true});
+        obs.push_back({t.number, t.x, sign_ * t.intermediate.back().second, true, false});
+      else if (t.state == "RUNNING")
+        obs.push_back({t.number, t.x, 0.0, false, true});
     }
     return obs;
+  }
+
+  // In-process test functions run as if on max_concurrent workers. A plain function is one step:
+  // the oldest running trial finishes, so every suggestion sees max_concurrent - 1 pending trials.
+  // A learning-curve function reports one value per step: every running trial takes a step (and
+  // is judged by the pruner), and finishes at its last step.
+  void advance_functions() {
+    if (fn_->steps == 0) {
+      Child& c = running_.begin()->second;
+      const double v = fn_->f(c.x);
+      finish(c, std::isfinite(v) ? "COMPLETE" : "FAIL", v,
+             std::isfinite(v) ? "" : "diverged (value not finite)");
+      running_.erase(running_.begin());
+      return;
+    }
+    for (auto it = running_.begin(); it != running_.end();) {
+      Child& c = it->second;
+      const double v = fn_->curve(c.x, ++c.steps_done);
+      c.last_value = v, c.has_value = true;
+      report(c, c.steps_done, v, /*judge=*/true);
+      if (c.pruned || c.steps_done >= fn_->steps) {
+        judge_exit(c, 0);
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // An intermediate value: into the journal, then (judge) the pruner's verdict on the trial.
+  void report(Child& c, const nlohmann::json& step, double v, bool judge) {
+    c.values.push_back(v);
+    journal_.append({{{"op", "report"}, {"trial", c.number}, {"step", step}, {"value", v}}});
+    if (!judge) return;
+    TrialCurve mine{c.number, false, {}};
+    for (double x : c.values) mine.values.push_back(sign_ * x);
+    if (pruner_->should_prune(mine, curves(live_.update(journal_.read(), cfg_.space).trials))) {
+      c.pruned = true;
+      if (c.pid > 0) ::kill(-c.pid, SIGTERM);
+    }
   }
 
   std::vector<TrialCurve> curves(const std::vector<TrialState>& ts) const {
@@ -367,7 +432,9 @@ class Driver {
       } else {
         const auto s0 = std::chrono::steady_clock::now();
         auto x = sampler_->sample(cfg_.space, observations(rp.trials), cfg_.seed, next.number);
-        sampler_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+        last_sample_s_ =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+        sampler_s_ += last_sample_s_;
         ++sampled_;
         if (!x) {
           exhausted_ = true;
@@ -381,7 +448,10 @@ class Driver {
                            {"params", next.params},
                            {"worker", me_},
                            {"t", now_s()}};
-      if (next.retry_of >= 0) cr["retry_of"] = next.retry_of;
+      if (next.retry_of >= 0)
+        cr["retry_of"] = next.retry_of;
+      else
+        cr["sample_ms"] = 1000.0 * last_sample_s_;  // the sampler's time for this suggestion
       add.push_back(cr);
       started = true;
       return add;
@@ -391,12 +461,12 @@ class Driver {
       std::cerr << "[tune] trial " << next.number << " " << next.params.dump()
                 << (next.retry_of >= 0 ? " (retry of " + std::to_string(next.retry_of) + ")" : "")
                 << "\n";
-    if (fn_) {  // in-process test function
+    if (fn_) {  // in-process test function: advance_functions() runs it
       Child c;
       c.number = next.number;
-      const double v = fn_->f(next.x);
-      finish(c, std::isfinite(v) ? "COMPLETE" : "FAIL", v,
-             std::isfinite(v) ? "" : "diverged (value not finite)");
+      c.x = next.x;
+      c.started = now_s();
+      running_[next.number] = std::move(c);
     } else {
       running_[next.number] = spawn(cfg_, opt_, next);
     }
@@ -437,15 +507,7 @@ class Driver {
     const double v = j[metric].is_null() ? NAN : j[metric].get<double>();  // JSON has no NaN: null
     c.last_value = v, c.has_value = true;
     if (!j.contains("step") || c.pruned) return;
-    c.values.push_back(v);
-    journal_.append({{{"op", "report"}, {"trial", c.number}, {"step", j["step"]}, {"value", v}}});
-    if (!judge) return;
-    TrialCurve mine{c.number, false, {}};
-    for (double x : c.values) mine.values.push_back(sign_ * x);
-    if (pruner_->should_prune(mine, curves(replay(journal_.read(), cfg_.space).trials))) {
-      c.pruned = true;
-      ::kill(-c.pid, SIGTERM);
-    }
+    report(c, j["step"], v, judge);
   }
 
   // Waits up to 200 ms for output from the running trials and handles every complete line.
@@ -523,6 +585,7 @@ class Driver {
     const auto trials = replay(journal_.read(), cfg_.space).trials;
     auto s = write_study_outputs(cfg_, trials);
     s["sampler_ms_per_trial_this_run"] = sampled_ ? 1000.0 * sampler_s_ / sampled_ : 0.0;
+    s["sampler_ms_last_this_run"] = 1000.0 * last_sample_s_;  // the largest history's cost
     s["stopped_by"] = exhausted_                                                ? "grid exhausted"
                       : (cfg_.timeout_s > 0 && now_s() - t0_ >= cfg_.timeout_s) ? "timeout"
                                                                                 : "n_trials";
@@ -538,10 +601,11 @@ class Driver {
   const std::string me_;
   const TestFunction* fn_;
   const double sign_, t0_;
-  double sampler_s_ = 0, last_beat_ = 0;
+  double sampler_s_ = 0, last_sample_s_ = 0, last_beat_ = 0;
   int sampled_ = 0;
-  bool exhausted_ = false;
+  bool exhausted_ = false, done_ = false;
   std::map<int, Child> running_;
+  LiveReplay live_;  // the journal as the pruner sees it
 };
 
 }  // namespace

@@ -117,6 +117,7 @@ StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
   c.sampler.n_candidates = int(f.sampler.n_candidates);
   c.sampler.gamma = f.sampler.gamma;
   c.sampler.xi = f.sampler.xi;
+  c.sampler.pending = f.sampler.pending;
   c.pruner.name = f.pruner.name;
   c.pruner.n_startup_trials = int(f.pruner.n_startup_trials);
   c.pruner.n_warmup_steps = int(f.pruner.n_warmup_steps);

@@ -59,6 +59,7 @@ struct SamplerSettings {
   int64_t n_candidates = 32;
   double gamma = 0.1;
   double xi = 0.0;
+  std::string pending = "liar";
   template <class V>
   void visit(V& v) {
     v.field("name", name, "sampler", one_of({"grid", "random", "tpe", "gp"}));
@@ -75,6 +76,11 @@ struct SamplerSettings {
                           }});
     v.field("xi", xi, "gp: expected improvement's exploration offset (standardised units)",
             any<double>());
+    v.field("pending", pending,
+            "running trials (max_concurrent > 1, several drivers): liar = in the model (tpe: "
+            "constant liar in the bad group; gp: kriging believer at the model's mean), "
+            "ignore = left out (near-duplicate suggestions)",
+            one_of({"liar", "ignore"}));
   }
 };
 

@@ -4,6 +4,12 @@
 //   branin      x1 in [-5, 10], x2 in [0, 15]          minimum 0.397887 (three global minima)
 //   hartmann6   x1..x6 in [0, 1]                        minimum -3.32237
 //   rosenbrock4 x1..x4 in [-5, 10]                      minimum 0 at (1, 1, 1, 1)
+// Learning curves for the pruning benchmark (one value per step, 27 steps, minimised; the same
+// formulas are in scripts/bench/tune/curves.py for Optuna):
+//   curves_parallel  x1..x4 in [0, 1]: final(x) + exp(-t / 6); curves never cross (but for noise)
+//   curves_crossing  lr in [1e-4, 1] (log), x1, x2 in [0, 1]: a large lr converges fast to a high
+//                    floor, a small one slowly to a low floor, so early leaders lose in the end
+// Both add a deterministic noise of amplitude 0.01 (a function of x and t).
 #include <string>
 #include <vector>
 
@@ -16,6 +22,8 @@ struct TestFunction {
   Space space;
   double minimum;
   double (*f)(const std::vector<double>&);
+  int steps = 0;  // > 0: a learning curve, curve(x, t) for t = 1..steps (f is its last value)
+  double (*curve)(const std::vector<double>&, int t) = nullptr;
 };
 
 const TestFunction* find_test_function(const std::string& name);  // nullptr when unknown

@@ -22,8 +22,9 @@ namespace mltrain::tune {
 struct Observation {
   int number = 0;
   std::vector<double> x;
-  double value = 0;     // lower is better; a pruned trial's last intermediate value
-  bool pruned = false;  // stopped early: ranked after every complete trial by TPE
+  double value = 0;      // lower is better; a pruned trial's last intermediate value
+  bool pruned = false;   // stopped early: ranked after every complete trial by TPE
+  bool running = false;  // started, no value yet (pending: see SamplerOptions::pending)
 };
 
 // The schema's defaults (config/study.hpp declares each sampler setting once).
@@ -48,6 +49,11 @@ struct SamplerOptions {
       sampler_defaults().gamma;  // share of trials in the "good" group (capped at 25 trials)
   // GP-EI: Matern-5/2 ARD kernel, hyperparameters by marginal likelihood.
   double xi = sampler_defaults().xi;  // EI's exploration offset, in standardised units
+  // Running trials: "liar" puts them in the model so that concurrent suggestions spread out. TPE
+  // ranks them after every finished trial (a constant liar at the worst value, in the bad group,
+  // as Optuna's constant_liar); GP-EI adds them at the model's predicted mean (kriging believer,
+  // Ginsbourger et al. 2010), which makes their neighbourhood's EI vanish. "ignore": left out.
+  std::string pending = sampler_defaults().pending;
 };
 
 class Sampler {
@@ -73,13 +79,28 @@ struct GpModel {
   std::vector<double> log_ls;
   double log_amp = 0, log_noise = -9;
   std::vector<double> L, alpha;  // Cholesky factor (row-major n x n) and K^-1 y
+  std::vector<double> ils;       // exp(-log_ls), set by factor()
   double log_marginal_likelihood(
       std::vector<double>* grad) const;  // at the current hyperparameters
   bool factor();                         // false when K is not positive definite
-  void fit(const std::vector<std::vector<double>>& X, const std::vector<double>& y, uint64_t seed);
+  // Hyperparameters by marginal likelihood: from `warm` (a previous fit's theta: log length
+  // scales, log amplitude, log noise) when given, with (refresh) a default and a random start
+  // too; without `warm`, from a default and two random starts.
+  // Beyond kFitPoints observations they are fitted on a subset (the best half and the latest
+  // half), and the model then conditions on every point.
+  static constexpr size_t kFitPoints = 64;
+  void fit(const std::vector<std::vector<double>>& X, const std::vector<double>& y, uint64_t seed,
+           const std::vector<double>* warm = nullptr, bool refresh = false);
+  std::vector<double> theta() const;
   void predict(const std::vector<double>& x, double& mean, double& sd) const;
+  // predict() with the gradients of mean and sd over x (dmean, dsd resized to x's size).
+  void predict_grad(const std::vector<double>& x, double& mean, double& sd,
+                    std::vector<double>& dmean, std::vector<double>& dsd) const;
 };
 double expected_improvement(double mean, double sd, double best, double xi);
+// log EI, accurate far into the tail; with d/dmean and d/dsd when asked.
+double log_ei(double mean, double sd, double best, double xi, double* dmean = nullptr,
+              double* dsd = nullptr);
 }  // namespace detail
 
 }  // namespace mltrain::tune
