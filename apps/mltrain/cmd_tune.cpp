@@ -7,6 +7,7 @@
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/process.hpp"
 #include "mltrain/tune/analysis.hpp"
+#include "mltrain/tune/folds.hpp"
 #include "mltrain/tune/study.hpp"
 
 namespace mltrain::cli {
@@ -27,14 +28,31 @@ void setup_tune(CLI::App& app, Action& run) {
       "summarise a study folder (tables, importance, SVG plots): mltrain tune report STUDY_DIR");
   rep->add_option("study_dir", o->report_dir, "the study folder (runs/tune/<name>)")->required();
   rep->add_flag("--json", o->json, "print the JSON summary");
+  auto fo = std::make_shared<tune::FoldGroupOptions>();
+  auto* folds = sub->add_subcommand(
+      "folds",
+      "one cross-validated trial (run by the study driver): mltrain tune folds --k K --seed S "
+      "--metric M -- COMMAND...; the folds' JSON lines averaged per step");
+  folds->add_option("--k", fo->folds, "folds (children run at once)")
+      ->required()
+      ->check(CLI::Range(2, 1000));
+  folds->add_option("--seed", fo->seed, "the fold permutation's seed");
+  folds->add_option("--metric", fo->metrics, "metric to average (repeatable)")->required();
+  folds->add_flag(
+      "--train-overrides", fo->train_overrides,
+      "append data.folds/fold/fold_seed and run.name=<--run-name>_f<i> (mltrain train)");
+  folds->add_option("--run-name", fo->run_name, "the group's run name");
+  folds->add_option("--log-dir", fo->log_dir, "each fold's stderr as <dir>/fold<i>.log");
+  folds->add_option("command", fo->argv, "the trial's command, after --")->required();
   sub->add_option("study", o->study, "study file (see configs/tune_*.yaml)");
   sub->add_option(
       "overrides", o->overrides,
       "key.path=value overrides of the study file, e.g. sampler.name=gp study.n_trials=50");
   sub->add_flag("--json", o->json, "print the JSON summary");
   sub->add_flag("-q,--quiet", o->quiet, "no per-trial lines on stderr");
-  sub->callback([o, &run, rep] {
-    run = [o, rep] {
+  sub->callback([o, &run, rep, folds, fo] {
+    run = [o, rep, folds, fo] {
+      if (folds->parsed()) return tune::run_fold_group(*fo);
       if (rep->parsed()) {
         auto cfg = tune::study_config_from_folder(o->report_dir);
         const auto trials = tune::read_trials(cfg.study_dir(), cfg.space);

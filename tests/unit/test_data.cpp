@@ -552,3 +552,41 @@ TEST_CASE("tokenize --bytes: the text's bytes, split train/val, with meta.json",
       data_error([&] { tokenize_bytes({(tmpdir() / "absent").string()}, out.string(), 0.1); }),
       Catch::Contains("cannot open"));
 }
+
+TEST_CASE("k-fold split: disjoint folds covering the data, pure in the seed; gather copies rows",
+          "[folds]") {
+  using mltrain::data::kfold_split;
+  const int64_t n = 103, k = 4;
+  std::vector<int> covered(n, 0);
+  for (int64_t f = 0; f < k; ++f) {
+    const auto [tr, va] = kfold_split(n, k, f, 7);
+    CHECK(int64_t(tr.size() + va.size()) == n);
+    CHECK((va.size() == 25 || va.size() == 26));  // near-equal parts of 103
+    CHECK(std::is_sorted(va.begin(), va.end()));
+    std::vector<int> in_train(n, 0);
+    for (auto i : tr) in_train[size_t(i)] = 1;
+    for (auto i : va) {
+      CHECK(in_train[size_t(i)] == 0);  // a validation sample is never trained on
+      ++covered[size_t(i)];
+    }
+    CHECK(kfold_split(n, k, f, 7) == kfold_split(n, k, f, 7));
+  }
+  for (int c : covered) CHECK(c == 1);  // every sample validated exactly once
+  CHECK(kfold_split(n, k, 0, 7).second != kfold_split(n, k, 0, 8).second);
+  // Not the identity order: a shuffled permutation (sorted samples would put fold 0 at 0..25).
+  CHECK(kfold_split(n, k, 0, 7).second.back() > 30);
+
+  mltrain::data::Dataset d;
+  auto bytes = std::make_shared<std::vector<uint8_t>>();
+  for (int i = 0; i < 6; ++i) bytes->insert(bytes->end(), {uint8_t(i), uint8_t(10 + i)});
+  d.data = bytes->data(), d.storage = bytes, d.count = 6, d.sample_shape = {2};
+  d.labels = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{0, 1, 2, 3, 4, 5});
+  d.num_classes = 6;
+  const auto g = d.slice(1, 6).gather({3, 0});  // samples 4 and 1 of the whole set
+  REQUIRE(g.count == 2);
+  CHECK(g.sample(0)[0] == 4);
+  CHECK(g.sample(0)[1] == 14);
+  CHECK(g.label(0) == 4);
+  CHECK(g.sample(1)[0] == 1);
+  CHECK(g.label(1) == 1);
+}

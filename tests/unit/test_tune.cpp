@@ -355,35 +355,44 @@ TEST_CASE("tune driver: in-process functions run as on max_concurrent workers; c
 }
 
 TEST_CASE("pruners: accept/reject tables", "[tune]") {
-  // Values are minimised. Three finished trials with curves; a fourth at its 2nd report.
-  std::vector<TrialCurve> done = {
-      {0, true, {1.0, 0.8, 0.6}}, {1, true, {2.0, 1.5, 1.2}}, {2, true, {3.0, 2.0, 1.8}}};
+  // Values are minimised. Four complete trials; D starts slowest and ends best (crossing curves).
+  std::vector<TrialCurve> done = {{0, true, true, {1.0, 0.8, 0.6}},
+                                  {1, true, true, {2.0, 1.5, 1.2}},
+                                  {2, true, true, {3.0, 2.0, 1.8}},
+                                  {3, true, true, {4.0, 1.0, 0.3}}};
   PrunerOptions o;
   o.name = "median";
-  o.n_startup_trials = 3;
-  auto med = make_pruner(o);
-  CHECK_FALSE(med->should_prune({3, false, {1.0, 1.4}}, done));  // best 1.0 <= median 1.5
-  CHECK(med->should_prune({3, false, {2.5, 1.6}}, done));        // best 1.6 > 1.5
   o.n_startup_trials = 4;
-  CHECK_FALSE(make_pruner(o)->should_prune({3, false, {2.5, 1.6}},
-                                           done));  // not enough finished trials yet
-  o = PrunerOptions();
-  o.name = "percentile", o.percentile = 25, o.n_startup_trials = 0;
-  CHECK(
-      make_pruner(o)->should_prune({3, false, {1.6}}, done));  // 25th percentile of 1, 2, 3 is 1.5
-  CHECK_FALSE(make_pruner(o)->should_prune({3, false, {1.5}}, done));  // equal is kept
-  // ASHA, eta 3, rungs at reports 1, 3, 9: judged only on reaching a rung.
+  auto med = make_pruner(o);
+  // The good finishers: final value within the 25th percentile of finals (half the median's 50):
+  // [0.3, 0.6, 1.2, 1.8] -> 0.525, so D alone. A trial is pruned when its best so far is worse
+  // than every good finisher was at the same report.
+  CHECK_FALSE(med->should_prune({9, false, false, {3.5}}, done));  // <= D's 4.0 (Optuna: > 2.5)
+  CHECK(med->should_prune({9, false, false, {3.5, 1.2}}, done));   // best 1.2 > D's 1.0
+  CHECK_FALSE(med->should_prune({9, false, false, {3.5, 0.9}}, done));
+  CHECK_FALSE(med->should_prune({9, false, false, {3.5, 1.0}}, done));  // equal is kept
+  CHECK(med->should_prune({9, false, false, {NAN}}, done));  // a NaN curve never recovers
+  // Pruned trials do not form the reference: only complete ones do (as in Optuna).
+  auto with_pruned = done;
+  with_pruned.push_back({4, true, false, {0.1, 0.1}});
+  CHECK(med->should_prune({9, false, false, {3.5, 1.2}}, with_pruned));
+  o.n_startup_trials = 5;
+  CHECK_FALSE(make_pruner(o)->should_prune({9, false, false, {3.5, 1.2}},
+                                           with_pruned));  // 4 complete trials: not enough yet
+  // ASHA, eta 3, min_resource 1: rungs at 1, 3, 9 reports past the first (reports 2, 4, 10).
   o = PrunerOptions();
   o.name = "asha", o.reduction_factor = 3, o.min_resource = 1;
   auto asha = make_pruner(o);
   std::vector<TrialCurve> seen;
-  for (int i = 0; i < 6; ++i) seen.push_back({i, true, {double(i), double(i), double(i)}});
-  CHECK_FALSE(asha->should_prune({9, false, {0.5}}, seen));  // top 7/3 = 2 at rung 1: 0.5 ranks 2nd
-  CHECK(asha->should_prune({9, false, {1.5}}, seen));        // 3rd of 7: pruned
-  CHECK_FALSE(asha->should_prune({9, false, {0.5, 9.0}}, seen));  // report 2 is not a rung
-  CHECK(asha->should_prune({9, false, {0.5, 9.0, 9.0}}, seen));   // rung 3: worst
-  CHECK_FALSE(asha->should_prune({9, false, {0.5}}, {}));         // alone at a rung: promoted
-  CHECK(asha->should_prune({9, false, {NAN}}, seen));             // diverged
+  for (int i = 0; i < 6; ++i)
+    seen.push_back({i, true, true, {double(i), double(i), double(i), double(i)}});
+  CHECK_FALSE(asha->should_prune({9, false, false, {9.0}}, seen));            // report 1: no rung
+  CHECK_FALSE(asha->should_prune({9, false, false, {9.0, 0.5}}, seen));       // top 7/3 = 2: 2nd
+  CHECK(asha->should_prune({9, false, false, {9.0, 1.5}}, seen));             // 3rd of 7: pruned
+  CHECK_FALSE(asha->should_prune({9, false, false, {0.5, 0.5, 9.0}}, seen));  // report 3: no rung
+  CHECK(asha->should_prune({9, false, false, {0.5, 0.5, 9.0, 9.0}}, seen));   // rung 4: worst
+  CHECK_FALSE(asha->should_prune({9, false, false, {0.5, 0.5}}, {}));  // alone at a rung: promoted
+  CHECK(asha->should_prune({9, false, false, {0.5, NAN}}, seen));      // diverged
   // Hyperband: several brackets, the cheapest (most aggressive) taking the most trials.
   o.name = "hyperband", o.max_resource = 9;
   std::map<int, int> per;
@@ -499,6 +508,79 @@ TEST_CASE("tune driver: command trials, failures recorded, outputs written", "[t
   CHECK(err.find("bad.yaml:2:22: sampler.n_candidtes: unknown key") != std::string::npos);
   CHECK(err.find("space.x: low must be below high") != std::string::npos);
   CHECK(sh(kBin + " tune " + (d / "s.yaml").string() + " sampler.name=annealing 2>/dev/null") == 2);
+}
+
+TEST_CASE("tune driver: cross-validated trials run their folds as a group and report the mean",
+          "[tune][driver][folds]") {
+  const auto d = tmpdir("folds");
+  // Fold i of a trial reports loss = (x - 0.3)^2 + 0.1 * i + 1 / s at steps 1..3.
+  const auto p = d / "fold.sh";
+  write(p,
+        "#!/bin/sh\n"
+        "echo \"$MLTRAIN_TRIAL_NUMBER $MLTRAIN_FOLD $MLTRAIN_FOLDS $MLTRAIN_FOLD_SEED\" >> " +
+            (d / "folds.log").string() +
+            "\nfor s in 1 2 3; do awk -v x=\"$MLTRAIN_PARAM_X\" -v f=$MLTRAIN_FOLD -v s=$s "
+            "'BEGIN { printf \"{\\\"step\\\": %d, \\\"loss\\\": %.17g}\\n\", s, (x - 0.3) ^ 2 + "
+            "0.1 * f + 1 / s "
+            "}'; done\n");
+  fs::permissions(p, fs::perms::owner_all);
+  write(d / "s.yaml", "study: {name: s, dir: " + d.string() +
+                          ", n_trials: 3, seed: 5}\n"
+                          "sampler: {name: random}\n"
+                          "objective: {metric: loss, direction: minimize, folds: 3}\n"
+                          "trial: {command: [" +
+                          p.string() + "]}\nspace:\n  x: {type: float, low: 0, high: 1}\n");
+  REQUIRE(sh(kBin + " tune " + (d / "s.yaml").string() + " -q > /dev/null") == 0);
+  const auto cfg = study_config_from_folder((d / "s").string());
+  const auto trials = read_trials(d / "s", cfg.space);
+  REQUIRE(trials.size() == 3);
+  for (const auto& t : trials) {
+    const double x = t.params["x"];
+    INFO(t.number << " " << t.reason);
+    REQUIRE(t.state == "COMPLETE");
+    // Mean over folds 0, 1, 2 at the last step; reports are the running fold means.
+    CHECK(t.value == Approx((x - 0.3) * (x - 0.3) + 0.1 + 1.0 / 3).margin(1e-12));
+    REQUIRE(t.intermediate.size() == 3);
+    CHECK(t.intermediate[0].second == Approx((x - 0.3) * (x - 0.3) + 0.1 + 1.0).margin(1e-12));
+    CHECK(t.attrs["loss_std"].get<double>() == Approx(0.1).margin(1e-12));  // sd of 0, .1, .2
+    CHECK(t.attrs["folds"]["loss"].size() == 3);
+  }
+  // Every fold of every trial ran once, with the study's seed.
+  std::ifstream in(d / "folds.log");
+  std::multiset<std::string> runs;
+  for (std::string line; std::getline(in, line);) runs.insert(line);
+  CHECK(runs.size() == 9);
+  for (int t = 0; t < 3; ++t)
+    for (int f = 0; f < 3; ++f)
+      CHECK(runs.count(std::to_string(t) + " " + std::to_string(f) + " 3 5") == 1);
+  std::ifstream b(d / "s" / "best.yaml");
+  const std::string best((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+  CHECK(best.find("# folds (3): loss [") != std::string::npos);
+}
+
+TEST_CASE("tune: folds larger than the data stop the study with exit 2 naming data.folds",
+          "[tune][driver][folds]") {
+  const auto d = tmpdir("folds_bad");
+  const std::string cmd = kBin + " tune " + MLTRAIN_SOURCE_DIR +
+                          "/configs/tune/fashion_mnist_mlp.yaml -q study.dir=" + d.string() +
+                          " study.n_trials=3 objective.folds=10 pruner.name=none "
+                          "'trial.overrides=[data.limit_train=5]' "
+                          "2> " +
+                          (d / "err.txt").string();
+  CHECK(sh(cmd) == 2);
+  std::ifstream e(d / "err.txt");
+  const std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  CHECK(err.find("data.folds: 10 folds of 5 training samples leave a fold empty") !=
+        std::string::npos);
+  CHECK(err.find("fix: use at most 5 folds") != std::string::npos);
+  // A test function has no data: refused when the study file is read.
+  CHECK(sh(kBin + " tune " + MLTRAIN_SOURCE_DIR +
+           "/configs/tune/branin.yaml objective.folds=3 -q "
+           "study.dir=" +
+           d.string() + " 2> " + (d / "err2.txt").string()) == 2);
+  std::ifstream e2(d / "err2.txt");
+  const std::string err2((std::istreambuf_iterator<char>(e2)), std::istreambuf_iterator<char>());
+  CHECK(err2.find("objective.folds") != std::string::npos);
 }
 
 TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or run twice",

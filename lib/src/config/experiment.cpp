@@ -160,6 +160,16 @@ static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::s
   const bool numeric = !f.empty() && (std::strtod(f.c_str(), &end), end && *end == 0);
   need(f == "error" || f == "mean" || f == "zero" || numeric, "data.csv.fill",
        "'" + f + "' is not error, mean, zero or a number");
+  if (c.data.folds > 0) {
+    need(c.data.fold < c.data.folds, "data.fold",
+         std::to_string(c.data.fold) + " is not a fold of " + std::to_string(c.data.folds) +
+             ": use 0.." + std::to_string(c.data.folds - 1));
+    need(c.data.val_fraction == 0, "data.folds",
+         "folds hold out their own validation samples: set data.val_fraction=0");
+    need(c.data.dataset != "tokens", "data.folds",
+         "token streams are not cut into folds (windows overlap): use data.val_fraction or the "
+         "stream's val.bin");
+  }
   if (c.data.dataset == "files") {
     need(!c.data.train_images.empty(), "data.train_images", "required when data.dataset is files");
     need(!c.data.test_images.empty(), "data.test_images", "required when data.dataset is files");

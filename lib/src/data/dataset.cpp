@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -349,6 +350,59 @@ Dataset Dataset::slice(int64_t begin, int64_t end) const {
   d.label_offset = label_offset + begin;
   d.count = end - begin;
   return d;
+}
+
+Dataset Dataset::gather(const std::vector<int64_t>& idx) const {
+  Dataset d = *this;
+  const size_t bytes = sample_bytes();
+  auto buf = std::make_shared<std::vector<uint8_t>>(idx.size() * bytes);
+  std::vector<uint8_t> tmp;
+  for (size_t j = 0; j < idx.size(); ++j)
+    std::memcpy(buf->data() + j * bytes, sample_into(idx[j], tmp), bytes);
+  d.data = buf->data();
+  d.storage = buf;
+  d.reader.reset();
+  d.reader_offset = 0;
+  d.chunk_samples = 0;
+  d.label_offset = 0;
+  d.count = int64_t(idx.size());
+  if (float_targets()) {
+    const auto e = size_t(target_elems());
+    auto t = std::make_shared<std::vector<float>>(idx.size() * e);
+    for (size_t j = 0; j < idx.size(); ++j) std::memcpy(t->data() + j * e, target(idx[j]), e * 4);
+    d.targets = t;
+  } else if (labels) {
+    auto l = std::make_shared<std::vector<int64_t>>(idx.size());
+    for (size_t j = 0; j < idx.size(); ++j) (*l)[j] = label(idx[j]);
+    d.labels = l;
+  }
+  return d;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> kfold_split(int64_t n, int64_t k,
+                                                                  int64_t fold, uint64_t seed) {
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  // Fisher-Yates with SplitMix64 draws: the same permutation on every platform and library
+  // (std::shuffle's use of the engine is implementation-defined).
+  uint64_t z = seed ^ 0x6b66666f6c64ULL;  // "kfold"
+  auto next = [&z] {
+    z += 0x9E3779B97F4A7C15ULL;
+    uint64_t x = z;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+  };
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(perm[size_t(i)], perm[size_t(next() % uint64_t(i + 1))]);
+  const int64_t lo = fold * n / k, hi = (fold + 1) * n / k;
+  std::vector<int64_t> train, val(perm.begin() + lo, perm.begin() + hi);
+  train.reserve(size_t(n - (hi - lo)));
+  train.insert(train.end(), perm.begin(), perm.begin() + lo);
+  train.insert(train.end(), perm.begin() + hi, perm.end());
+  std::sort(train.begin(), train.end());
+  std::sort(val.begin(), val.end());
+  return {train, val};
 }
 
 const uint8_t* Dataset::sample_into(int64_t i, std::vector<uint8_t>& buf) const {

@@ -152,7 +152,18 @@ Splits load_splits(const config::ExperimentConfig& cfg) {
     throw DataError(tel, "target shape differs from the training set's",
                     "pair matching train and test target files");
   if (c.limit_train > 0) s.train = s.train.slice(0, c.limit_train);
-  if (c.val_fraction > 0) {
+  if (c.folds > 0) {
+    if (c.folds > s.train.count)
+      throw ConfigError("data.folds",
+                        std::to_string(c.folds) + " folds of " + std::to_string(s.train.count) +
+                            " training samples leave a fold empty",
+                        "use at most " + std::to_string(s.train.count) +
+                            " folds (objective.folds in a study), or more data");
+    const auto [tr, va] = data::kfold_split(s.train.count, c.folds, c.fold, uint64_t(c.fold_seed));
+    s.eval = s.train.gather(va);
+    s.train = s.train.gather(tr);
+    s.eval_name = "val";
+  } else if (c.val_fraction > 0) {
     const int64_t nval = static_cast<int64_t>(s.train.count * c.val_fraction);
     s.eval = s.train.slice(s.train.count - nval, s.train.count);
     s.train = s.train.slice(0, s.train.count - nval);

@@ -261,6 +261,17 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
                  {"params", best->params},
                  {"attrs", best->attrs}};
     std::string yaml;
+    // A cross-validated trial: its folds' values, as the fold group reported them.
+    std::string folds_line;
+    if (best->attrs.contains("folds") && best->attrs["folds"].is_object() &&
+        best->attrs["folds"].contains(cfg.metric)) {
+      folds_line = "# folds (" + std::to_string(cfg.folds) + "): " + cfg.metric + " " +
+                   best->attrs["folds"][cfg.metric].dump();
+      if (best->attrs.contains(cfg.metric + "_std"))
+        folds_line += ", mean " + best->attrs.value(cfg.metric + "_mean", nlohmann::json()).dump() +
+                      ", sd " + best->attrs[cfg.metric + "_std"].dump();
+      folds_line += "\n";
+    }
     if (!cfg.train_config.empty()) {
       std::vector<std::string> ov = cfg.overrides;
       for (auto it = best->params.begin(); it != best->params.end(); ++it)
@@ -269,11 +280,11 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
       ov.push_back("run.name=" + cfg.name + "_best");
       yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name + " (" +
              cfg.metric + " " + config::format_double(best->value) +
-             "); run it with: mltrain train " + (sd / "best.yaml").string() + "\n" +
+             "); run it with: mltrain train " + (sd / "best.yaml").string() + "\n" + folds_line +
              config::to_yaml(config::load_experiment(cfg.train_config, ov));
     } else {
       yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name + " (" +
-             cfg.metric + " " + config::format_double(best->value) + ")\n";
+             cfg.metric + " " + config::format_double(best->value) + ")\n" + folds_line;
       for (auto it = best->params.begin(); it != best->params.end(); ++it)
         yaml += it.key() + ": " + it.value().dump() + "\n";
     }

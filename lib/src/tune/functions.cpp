@@ -38,6 +38,12 @@ double rosenbrock(const std::vector<double>& x) {
   return s;
 }
 
+double styblinski_tang(const std::vector<double>& x) {
+  double s = 0;
+  for (double v : x) s += 0.5 * (v * v * v * v - 16 * v * v + 5 * v);
+  return s;
+}
+
 constexpr int kCurveSteps = 27;
 
 double curve_noise(const std::vector<double>& x, int t) {
@@ -75,6 +81,9 @@ std::vector<TestFunction> make_all() {
   Space r;
   for (int i = 1; i <= 4; ++i) r.push_back(Param::floating("x" + std::to_string(i), -5, 10));
   v.push_back({"rosenbrock4", r, 0.0, rosenbrock});
+  Space st;
+  for (int i = 1; i <= 4; ++i) st.push_back(Param::floating("x" + std::to_string(i), -5, 5));
+  v.push_back({"styblinski_tang4", st, -156.66466281508556, styblinski_tang});
   Space pc;
   for (int i = 1; i <= 4; ++i) pc.push_back(Param::floating("x" + std::to_string(i), 0, 1));
   // Minima: the noise-free optimum less the noise's amplitude (a lower bound for regret).

@@ -23,23 +23,34 @@ class NoPruner : public Pruner {
 
 class PercentilePruner : public Pruner {
  public:
+  static constexpr double kGoodShare = 0.5;
   explicit PercentilePruner(PrunerOptions o) : o_(std::move(o)) {}
   bool should_prune(const TrialCurve& me, const std::vector<TrialCurve>& others) const override {
     const size_t k = me.values.size();
     if (k == 0 || int(k) <= o_.n_warmup_steps) return false;
-    int finished = 0;
-    std::vector<double> at;
+    // The reference: complete trials whose final value is within the percentile (the "good
+    // finishers"). A trial is pruned when its best value so far is worse than every good finisher
+    // was at this report: it can no longer follow any of their curves. Where curves keep their
+    // order this is the percentile of the values at the report (Optuna's rule); where they cross
+    // (a slow start, a better end) the good finishers' own early values set the bar.
+    std::vector<const TrialCurve*> complete;
+    std::vector<double> finals;
     for (const auto& t : others) {
-      if (t.number == me.number) continue;
-      finished += t.finished;
-      if (t.finished && t.values.size() >= k && std::isfinite(t.values[k - 1]))
-        at.push_back(t.values[k - 1]);
+      if (t.number == me.number || !t.complete || t.values.empty()) continue;
+      complete.push_back(&t);
+      if (std::isfinite(t.values.back())) finals.push_back(t.values.back());
     }
-    if (finished < o_.n_startup_trials || at.empty()) return false;
+    if (int(complete.size()) < o_.n_startup_trials || finals.empty()) return false;
+    const double cut = percentile_of(finals, o_.percentile * kGoodShare);
+    double bar = -INFINITY;
+    for (const auto* t : complete)
+      if (t->values.back() <= cut && t->values.size() >= k && std::isfinite(t->values[k - 1]))
+        bar = std::max(bar, t->values[k - 1]);
+    if (!std::isfinite(bar)) return false;  // no good finisher reported this far
     double best = INFINITY;
     for (double v : me.values) best = std::min(best, v);
     if (!std::isfinite(best)) return true;  // a NaN curve never recovers
-    return best > percentile_of(at, o_.percentile);
+    return best > bar;
   }
 
  private:
@@ -57,11 +68,14 @@ class AshaPruner : public Pruner {
     const int b =
         bracket_ >= 0 ? bracket_ : (o_.name == "hyperband" ? hyperband_bracket(o_, me.number) : 0);
     const int64_t r0 = int64_t(o_.min_resource) * int64_t(std::pow(eta, b));
+    // Rungs at r0 * eta^j reports past the first (the first report is the start line: a trial's
+    // value after one evaluation says least about where it ends; Optuna's steps count the same
+    // way, from 0).
     const int64_t k = int64_t(me.values.size());
-    if (k < r0) return false;
+    if (k - 1 < r0) return false;
     int64_t rung = r0;
-    while (rung * eta <= k) rung *= eta;
-    if (rung != k) return false;  // judged only when a rung is reached
+    while (rung * eta <= k - 1) rung *= eta;
+    if (rung != k - 1) return false;  // judged only when a rung is reached
     if (o_.max_resource > 0 && k >= o_.max_resource) return false;
     std::vector<double> at;
     for (const auto& t : others) {
@@ -74,7 +88,7 @@ class AshaPruner : public Pruner {
     at.push_back(mine);
     std::sort(at.begin(), at.end());
     const size_t top = std::max<size_t>(1, at.size() / size_t(eta));
-    return mine > at[top - 1];
+    return mine > at[top - 1];  // promoted when in the top 1/eta at this rung
   }
 
  private:

@@ -116,31 +116,43 @@ class TpeSampler : public Sampler {
                                             const std::vector<Observation>& hist, uint64_t seed,
                                             int number) override {
     std::mt19937_64 rng(detail::seed_for(seed, number));
-    std::vector<const Observation*> complete, pruned;
+    std::vector<const Observation*> complete, pruned, running;
     for (const auto& h : hist)
       if (h.running) {
-        if (o_.pending == "liar") pruned.push_back(&h);  // a constant liar: worse than any value
+        if (o_.pending == "liar") running.push_back(&h);  // a constant liar: worse than any value
       } else if (!h.pruned && std::isfinite(h.value)) {
         complete.push_back(&h);
       } else if (h.pruned) {
         pruned.push_back(&h);
       }
-    if (int(complete.size()) < o_.n_startup) {
+    // Finished trials, pruned ones included, end the random start: under an aggressive pruner
+    // few trials complete, and a start counting only those would stay random all study.
+    if (int(complete.size() + pruned.size()) < o_.n_startup) {
       std::vector<double> x;
       for (const auto& p : space) x.push_back(p.sample(rng));
       return x;
     }
-    // Good group: the best ceil(gamma * n) complete trials (at most 25); everything else is bad,
-    // pruned trials included (ranked after every complete one).
-    std::sort(complete.begin(), complete.end(), [](auto a, auto b) {
+    // Ranking: complete trials by value, then pruned trials by how far they got (more reports
+    // first), then by their last value: a trial that survived three rungs says more about a good
+    // region than one stopped at the first. Good group: the best ceil(gamma * n) (at most 25);
+    // the rest and the running trials (constant liars) are bad.
+    auto by_value = [](auto a, auto b) {
       return a->value < b->value || (a->value == b->value && a->number < b->number);
+    };
+    std::sort(complete.begin(), complete.end(), by_value);
+    std::sort(pruned.begin(), pruned.end(), [&](auto a, auto b) {
+      if (a->reports != b->reports) return a->reports > b->reports;
+      if (std::isnan(a->value) != std::isnan(b->value)) return std::isnan(b->value);
+      return by_value(a, b);
     });
-    const size_t n = complete.size() + pruned.size();
+    std::vector<const Observation*> ranked = complete;
+    ranked.insert(ranked.end(), pruned.begin(), pruned.end());
+    const size_t n = ranked.size() + running.size();
     const size_t n_below = std::clamp<size_t>(size_t(std::ceil(o_.gamma * double(n))), 1,
-                                              std::min<size_t>(25, complete.size()));
-    std::vector<const Observation*> below(complete.begin(), complete.begin() + long(n_below));
-    std::vector<const Observation*> above(complete.begin() + long(n_below), complete.end());
-    above.insert(above.end(), pruned.begin(), pruned.end());
+                                              std::min<size_t>(25, ranked.size()));
+    std::vector<const Observation*> below(ranked.begin(), ranked.begin() + long(n_below));
+    std::vector<const Observation*> above(ranked.begin() + long(n_below), ranked.end());
+    above.insert(above.end(), running.begin(), running.end());
     n_total_ = n;
     const Parzen l = build(space, below), g = build(space, above);
     std::vector<double> best;
@@ -664,7 +676,12 @@ class GpSampler : public Sampler {
       else if (!h.pruned && std::isfinite(h.value))
         obs.push_back(&h);
     const int n_init = std::max(o_.n_startup, 2);
-    if (int(obs.size()) < n_init) return latin_hypercube(space, seed, number, n_init);
+    if (int(obs.size()) < n_init) {
+      if (number < n_init) return latin_hypercube(space, seed, number, n_init);
+      std::vector<double> x;  // the design is used up, its results still running: random
+      for (const auto& p : space) x.push_back(p.sample(rng));
+      return x;
+    }
     std::sort(obs.begin(), obs.end(), [](auto a, auto b) { return a->number < b->number; });
     std::vector<std::vector<double>> X;
     std::vector<double> y;

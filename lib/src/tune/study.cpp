@@ -199,6 +199,29 @@ Child spawn(const StudyConfig& cfg, const RunStudyOptions& opt, const TrialState
     for (auto it = t.params.begin(); it != t.params.end(); ++it)
       argv.push_back("--" + it.key() + "=" + value_text(it.value()));
   }
+  if (cfg.folds > 1) {  // the trial is a fold group: `mltrain tune folds` runs and averages them
+    std::vector<std::string> group = {opt.self_exe,
+                                      "tune",
+                                      "folds",
+                                      "--k",
+                                      std::to_string(cfg.folds),
+                                      "--seed",
+                                      std::to_string(cfg.seed),
+                                      "--metric",
+                                      cfg.metric,
+                                      "--log-dir",
+                                      (dir / (std::string(name) + "_folds")).string()};
+    if (!cfg.train_config.empty()) {
+      // run.name is the group's: each fold adds _f<i>
+      argv.erase(std::remove_if(argv.begin(), argv.end(),
+                                [](const std::string& a) { return a.rfind("run.name=", 0) == 0; }),
+                 argv.end());
+      group.insert(group.end(), {"--train-overrides", "--run-name", std::string(name)});
+    }
+    group.push_back("--");
+    group.insert(group.end(), argv.begin(), argv.end());
+    argv = std::move(group);
+  }
   std::vector<std::string> set;
   for (auto it = t.params.begin(); it != t.params.end(); ++it)
     set.push_back(env_name(it.key()) + "=" + value_text(it.value()));
@@ -319,6 +342,15 @@ class Driver {
       }
       read_output();
       reap();
+      if (!config_error_.first.empty()) {
+        for (auto& [n, c] : running_) {
+          ::kill(-c.pid, SIGTERM);
+          finish(c, "FAIL", NAN, "study stopped: another trial's configuration error");
+        }
+        for (auto& [n, c] : running_) ::waitpid(c.pid, nullptr, 0);
+        running_.clear();
+        throw ConfigError(cfg_.source, config_error_.first, config_error_.second);
+      }
       if (!running_.empty() && now_s() - last_beat_ >= cfg_.heartbeat_s) {
         journal_.append({{{"op", "heartbeat"}, {"worker", me_}, {"t", now_s()}}});
         last_beat_ = now_s();
@@ -335,7 +367,8 @@ class Driver {
       if (t.state == "COMPLETE" && std::isfinite(t.value))
         obs.push_back({t.number, t.x, sign_ * t.value, false, false});
       else if (t.state == "PRUNED" && !t.intermediate.empty())
-        obs.push_back({t.number, t.x, sign_ * t.intermediate.back().second, true, false});
+        obs.push_back({t.number, t.x, sign_ * t.intermediate.back().second, true, false,
+                       int64_t(t.intermediate.size())});
       else if (t.state == "RUNNING")
         obs.push_back({t.number, t.x, 0.0, false, true});
     }
@@ -374,7 +407,7 @@ class Driver {
     c.values.push_back(v);
     journal_.append({{{"op", "report"}, {"trial", c.number}, {"step", step}, {"value", v}}});
     if (!judge) return;
-    TrialCurve mine{c.number, false, {}};
+    TrialCurve mine{c.number, false, false, {}};
     for (double x : c.values) mine.values.push_back(sign_ * x);
     if (pruner_->should_prune(mine, curves(live_.update(journal_.read(), cfg_.space).trials))) {
       c.pruned = true;
@@ -385,7 +418,8 @@ class Driver {
   std::vector<TrialCurve> curves(const std::vector<TrialState>& ts) const {
     std::vector<TrialCurve> cs;
     for (const auto& t : ts) {
-      TrialCurve c{t.number, t.state == "COMPLETE" || t.state == "PRUNED", {}};
+      TrialCurve c{
+          t.number, t.state == "COMPLETE" || t.state == "PRUNED", t.state == "COMPLETE", {}};
       for (const auto& [s, v] : t.intermediate) c.values.push_back(sign_ * v);
       cs.push_back(std::move(c));
     }
@@ -533,6 +567,28 @@ class Driver {
     }
   }
 
+  // A trial that exits 2 rejected its configuration. When nothing has completed yet and the key
+  // it names is not a sampled parameter, every trial would fail the same way (a typo in
+  // trial.overrides, folds larger than the data): the study stops with that error (exit 2).
+  void check_config_error(const Child& c) {
+    for (const auto& t : live_.update(journal_.read(), cfg_.space).trials)
+      if (t.state == "COMPLETE") return;
+    std::ifstream in(c.log);
+    std::string line, error, fix;
+    while (std::getline(in, line)) {
+      if (line.rfind("error: ", 0) == 0) error = line.substr(7);
+      if (line.rfind("  fix: ", 0) == 0) fix = line.substr(7);
+    }
+    if (error.empty()) return;
+    const std::string key = error.substr(0, error.find(':'));
+    for (const auto& p : cfg_.space)
+      if (p.name == key) return;  // a sampled value: this trial's problem only
+    config_error_ = {"trial " + std::to_string(c.number) + " (log " + c.log.string() +
+                         ") rejected its configuration: " + error +
+                         "; every trial would fail the same way",
+                     fix.empty() ? "fix trial.train / trial.overrides / objective" : fix};
+  }
+
   // The verdict on an exited trial from its exit status and what it reported.
   void judge_exit(Child& c, int status) {
     if (c.pruned) {
@@ -548,6 +604,7 @@ class Driver {
       else
         finish(c, "COMPLETE", c.last_value, "");
     } else {
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 2) check_config_error(c);
       std::string why = WIFSIGNALED(status)
                             ? "killed by signal " + std::to_string(WTERMSIG(status)) +
                                   (WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "")
@@ -605,7 +662,8 @@ class Driver {
   int sampled_ = 0;
   bool exhausted_ = false, done_ = false;
   std::map<int, Child> running_;
-  LiveReplay live_;  // the journal as the pruner sees it
+  LiveReplay live_;                                   // the journal as the pruner sees it
+  std::pair<std::string, std::string> config_error_;  // (error, fix): the study stops
 };
 
 }  // namespace

@@ -84,6 +84,8 @@ void tuner_checks(const config::StudyFile& f, config::Issues& issues) {
                   "unknown test function '" + f.objective.function + "' (have: " + all + ")", "");
     return;
   }
+  if (f.objective.folds > 0 && !f.objective.function.empty())
+    issues.add_at("objective.folds", "a test function has no data to cut into folds", "");
   if (issues.any_under("space") || issues.any_under("sampler"))
     return;  // a broken space fits no sampler
   Space space;
@@ -118,6 +120,7 @@ StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
   c.sampler.gamma = f.sampler.gamma;
   c.sampler.xi = f.sampler.xi;
   c.sampler.pending = f.sampler.pending;
+  c.folds = int(f.objective.folds);
   c.pruner.name = f.pruner.name;
   c.pruner.n_startup_trials = int(f.pruner.n_startup_trials);
   c.pruner.n_warmup_steps = int(f.pruner.n_warmup_steps);

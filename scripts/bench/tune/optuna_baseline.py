@@ -36,10 +36,15 @@ def rosenbrock(x):
     return sum(100 * (x[i + 1] - x[i] ** 2) ** 2 + (1 - x[i]) ** 2 for i in range(len(x) - 1))
 
 
+def styblinski_tang(x):
+    return sum(0.5 * (v ** 4 - 16 * v * v + 5 * v) for v in x)
+
+
 FUNCTIONS = {
     "branin": (branin, [(-5, 10), (0, 15)], 0.397887357729739),
     "hartmann6": (hartmann6, [(0, 1)] * 6, -3.32236801141551),
     "rosenbrock4": (rosenbrock, [(-5, 10)] * 4, 0.0),
+    "styblinski_tang4": (styblinski_tang, [(-5, 5)] * 4, -156.66466281508556),
 }
 
 

@@ -204,6 +204,7 @@ struct DataConfig {
   int64_t vocab_size = 0;
   int64_t limit_train = 0;
   double val_fraction = 0.0;
+  int64_t folds = 0, fold = 0, fold_seed = 0;
   AutoSize batch_size = 128;
   Count eval_batch_size = Count::automatic();
   Count workers = Count::automatic();
@@ -246,6 +247,16 @@ struct DataConfig {
             non_negative<int64_t>());
     v.field("val_fraction", val_fraction,
             "hold out this fraction of training samples for validation", in_range(0.0, 0.5));
+    v.field("folds", folds,
+            "k-fold cross-validation: evaluate on fold `fold` of this many (a seeded permutation "
+            "of the training samples), train on the rest (0: off; `mltrain tune` sets it from "
+            "objective.folds)",
+            Check<int64_t>{"0 or >= 2", [](const int64_t& k) {
+                             return k == 0 || k >= 2 ? "" : "must be 0 (off) or at least 2";
+                           }});
+    v.field("fold", fold, "the held-out fold, in [0, folds)", non_negative<int64_t>());
+    v.field("fold_seed", fold_seed, "seed of the fold permutation (a study's seed)",
+            non_negative<int64_t>());
     v.field("batch_size", batch_size,
             "samples per loader batch (per rank); auto: train.global_batch / world, split into "
             "the largest micro-batches (memory.micro_batch) that fit runtime.memory_budget",

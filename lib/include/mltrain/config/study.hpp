@@ -116,6 +116,7 @@ struct ObjectiveSettings {
   std::string metric = "accuracy";
   std::string direction = "maximize";
   std::string function;
+  int64_t folds = 0;
   template <class V>
   void visit(V& v) {
     v.field("metric", metric, "the reported value to optimise (a trial's evaluation field)",
@@ -125,6 +126,13 @@ struct ObjectiveSettings {
     v.field("function", function,
             "a built-in test function instead of trials (branin, hartmann6, rosenbrock4, ...)",
             any<std::string>());
+    v.field("folds", folds,
+            "k-fold cross-validation: each trial trains k folds at once (child processes, "
+            "data.folds/data.fold, folds drawn from study.seed) and reports their mean; pruning "
+            "judges the running fold mean (0: off)",
+            Check<int64_t>{"0 or >= 2", [](const int64_t& k) {
+                             return k == 0 || k >= 2 ? "" : "must be 0 (off) or at least 2";
+                           }});
   }
 };
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mltrain::data {
@@ -81,7 +82,16 @@ struct Dataset {
   const uint8_t* sample_into(int64_t i, std::vector<uint8_t>& buf) const;
   int64_t label(int64_t i) const { return (*labels)[static_cast<size_t>(label_offset + i)]; }
   Dataset slice(int64_t begin, int64_t end) const;  // a view, no copy
+  // Samples `idx` (in that order) copied into memory of their own, with their labels or targets
+  // (on-demand samples are made once here). Not for token windows, which overlap in the stream.
+  Dataset gather(const std::vector<int64_t>& idx) const;
 };
+
+// K-fold cross-validation: the fold a sample belongs to is its position in a permutation of
+// [0, n) drawn from `seed`, cut into k near-equal parts. Returns (training, validation) indices of
+// fold `fold`, each sorted. Pure: the same (n, k, fold, seed) gives the same split anywhere.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> kfold_split(int64_t n, int64_t k,
+                                                                  int64_t fold, uint64_t seed);
 
 // images: any readable array; labels: IDX/npy file, or "" when images is a shard.
 Dataset load_dataset(const std::string& images, const std::string& labels, int64_t num_classes);

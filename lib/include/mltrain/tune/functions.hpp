@@ -4,6 +4,8 @@
 //   branin      x1 in [-5, 10], x2 in [0, 15]          minimum 0.397887 (three global minima)
 //   hartmann6   x1..x6 in [0, 1]                        minimum -3.32237
 //   rosenbrock4 x1..x4 in [-5, 10]                      minimum 0 at (1, 1, 1, 1)
+//   styblinski_tang4 x1..x4 in [-5, 5]                  minimum -156.66466 at xi = -2.903534
+//                    (2^4 local minima: the parallel-suggestion benchmark's fourth problem)
 // Learning curves for the pruning benchmark (one value per step, 27 steps, minimised; the same
 // formulas are in scripts/bench/tune/curves.py for Optuna):
 //   curves_parallel  x1..x4 in [0, 1]: final(x) + exp(-t / 6); curves never cross (but for noise)

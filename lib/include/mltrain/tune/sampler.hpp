@@ -25,6 +25,7 @@ struct Observation {
   double value = 0;      // lower is better; a pruned trial's last intermediate value
   bool pruned = false;   // stopped early: ranked after every complete trial by TPE
   bool running = false;  // started, no value yet (pending: see SamplerOptions::pending)
+  int64_t reports = 0;   // intermediate values reported (ranks pruned trials: further is better)
 };
 
 // The schema's defaults (config/study.hpp declares each sampler setting once).

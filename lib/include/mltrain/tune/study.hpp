@@ -36,6 +36,7 @@ struct StudyConfig {
   PrunerOptions pruner;
   std::string metric = "accuracy";
   bool maximize = true;
+  int folds = 0;                       // > 1: each trial is a group of fold trainings
   std::string function;                // builtin test function (in-process; no trial processes)
   std::string train_config;            // trials run `mltrain train` on this config ...
   std::vector<std::string> overrides;  // ... with these overrides before the sampled ones

@@ -1,0 +1,178 @@
+#!/usr/bin/python3
+"""Issue #20's benchmark: mltrain tune against Debian's Optuna 3.1, both run in this invocation.
+    /usr/bin/python3 scripts/bench/tune/cluster.py MLTRAIN SCRATCH [--parts parallel,gpcost,pruning,mo] [--quick]
+Tables:
+  parallel  median regret after 100 trials (GP: 60) with 4 trials running at once (each suggestion
+            sees 3 pending) against the sequential study, pending=liar vs ignore, and Optuna's TPE
+            with and without constant_liar; duplicate rate = share of suggestions closer than
+            0.01*sqrt(D) (unit cube) to a running trial
+  gpcost    the GP sampler's milliseconds per suggestion at 100 and 500 trials
+  pruning   see curves.py
+  mo        see mo.py
+"""
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+
+sys.path.insert(0, str(Path(__file__).parent))
+from optuna_baseline import FUNCTIONS  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+ROOT = Path(__file__).resolve().parents[3]
+STUDY = str(ROOT / "configs/tune/branin.yaml")
+
+
+def tune(m, scratch, name, *overrides):
+    out = subprocess.run([m, "tune", STUDY, "-q", "--json", f"study.dir={scratch}", f"study.name={name}", *overrides],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def unit(x, bounds):
+    return np.array([(v - lo) / (hi - lo) for v, (lo, hi) in zip(x, bounds)])
+
+
+def journal_trials(path, bounds):
+    """(values in trial order, nearest running distance per suggestion)"""
+    running, params, values, near = {}, {}, {}, []
+    for line in open(path):
+        r = json.loads(line)
+        if r["op"] == "create":
+            x = unit([r["params"][f"x{i + 1}"] for i in range(len(bounds))], bounds)
+            near.append(min((float(np.linalg.norm(x - y)) for y in running.values()), default=math.inf))
+            running[r["trial"]] = x
+        elif r["op"] == "finish":
+            running.pop(r["trial"], None)
+            if "value" in r:
+                values[r["trial"]] = r["value"]
+    return [values[k] for k in sorted(values)], near
+
+
+def optuna_parallel(fn, seed, trials, concurrent, liar):
+    f, bounds, _ = FUNCTIONS[fn]
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=liar))
+    pending, values, near = [], [], []
+    asked = 0
+    while len(values) < trials:
+        while len(pending) < concurrent and asked < trials:
+            t = study.ask()
+            x = [t.suggest_float(f"x{i + 1}", lo, hi) for i, (lo, hi) in enumerate(bounds)]
+            u = unit(x, bounds)
+            near.append(min((float(np.linalg.norm(u - unit(y, bounds))) for _, y in pending), default=math.inf))
+            pending.append((t, x))
+            asked += 1
+        t, x = pending.pop(0)
+        v = f(x)
+        study.tell(t, v)
+        values.append(v)
+    return values, near
+
+
+def summarise(rows, fmin, trials, dim):
+    regrets = [min(v[:trials]) - fmin for v, _ in rows]
+    tol = 0.01 * math.sqrt(dim)
+    near = [d for _, n in rows for d in n if math.isfinite(d)]
+    dup = sum(d < tol for d in near) / max(len(near), 1)
+    return statistics.median(regrets), dup, statistics.median(near) if near else math.nan
+
+
+def part_parallel(m, scratch, seeds, quick):
+    fns = ["branin", "hartmann6", "rosenbrock4", "styblinski_tang4"]
+    print("## parallel suggestions: 4 trials at once vs sequential")
+    print(f"median regret over {seeds} seeds; dup = suggestions within 0.01*sqrt(D) of a running trial;"
+          " near = median distance to the nearest running trial (unit cube)")
+    print(f"{'function':<17} {'tuner':<8} {'sampler':<5} {'mode':<16} {'regret':>10} {'vs seq':>7} {'dup':>6} {'near':>6}")
+    verdicts = []
+    for fn in fns:
+        _, bounds, fmin = FUNCTIONS[fn]
+        for sampler, trials in (("tpe", 100), ("gp", 60)):
+            if quick and sampler == "gp" and fn != "branin":
+                continue
+            res = {}
+            for mode, conc, pend in (("sequential", 1, "liar"), ("4 running, liar", 4, "liar"), ("4 running, ignore", 4, "ignore")):
+                rows = []
+                for s in range(seeds):
+                    name = f"par_{fn}_{sampler}_{conc}_{pend}_{s}"
+                    tune(m, scratch, name, f"objective.function={fn}", f"sampler.name={sampler}", f"study.seed={s}",
+                         f"study.n_trials={trials}", f"study.max_concurrent={conc}", f"sampler.pending={pend}")
+                    rows.append(journal_trials(Path(scratch) / name / "journal.jsonl", bounds))
+                res[mode] = summarise(rows, fmin, trials, len(bounds))
+            seq = res["sequential"][0]
+            for mode, (reg, dup, near) in res.items():
+                rel = reg / seq if seq > 0 else math.nan
+                print(f"{fn:<17} {'mltrain':<8} {sampler:<5} {mode:<16} {reg:>10.4g} {rel:>7.2f} {dup:>6.1%} {near:>6.3f}")
+            verdicts.append((fn, sampler, res["4 running, liar"][0], seq, res["4 running, liar"][1], res["4 running, ignore"][1]))
+        if quick:
+            continue
+        oseeds = max(1, seeds // 2)
+        for mode, conc, liar in (("sequential", 1, False), ("4 running, liar", 4, True), ("4 running, plain", 4, False)):
+            rows = [optuna_parallel(fn, s, 100, conc, liar) for s in range(oseeds)]
+            reg, dup, near = summarise(rows, fmin, 100, len(bounds))
+            print(f"{fn:<17} {'optuna':<8} {'tpe':<5} {mode:<16} {reg:>10.4g} {'':>7} {dup:>6.1%} {near:>6.3f}  ({oseeds} seeds)")
+    print()
+    for fn, sampler, par, seq, dup_liar, dup_naive in verdicts:
+        ok = par <= 1.10 * seq
+        print(f"{'PASS' if ok else 'FAIL'}  {fn} {sampler}: regret with 4 running {par:.4g} <= 1.10 x sequential {seq:.4g}"
+              f" ({par / seq if seq > 0 else math.nan:.2f}x); duplicates {dup_liar:.1%} vs naive {dup_naive:.1%}")
+    print()
+
+
+def part_gpcost(m, scratch, quick):
+    print("## GP sampler cost: ms per suggestion (journal's sample_ms), hartmann6 and branin")
+    print(f"{'function':<10} {'trials':>6} {'mean':>8} {'median':>8} {'max':>8}")
+    sizes = (100,) if quick else (100, 500)
+    ok = True
+    for fn in ("branin", "hartmann6"):
+        for n in sizes:
+            # the model-based suggestions from n to n+10 (the first n come from the Latin hypercube
+            # only for the 500 case, to keep the benchmark short; at 100 the study is real)
+            if n == 100:
+                name = f"gpcost_{fn}_{n}"
+                tune(m, scratch, name, f"objective.function={fn}", "sampler.name=gp", f"study.n_trials={n + 10}")
+            else:
+                name = f"gpcost_{fn}_{n}"
+                tune(m, scratch, name, f"objective.function={fn}", "sampler.name=gp", f"sampler.n_startup={n - 20}",
+                     f"study.n_trials={n + 10}")
+            ms = [json.loads(l)["sample_ms"] for l in open(Path(scratch) / name / "journal.jsonl")
+                  if '"create"' in l]
+            tail = ms[n:n + 10]
+            mean = statistics.mean(tail)
+            print(f"{fn:<10} {n:>6} {mean:>8.1f} {statistics.median(tail):>8.1f} {max(tail):>8.1f}")
+            limit = 20 if n == 100 else 1000
+            ok &= mean <= limit
+            print(f"{'PASS' if mean <= limit else 'FAIL'}  GP at {n} trials ({fn}): mean {mean:.1f} ms <= {limit} ms")
+    print()
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mltrain")
+    ap.add_argument("scratch")
+    ap.add_argument("--parts", default="parallel,gpcost,pruning,mo")
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    parts = a.parts.split(",")
+    if "gpcost" in parts:  # first, while nothing else runs
+        part_gpcost(a.mltrain, a.scratch, a.quick)
+    if "parallel" in parts:
+        part_parallel(a.mltrain, a.scratch, a.seeds, a.quick)
+    if "pruning" in parts:
+        import curves
+        curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)
+    if "mo" in parts:
+        import mo
+        mo.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The pruning benchmark of cluster.py: synthetic learning curves (the formulas of mltrain's
+curves_parallel and curves_crossing test functions, lib/src/tune/functions.cpp), 100 TPE trials of
+27 steps each, sequential and with 4 trials running at once (every running trial takes a step in
+turn), each pruner against Optuna 3.1's counterpart on the same curves and seeds. Quality = the
+best complete trial's final value (lower is better), cost = total steps (reports) over the study."""
+import math
+import statistics
+from pathlib import Path
+import json
+
+import optuna
+
+STEPS = 27
+
+
+def noise(x, t):
+    return 0.01 * math.sin(1000.0 * sum((i + 1) * v for i, v in enumerate(x)) + 7.3 * t)
+
+
+def parallel_curve(x, t):
+    c = (0.2, 0.7, 0.4, 0.6)
+    final = 0.1 + sum((x[i] - c[i]) ** 2 for i in range(4))
+    return final + math.exp(-t / 6.0) + noise(x, t)
+
+
+def crossing_curve(x, t):
+    lr = x[0]
+    e = math.log10(lr) + 3.0
+    floor = 0.1 + 0.15 * e * e + (x[1] - 0.3) ** 2 + (x[2] - 0.6) ** 2
+    return floor + (2.5 - floor) * math.exp(-10.0 * lr * t) + noise(x, t)
+
+
+CURVES = {
+    "curves_parallel": (parallel_curve, [("x1", 0, 1, False), ("x2", 0, 1, False), ("x3", 0, 1, False), ("x4", 0, 1, False)]),
+    "curves_crossing": (crossing_curve, [("lr", 1e-4, 1, True), ("x1", 0, 1, False), ("x2", 0, 1, False)]),
+}
+
+# mltrain pruner settings -> Optuna's counterpart
+PRUNERS = {
+    "none": ([], lambda: optuna.pruners.NopPruner()),
+    "median": (["pruner.name=median"], lambda: optuna.pruners.MedianPruner()),
+    "percentile": (["pruner.name=percentile", "pruner.percentile=25"], lambda: optuna.pruners.PercentilePruner(25.0)),
+    "asha": (["pruner.name=asha", "pruner.min_resource=1", "pruner.reduction_factor=3"],
+             lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)),
+    "hyperband": (["pruner.name=hyperband", "pruner.min_resource=1", "pruner.max_resource=27", "pruner.reduction_factor=3"],
+                  lambda: optuna.pruners.HyperbandPruner(min_resource=1, max_resource=27, reduction_factor=3)),
+}
+
+
+def optuna_study(fn, pruner, seed, trials, concurrent):
+    f, space = CURVES[fn]
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=concurrent > 1),
+                                pruner=PRUNERS[pruner][1]())
+    running, started, steps, best = [], 0, 0, math.inf
+    while running or started < trials:
+        while len(running) < concurrent and started < trials:
+            t = study.ask()
+            x = [t.suggest_float(n, lo, hi, log=lg) for n, lo, hi, lg in space]
+            running.append([t, x, 0])
+            started += 1
+        for r in list(running):
+            t, x, k = r
+            k += 1
+            r[2] = k
+            v = f(x, k)
+            steps += 1
+            t.report(v, k - 1)  # Optuna's steps start at 0
+            if t.should_prune():
+                study.tell(t, state=optuna.trial.TrialState.PRUNED)
+                running.remove(r)
+            elif k == STEPS:
+                study.tell(t, v)
+                best = min(best, v)
+                running.remove(r)
+    return best, steps
+
+
+def mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent):
+    name = f"prune_{fn}_{pruner}_{concurrent}_{seed}"
+    s = tune(m, scratch, name, f"objective.function={fn}", "sampler.name=tpe", f"study.seed={seed}",
+             f"study.n_trials={trials}", f"study.max_concurrent={concurrent}", *PRUNERS[pruner][0])
+    steps = sum(1 for l in open(Path(scratch) / name / "journal.jsonl") if '"report"' in l)
+    return s["best"]["value"], steps
+
+
+def run(m, scratch, seeds, quick, tune, trials=100):
+    print(f"## pruning: {trials} TPE trials of {STEPS} steps, median over {seeds} seeds (100..{99 + seeds})")
+    print("best = the best complete trial's final value (lower is better); steps = reports over the study")
+    print(f"{'curves':<16} {'running':>7} {'pruner':<10} {'mltrain best':>12} {'optuna best':>12} {'mltrain steps':>13} {'optuna steps':>12}")
+    verdicts = []
+    for fn in CURVES:
+        for conc in (1, 4):
+            for p in PRUNERS:
+                if quick and p in ("percentile", "hyperband"):
+                    continue
+                # Seeds from 100: the pruning rules were designed on seeds 0-19.
+                a = [mltrain_study(m, scratch, tune, fn, p, s, trials, conc) for s in range(100, 100 + seeds)]
+                b = [optuna_study(fn, p, s, trials, conc) for s in range(100, 100 + seeds)]
+                ma, mb = statistics.median(x for x, _ in a), statistics.median(x for x, _ in b)
+                sa, sb = statistics.median(x for _, x in a), statistics.median(x for _, x in b)
+                print(f"{fn:<16} {conc:>7} {p:<10} {ma:>12.4f} {mb:>12.4f} {sa:>13.0f} {sb:>12.0f}")
+                if p != "none":
+                    verdicts.append((fn, conc, p, ma, mb, sa, sb))
+    print()
+    for fn, conc, p, ma, mb, sa, sb in verdicts:
+        ok = ma <= mb and sa <= sb
+        print(f"{'PASS' if ok else 'FAIL'}  {fn} x{conc} {p}: best {ma:.4f} vs optuna {mb:.4f}, steps {sa:.0f} vs {sb:.0f}")
+    print()
