@@ -21,6 +21,7 @@
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/functions.hpp"
 #include "mltrain/tune/journal.hpp"
+#include "mltrain/tune/pareto.hpp"
 #include "mltrain/tune/pruner.hpp"
 #include "mltrain/tune/sampler.hpp"
 #include "mltrain/tune/study.hpp"
@@ -581,6 +582,104 @@ TEST_CASE("tune: folds larger than the data stop the study with exit 2 naming da
   std::ifstream e2(d / "err2.txt");
   const std::string err2((std::istreambuf_iterator<char>(e2)), std::istreambuf_iterator<char>());
   CHECK(err2.find("objective.folds") != std::string::npos);
+}
+
+TEST_CASE("Pareto fronts: dominance, non-dominated ranks, hypervolume by hand", "[tune][pareto]") {
+  CHECK(dominates({1, 2}, {2, 2}));
+  CHECK_FALSE(dominates({1, 2}, {1, 2}));  // equal: neither dominates
+  CHECK_FALSE(dominates({1, 3}, {2, 2}));
+  CHECK(nondominated_ranks({{1, 4}, {2, 2}, {4, 1}, {3, 3}, {4, 4}}) ==
+        std::vector<int>{0, 0, 0, 1, 2});
+  // Staircase below (4, 4): 3 x 1 + 2 x 1 + 1 x 1 = 6; a point outside the reference adds nothing.
+  CHECK(hypervolume({{1, 3}, {2, 2}, {3, 1}, {5, 0}}, {4, 4}) == Approx(6));
+  CHECK(hypervolume({{1, 1, 1}}, {2, 2, 2}) == Approx(1));
+  // Two boxes of 4 and 2 sharing a unit cube: 5.
+  CHECK(hypervolume({{0, 0, 1}, {1, 1, 0}}, {2, 2, 2}) == Approx(5));
+  // The good group's boundary front by hypervolume contribution: the knee first.
+  CHECK(select_best({{0, 3}, {1, 1}, {3, 0}, {4, 4}}, 1) == std::vector<size_t>{1});
+  CHECK(select_best({{0, 3}, {1, 1}, {3, 0}, {4, 4}}, 4).back() == 3);  // the dominated one last
+}
+
+TEST_CASE(
+    "several objectives: Pareto front outputs, pruning spares the front, a metric never "
+    "reported stops the study",
+    "[tune][driver][pareto]") {
+  const auto d = tmpdir("pareto");
+  const std::string base =
+      kBin + " tune " + MLTRAIN_SOURCE_DIR + "/configs/tune/branin.yaml -q study.dir=" + d.string();
+  REQUIRE(sh(base + " objective.function=zdt1 study.n_trials=40 study.name=z > /dev/null") == 0);
+  std::ifstream pj(d / "z" / "pareto.json");
+  const auto front = nlohmann::json::parse(pj);
+  REQUIRE(front["front"].size() >= 2);
+  const auto cfg = study_config_from_folder((d / "z").string());
+  const auto trials = read_trials(d / "z", cfg.space);
+  for (const auto& f : front["front"]) {  // nobody dominates a front member; values are ZDT1's
+    const auto x = trials[f["number"].get<size_t>()].x;
+    const std::vector<double> v = f["values"];
+    CHECK(v == find_test_function("zdt1")->fm(x));
+    for (const auto& t : trials) CHECK_FALSE(dominates(t.values, v));
+  }
+  CHECK(front["hypervolume"].get<double>() > 0);
+  CHECK(fs::exists(d / "z" / "pareto.svg"));
+  std::ifstream csv(d / "z" / "trials.csv");
+  std::string header;
+  std::getline(csv, header);
+  CHECK(header.rfind("number,state,value,f1,f2,x1", 0) == 0);
+
+  // loss falls with x, size grows with x: every "good" trial is on the front of (loss, size) and
+  // is never pruned, though the median pruner on loss alone stops some; "bad" ones are dominated.
+  const auto p = d / "two.sh";
+  write(p,
+        "#!/bin/sh\nb=0; [ \"$MLTRAIN_PARAM_MODE\" = bad ] && b=5\n"
+        "for s in 1 2 3 4 5; do awk -v x=\"$MLTRAIN_PARAM_X\" -v s=$s -v b=$b 'BEGIN { printf "
+        "\"{\\\"step\\\": %d, \\\"loss\\\": %.17g, \\\"size\\\": %.17g}\\n\", s, 1 - x + b + 1 / "
+        "s, x + b "
+        "}'; done\n");
+  fs::permissions(p, fs::perms::owner_all);
+  auto study = [&](const std::string& name, const std::string& objective) {
+    write(d / (name + ".yaml"), "study: {name: " + name + ", dir: " + d.string() +
+                                    ", n_trials: 16, seed: 3}\nsampler: {name: random}\n"
+                                    "pruner: {name: median, n_startup_trials: 2}\nobjective: " +
+                                    objective + "\ntrial: {command: [" + p.string() +
+                                    "]}\nspace:\n  x: {type: float, low: 0, high: 1}\n"
+                                    "  mode: {type: categorical, choices: [good, good2, bad]}\n");
+    REQUIRE(sh(kBin + " tune " + (d / (name + ".yaml")).string() + " -q > /dev/null") == 0);
+    const auto c = study_config_from_folder((d / name).string());
+    return read_trials(d / name, c.space);
+  };
+  int pruned_good = 0, pruned_bad = 0;
+  for (const auto& t : study("single", "{metric: loss, direction: minimize}"))
+    if (t.state == "PRUNED" && t.params["mode"] != "bad") ++pruned_good;
+  CHECK(pruned_good > 0);  // loss alone: good trials with small x are pruned
+  pruned_good = 0;
+  for (const auto& t : study("both",
+                             "[{metric: loss, direction: minimize}, {metric: size, "
+                             "direction: minimize}]")) {
+    INFO("trial " << t.number << " " << t.params.dump() << " " << t.state);
+    if (t.params["mode"] == "bad") {
+      pruned_bad += t.state == "PRUNED";
+    } else {
+      CHECK(t.state == "COMPLETE");
+      CHECK(t.values.size() == 2);
+    }
+  }
+  CHECK(pruned_bad > 0);  // dominated trials are still pruned
+
+  // An objective the trials never report: exit 2 naming the key.
+  write(d / "missing.yaml", "study: {name: m, dir: " + d.string() +
+                                ", n_trials: 3}\nsampler: {name: random}\n"
+                                "objective: [{metric: loss, direction: minimize}, {metric: "
+                                "latency_ms, direction: minimize}]\ntrial: {command: [" +
+                                p.string() + "]}\nspace:\n  x: {type: float, low: 0, high: 1}\n");
+  CHECK(sh(kBin + " tune " + (d / "missing.yaml").string() + " -q 2> " +
+           (d / "err.txt").string()) == 2);
+  std::ifstream e(d / "err.txt");
+  const std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  CHECK(err.find("objective.metrics[1].metric") != std::string::npos);
+  CHECK(err.find("latency_ms") != std::string::npos);
+  // GP optimises one objective: refused at config time.
+  CHECK(sh(kBin + " tune " + (d / "missing.yaml").string() + " sampler.name=gp -q 2>/dev/null") ==
+        2);
 }
 
 TEST_CASE("tune driver: SIGKILL mid-study, rerun completes with no trial lost or run twice",

@@ -61,6 +61,17 @@ void cross_checks(const StudyFile& s, Issues& issues, const std::string& file, b
   if (s.space.empty() && s.objective.function.empty())
     issues.add(file, "space", "no parameters to tune");
   for (const auto& [name, p] : s.space) check_param(name, p, issues, file);
+  const auto& ms = s.objective.metrics;
+  for (size_t i = 0; i < ms.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (ms[i].metric == ms[j].metric)
+        issues.add_at("objective.metrics[" + std::to_string(i) + "].metric",
+                      "'" + ms[i].metric + "' is listed twice", file);
+  if (ms.size() > 1 && (s.sampler.name == "gp"))
+    issues.add_at("sampler.name",
+                  "gp optimises one objective; with several use tpe (multi-objective TPE) or "
+                  "random",
+                  file);
 }
 
 }  // namespace
@@ -71,7 +82,15 @@ StudyFile load_study_file(const std::string& path, const std::vector<std::string
   const YAML::Node root = load_yaml_file(path, "study", "examples are in configs/tune/",
                                          "study:, sampler:, space:", issues);
   StudyFile s;
-  read_settings(root, path, overrides, issues, s);
+  // `objective: [{metric, direction}, ...]` is short for `objective: {metrics: [...]}`.
+  YAML::Node doc = root;
+  if (doc.IsMap() && doc["objective"] && doc["objective"].IsSequence()) {
+    doc = YAML::Clone(root);
+    YAML::Node m(YAML::NodeType::Map);
+    m["metrics"] = root["objective"];
+    doc["objective"] = m;
+  }
+  read_settings(doc, path, overrides, issues, s);
   // Every problem at once: the checks across settings run even when a field failed (they skip
   // what could not be read).
   cross_checks(s, issues, path, in_folder);

@@ -1,5 +1,7 @@
 #include "mltrain/tune/analysis.hpp"
 
+#include "mltrain/tune/pareto.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -210,10 +212,138 @@ std::string svg_parallel(const std::string& title, const Space& space,
   return o.str();
 }
 
+namespace {
+
+// Complete trials with every objective, in minimisation sense.
+struct FrontInput {
+  std::vector<const TrialState*> trials;
+  std::vector<Point> points;
+};
+FrontInput front_input(const StudyConfig& cfg, const std::vector<TrialState>& trials) {
+  FrontInput f;
+  for (const auto& t : trials) {
+    if (t.state != "COMPLETE" || t.values.size() != cfg.objectives.size()) continue;
+    Point p;
+    for (size_t i = 0; i < t.values.size(); ++i)
+      p.push_back(cfg.objectives[i].maximize ? -t.values[i] : t.values[i]);
+    bool finite = true;
+    for (double v : p) finite = finite && std::isfinite(v);
+    if (finite) f.trials.push_back(&t), f.points.push_back(p);
+  }
+  return f;
+}
+
+// The first two objectives: every complete trial a grey dot, the front in colour joined by its
+// staircase.
+std::string svg_pareto(const std::string& title, const StudyConfig& cfg, const FrontInput& in,
+                       const std::vector<int>& rank) {
+  const double W = 720, H = 440, L = 70, R = 20, T = 40, B = 50;
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  for (const auto* t : in.trials) {
+    x0 = std::min(x0, t->values[0]), x1 = std::max(x1, t->values[0]);
+    y0 = std::min(y0, t->values[1]), y1 = std::max(y1, t->values[1]);
+  }
+  if (!(x1 > x0)) x0 -= 0.5, x1 += 0.5;
+  if (!(y1 > y0)) y0 -= 0.5, y1 += 0.5;
+  auto px = [&](double v) { return L + (v - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double v) { return H - B - (v - y0) / (y1 - y0) * (H - T - B); };
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+       "fill=\"white\"/>\n<text x=\""
+    << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << xml_escape(title)
+    << "</text>\n";
+  o << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B
+    << "\" stroke=\"#444\"/>\n<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\""
+    << H - B << "\" stroke=\"#444\"/>\n";
+  auto label = [&](const StudyConfig::Objective& ob) {
+    return xml_escape(ob.metric + (ob.maximize ? " (max)" : " (min)"));
+  };
+  o << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 12 << "\" text-anchor=\"middle\">"
+    << label(cfg.objectives[0]) << "</text>\n<text x=\"16\" y=\"" << (T + H - B) / 2
+    << "\" transform=\"rotate(-90 16 " << (T + H - B) / 2 << ")\" text-anchor=\"middle\">"
+    << label(cfg.objectives[1]) << "</text>\n";
+  for (double f : {0.0, 0.5, 1.0}) {
+    o << "<text x=\"" << px(x0 + f * (x1 - x0)) << "\" y=\"" << H - B + 16
+      << "\" text-anchor=\"middle\" fill=\"#666\">" << config::format_double(x0 + f * (x1 - x0))
+      << "</text>\n<text x=\"" << L - 6 << "\" y=\"" << py(y0 + f * (y1 - y0)) + 4
+      << "\" text-anchor=\"end\" fill=\"#666\">" << config::format_double(y0 + f * (y1 - y0))
+      << "</text>\n";
+  }
+  std::vector<const TrialState*> front;
+  for (size_t i = 0; i < in.trials.size(); ++i) {
+    if (rank[i] == 0) front.push_back(in.trials[i]);
+    o << "<circle cx=\"" << px(in.trials[i]->values[0]) << "\" cy=\"" << py(in.trials[i]->values[1])
+      << "\" r=\"3\" fill=\"" << (rank[i] == 0 ? "#d62728" : "#bbb") << "\"><title>trial "
+      << in.trials[i]->number << "</title></circle>\n";
+  }
+  // The staircase along the front, in the first objective's order.
+  std::sort(front.begin(), front.end(), [&](auto a, auto b) {
+    return cfg.objectives[0].maximize ? a->values[0] > b->values[0] : a->values[0] < b->values[0];
+  });
+  o << "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\" points=\"";
+  for (size_t i = 0; i < front.size(); ++i) {
+    if (i > 0) o << px(front[i]->values[0]) << "," << py(front[i - 1]->values[1]) << " ";
+    o << px(front[i]->values[0]) << "," << py(front[i]->values[1]) << " ";
+  }
+  o << "\"/>\n<text x=\"" << W - R << "\" y=\"" << T + 4
+    << "\" text-anchor=\"end\" fill=\"#d62728\">Pareto front: " << front.size() << " of "
+    << in.trials.size() << " complete trials</text>\n</svg>\n";
+  return o.str();
+}
+
+// The Pareto front (pareto.json, pareto.svg) and its hypervolume, into the summary.
+void write_front(const StudyConfig& cfg, const std::vector<TrialState>& trials, nlohmann::json& s) {
+  const auto in = front_input(cfg, trials);
+  nlohmann::json objectives = nlohmann::json::array();
+  for (const auto& ob : cfg.objectives)
+    objectives.push_back(
+        {{"metric", ob.metric}, {"direction", ob.maximize ? "maximize" : "minimize"}});
+  s["objectives"] = objectives;
+  const auto rank = nondominated_ranks(in.points);
+  nlohmann::json front = nlohmann::json::array();
+  std::vector<Point> fp;
+  for (size_t i = 0; i < in.trials.size(); ++i)
+    if (rank[i] == 0) {
+      front.push_back({{"number", in.trials[i]->number},
+                       {"values", in.trials[i]->values},
+                       {"params", in.trials[i]->params}});
+      fp.push_back(in.points[i]);
+    }
+  // Hypervolume against the worst complete trial in each objective (the nadir of every trial,
+  // so studies of one problem compare when they share it; pareto.json records it).
+  Point ref(cfg.objectives.size(), -INFINITY);
+  for (const auto& p : in.points)
+    for (size_t i = 0; i < p.size(); ++i) ref[i] = std::max(ref[i], p[i]);
+  nlohmann::json ref_reported = nlohmann::json::array();
+  for (size_t i = 0; i < ref.size(); ++i)
+    ref_reported.push_back(in.points.empty()
+                               ? nlohmann::json(nullptr)
+                               : nlohmann::json(cfg.objectives[i].maximize ? -ref[i] : ref[i]));
+  const double hv = in.points.empty() ? 0.0 : hypervolume(fp, ref);
+  s["pareto_front"] = front;
+  s["hypervolume"] = hv;
+  s["hypervolume_reference"] = ref_reported;
+  const fs::path sd = cfg.study_dir();
+  write_file_atomic((sd / "pareto.json").string(), nlohmann::json({{"objectives", objectives},
+                                                                   {"front", front},
+                                                                   {"hypervolume", hv},
+                                                                   {"reference", ref_reported}})
+                                                           .dump(2) +
+                                                       "\n");
+  if (cfg.objectives.size() >= 2 && !in.trials.empty())
+    write_file_atomic((sd / "pareto.svg").string(),
+                      svg_pareto("Pareto front: " + cfg.name, cfg, in, rank));
+}
+
+}  // namespace
+
 nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<TrialState>& trials) {
   const fs::path sd = cfg.study_dir();
   std::ostringstream csv, jl;
   csv << "number,state,value";
+  if (cfg.multi())
+    for (const auto& ob : cfg.objectives) csv << "," << csv_escape(ob.metric);
   for (const auto& p : cfg.space) csv << "," << csv_escape(p.name);
   csv << ",reports,duration_s,retry_of,reason\n";
   int complete = 0, pruned = 0, failed = 0, running = 0;
@@ -228,6 +358,9 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
     const double dur = t.attrs.value("duration_s", t.finished > 0 ? t.finished - t.started : 0.0);
     csv << t.number << "," << t.state << ","
         << (std::isfinite(t.value) ? config::format_double(t.value) : "");
+    if (cfg.multi())
+      for (size_t i = 0; i < cfg.objectives.size(); ++i)
+        csv << "," << (i < t.values.size() ? config::format_double(t.values[i]) : "");
     for (const auto& p : cfg.space)
       csv << "," << csv_escape(t.params.contains(p.name) ? cell(t.params[p.name]) : "");
     csv << "," << t.intermediate.size() << "," << config::format_fixed(dur, 2) << ","
@@ -239,6 +372,7 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
                           {"attrs", t.attrs}};
     row["value"] = std::isfinite(t.value) ? nlohmann::json(t.value) : nlohmann::json(nullptr);
     if (t.retry_of >= 0) row["retry_of"] = t.retry_of;
+    if (!t.values.empty()) row["values"] = t.values;
     jl << row.dump() << "\n";
   }
   write_file_atomic((sd / "trials.csv").string(), csv.str());
@@ -318,6 +452,11 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
                                  cfg.maximize, cfg.metric));
   s["files"] = {"trials.csv",  "trials.jsonl",   "best.yaml",   "importance.json",
                 "history.svg", "importance.svg", "parallel.svg"};
+  if (cfg.multi()) {
+    write_front(cfg, trials, s);
+    s["files"].push_back("pareto.json");
+    if (fs::exists(sd / "pareto.svg")) s["files"].push_back("pareto.svg");
+  }
   return s;
 }
 
@@ -335,6 +474,18 @@ std::string study_text(const nlohmann::json& s) {
       << s["best"]["params"].dump() << "\n";
     if (s.contains("best_yaml")) o << "best config: " << s["best_yaml"].get<std::string>() << "\n";
   }
+  if (s.contains("pareto_front")) {
+    o << "Pareto front (" << s["pareto_front"].size() << " trials; hypervolume "
+      << config::format_double(s["hypervolume"].get<double>()) << " below "
+      << s["hypervolume_reference"].dump() << "):\n";
+    for (const auto& f : s["pareto_front"]) {
+      o << "  trial " << f["number"].get<int>();
+      for (size_t i = 0; i < s["objectives"].size(); ++i)
+        o << "  " << s["objectives"][i]["metric"].get<std::string>() << " "
+          << config::format_double(f["values"][i].get<double>());
+      o << "  " << f["params"].dump() << "\n";
+    }
+  }
   if (!s["importance"].empty()) {
     o << "importance (PED-ANOVA style; Spearman correlation with " << s.value("metric", "")
       << "):\n";
@@ -346,9 +497,9 @@ std::string study_text(const nlohmann::json& s) {
                 : "  (rho " + config::format_fixed(r["spearman"].get<double>(), 2) + ")")
         << "\n";
   }
-  o << "outputs in " << s.value("dir", "")
-    << ": trials.csv trials.jsonl best.yaml importance.json history.svg importance.svg "
-       "parallel.svg\n";
+  o << "outputs in " << s.value("dir", "") << ":";
+  for (const auto& f : s["files"]) o << " " << f.get<std::string>();
+  o << "\n";
   return o.str();
 }
 

@@ -66,6 +66,21 @@ double crossing_curve(const std::vector<double>& x, int t) {
   return floor_value + (2.5 - floor_value) * std::exp(-rate * t) + curve_noise(x, t);
 }
 
+double zdt_g(const std::vector<double>& x) {
+  double s = 0;
+  for (size_t i = 1; i < x.size(); ++i) s += x[i];
+  return 1.0 + 9.0 * s / double(x.size() - 1);
+}
+std::vector<double> zdt1(const std::vector<double>& x) {
+  const double g = zdt_g(x);
+  return {x[0], g * (1.0 - std::sqrt(x[0] / g))};
+}
+std::vector<double> zdt2(const std::vector<double>& x) {
+  const double g = zdt_g(x);
+  return {x[0], g * (1.0 - (x[0] / g) * (x[0] / g))};
+}
+double first_of_zdt(const std::vector<double>& x) { return x[0]; }
+
 double parallel_final(const std::vector<double>& x) { return parallel_curve(x, kCurveSteps); }
 double crossing_final(const std::vector<double>& x) { return crossing_curve(x, kCurveSteps); }
 
@@ -84,6 +99,10 @@ std::vector<TestFunction> make_all() {
   Space st;
   for (int i = 1; i <= 4; ++i) st.push_back(Param::floating("x" + std::to_string(i), -5, 5));
   v.push_back({"styblinski_tang4", st, -156.66466281508556, styblinski_tang});
+  Space z;
+  for (int i = 1; i <= 5; ++i) z.push_back(Param::floating("x" + std::to_string(i), 0, 1));
+  v.push_back({"zdt1", z, 0.0, first_of_zdt, 0, nullptr, 2, zdt1});
+  v.push_back({"zdt2", z, 0.0, first_of_zdt, 0, nullptr, 2, zdt2});
   Space pc;
   for (int i = 1; i <= 4; ++i) pc.push_back(Param::floating("x" + std::to_string(i), 0, 1));
   // Minima: the noise-free optimum less the noise's amplitude (a lower bound for regret).

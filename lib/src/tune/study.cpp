@@ -28,6 +28,7 @@
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/functions.hpp"
 #include "mltrain/tune/journal.hpp"
+#include "mltrain/tune/pareto.hpp"
 
 namespace fs = std::filesystem;
 
@@ -127,6 +128,9 @@ void replay_one(Replay& r, const nlohmann::json& j, size_t n_records, const Spac
     const double finished = j.value("t", 0.0);
     t.state = std::move(state);
     t.value = j.contains("value") && j["value"].is_number() ? j["value"].get<double>() : NAN;
+    t.values.clear();
+    if (j.contains("values") && j["values"].is_array())
+      for (const auto& v : j["values"]) t.values.push_back(v.is_number() ? v.get<double>() : NAN);
     t.reason = std::move(reason);
     t.finished = finished;
     if (j.contains("attrs")) t.attrs = j["attrs"];
@@ -156,8 +160,9 @@ struct Child {
   int out_fd = -1;
   std::string buf;
   std::vector<double> values;  // intermediate, as reported
-  double last_value = NAN;
+  double last_value = NAN;     // the first objective's
   bool has_value = false;
+  std::map<std::string, double> last;  // every objective's latest value
   bool pruned = false;
   double started = 0;
   nlohmann::json attrs = nlohmann::json::object();
@@ -364,15 +369,25 @@ class Driver {
     std::vector<Observation> obs;
     for (const auto& t : ts) {
       if (t.x.empty()) continue;
-      if (t.state == "COMPLETE" && std::isfinite(t.value))
+      if (t.state == "COMPLETE" && std::isfinite(t.value)) {
         obs.push_back({t.number, t.x, sign_ * t.value, false, false});
-      else if (t.state == "PRUNED" && !t.intermediate.empty())
+        if (cfg_.multi()) obs.back().values = signed_values(t.values);
+        if (cfg_.multi() && obs.back().values.size() != cfg_.objectives.size()) obs.pop_back();
+      } else if (t.state == "PRUNED" && !t.intermediate.empty())
         obs.push_back({t.number, t.x, sign_ * t.intermediate.back().second, true, false,
                        int64_t(t.intermediate.size())});
       else if (t.state == "RUNNING")
         obs.push_back({t.number, t.x, 0.0, false, true});
     }
     return obs;
+  }
+
+  // Several objectives in minimisation sense (maximised ones negated).
+  std::vector<double> signed_values(const std::vector<double>& v) const {
+    std::vector<double> out;
+    for (size_t i = 0; i < v.size() && i < cfg_.objectives.size(); ++i)
+      out.push_back(cfg_.objectives[i].maximize ? -v[i] : v[i]);
+    return out;
   }
 
   // In-process test functions run as if on max_concurrent workers. A plain function is one step:
@@ -383,6 +398,10 @@ class Driver {
     if (fn_->steps == 0) {
       Child& c = running_.begin()->second;
       const double v = fn_->f(c.x);
+      if (fn_->fm) {
+        const auto vs = fn_->fm(c.x);
+        for (size_t i = 0; i < vs.size(); ++i) c.last[cfg_.objectives[i].metric] = vs[i];
+      }
       finish(c, std::isfinite(v) ? "COMPLETE" : "FAIL", v,
              std::isfinite(v) ? "" : "diverged (value not finite)");
       running_.erase(running_.begin());
@@ -391,7 +410,7 @@ class Driver {
     for (auto it = running_.begin(); it != running_.end();) {
       Child& c = it->second;
       const double v = fn_->curve(c.x, ++c.steps_done);
-      c.last_value = v, c.has_value = true;
+      c.last_value = v, c.has_value = true, c.last[cfg_.metric] = v;
       report(c, c.steps_done, v, /*judge=*/true);
       if (c.pruned || c.steps_done >= fn_->steps) {
         judge_exit(c, 0);
@@ -402,6 +421,34 @@ class Driver {
     }
   }
 
+  // Several objectives: a running trial whose latest values (those reported so far) no complete
+  // trial dominates is on the current front, and no pruner stops it. Complete trials enter with
+  // the first objective as they reported it at the same report (the others as they ended).
+  bool on_front(const Child& c, const std::vector<TrialState>& trials) const {
+    if (!cfg_.multi()) return false;
+    std::vector<size_t> known;
+    std::vector<double> mine;
+    for (size_t i = 0; i < cfg_.objectives.size(); ++i) {
+      const auto it = c.last.find(cfg_.objectives[i].metric);
+      if (it == c.last.end() || !std::isfinite(it->second)) continue;
+      known.push_back(i);
+      mine.push_back(cfg_.objectives[i].maximize ? -it->second : it->second);
+    }
+    if (known.empty()) return false;
+    const size_t k = c.values.size();  // the report being judged
+    for (const auto& t : trials) {
+      if (t.state != "COMPLETE" || t.values.size() != cfg_.objectives.size()) continue;
+      // The first objective (the one reported per step) at the same report, as pruners compare.
+      auto at_k = t.values;
+      if (k > 0 && t.intermediate.size() >= k) at_k[0] = t.intermediate[k - 1].second;
+      const auto sv = signed_values(at_k);
+      std::vector<double> theirs;
+      for (size_t i : known) theirs.push_back(sv[i]);
+      if (dominates(theirs, mine)) return false;
+    }
+    return true;
+  }
+
   // An intermediate value: into the journal, then (judge) the pruner's verdict on the trial.
   void report(Child& c, const nlohmann::json& step, double v, bool judge) {
     c.values.push_back(v);
@@ -409,7 +456,8 @@ class Driver {
     if (!judge) return;
     TrialCurve mine{c.number, false, false, {}};
     for (double x : c.values) mine.values.push_back(sign_ * x);
-    if (pruner_->should_prune(mine, curves(live_.update(journal_.read(), cfg_.space).trials))) {
+    const auto& trials = live_.update(journal_.read(), cfg_.space).trials;
+    if (pruner_->should_prune(mine, curves(trials)) && !on_front(c, trials)) {
       c.pruned = true;
       if (c.pid > 0) ::kill(-c.pid, SIGTERM);
     }
@@ -511,11 +559,19 @@ class Driver {
     nlohmann::json r = {{"op", "finish"}, {"trial", c.number}, {"state", state},
                         {"t", now_s()},   {"reason", reason},  {"attrs", c.attrs}};
     if (std::isfinite(value)) r["value"] = value;
+    if (cfg_.multi() && state == "COMPLETE") {
+      nlohmann::json vs = nlohmann::json::array();
+      for (const auto& o : cfg_.objectives) vs.push_back(c.last.at(o.metric));
+      r["values"] = vs;
+    }
     journal_.append({r});
     if (opt_.quiet) return;
     std::ostringstream m;
     m << "[tune] trial " << c.number << " " << state;
-    if (std::isfinite(value)) m << " " << cfg_.metric << "=" << value;
+    if (cfg_.multi() && state == "COMPLETE")
+      for (const auto& o : cfg_.objectives) m << " " << o.metric << "=" << c.last.at(o.metric);
+    else if (std::isfinite(value))
+      m << " " << cfg_.metric << "=" << value;
     if (!reason.empty()) m << " (" << reason << ")";
     std::cerr << m.str() << "\n";
   }
@@ -536,9 +592,12 @@ class Driver {
         if (it.key() != "event") c.attrs[it.key()] = it.value();
       return;
     }
+    for (const auto& o : cfg_.objectives)  // JSON has no NaN: null
+      if (j.contains(o.metric) && (j[o.metric].is_number() || j[o.metric].is_null()))
+        c.last[o.metric] = j[o.metric].is_null() ? NAN : j[o.metric].get<double>();
     const std::string& metric = cfg_.metric;
     if (!j.contains(metric) || !(j[metric].is_number() || j[metric].is_null())) return;
-    const double v = j[metric].is_null() ? NAN : j[metric].get<double>();  // JSON has no NaN: null
+    const double v = j[metric].is_null() ? NAN : j[metric].get<double>();
     c.last_value = v, c.has_value = true;
     if (!j.contains("step") || c.pruned) return;
     report(c, j["step"], v, judge);
@@ -589,20 +648,40 @@ class Driver {
                      fix.empty() ? "fix trial.train / trial.overrides / objective" : fix};
   }
 
+  // A trial that finished without reporting objective i: before any trial completed, the
+  // objective names a metric the trials never report, and the study stops (exit 2).
+  void missing_metric(const Child& c, size_t i) {
+    for (const auto& t : live_.update(journal_.read(), cfg_.space).trials)
+      if (t.state == "COMPLETE") return;
+    std::string seen;
+    for (const auto& [k, v] : c.attrs.items()) seen += (seen.empty() ? "" : ", ") + k;
+    const std::string key =
+        cfg_.multi() ? "objective.metrics[" + std::to_string(i) + "].metric" : "objective.metric";
+    config_error_ = {key + ": trial " + std::to_string(c.number) + " exited 0 without reporting '" +
+                         cfg_.objectives[i].metric + "' (its summary has: " +
+                         (seen.empty() ? "nothing" : seen) + "; log " + c.log.string() + ")",
+                     "name a metric the trial prints as a JSON field (`mltrain config metrics "
+                     "CONFIG` lists a training config's)"};
+  }
+
   // The verdict on an exited trial from its exit status and what it reported.
   void judge_exit(Child& c, int status) {
     if (c.pruned) {
       finish(c, "PRUNED", c.has_value ? c.last_value : NAN,
              "pruned by " + cfg_.pruner.name + " at report " + std::to_string(c.values.size()));
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      if (!c.has_value)
-        finish(c, "FAIL", NAN,
-               "exited 0 without reporting '" + cfg_.metric +
-                   "' on stdout (JSON lines); log: " + c.log.string());
-      else if (!std::isfinite(c.last_value))
-        finish(c, "FAIL", NAN, "diverged (" + cfg_.metric + " not finite)");
-      else
-        finish(c, "COMPLETE", c.last_value, "");
+      for (size_t i = 0; i < cfg_.objectives.size(); ++i) {
+        const std::string& m = cfg_.objectives[i].metric;
+        if (!c.last.count(m)) {
+          missing_metric(c, i);
+          return finish(c, "FAIL", NAN,
+                        "exited 0 without reporting '" + m +
+                            "' on stdout (JSON lines); log: " + c.log.string());
+        }
+        if (!std::isfinite(c.last.at(m)))
+          return finish(c, "FAIL", NAN, "diverged (" + m + " not finite)");
+      }
+      finish(c, "COMPLETE", c.last_value, "");
     } else {
       if (WIFEXITED(status) && WEXITSTATUS(status) == 2) check_config_error(c);
       std::string why = WIFSIGNALED(status)

@@ -84,6 +84,12 @@ void tuner_checks(const config::StudyFile& f, config::Issues& issues) {
                   "unknown test function '" + f.objective.function + "' (have: " + all + ")", "");
     return;
   }
+  if (const auto* fn = find_test_function(f.objective.function);
+      fn && fn->n_objectives > 1 && f.sampler.name == "gp")
+    issues.add_at("sampler.name",
+                  "gp optimises one objective; " + f.objective.function +
+                      " has several: use tpe (multi-objective TPE) or random",
+                  "");
   if (f.objective.folds > 0 && !f.objective.function.empty())
     issues.add_at("objective.folds", "a test function has no data to cut into folds", "");
   if (issues.any_under("space") || issues.any_under("sampler"))
@@ -130,6 +136,10 @@ StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
   c.pruner.reduction_factor = int(f.pruner.reduction_factor);
   c.metric = f.objective.metric;
   c.maximize = f.objective.direction == "maximize";
+  for (const auto& m : f.objective.metrics)
+    c.objectives.push_back({m.metric, m.direction == "maximize"});
+  if (c.objectives.empty()) c.objectives.push_back({c.metric, c.maximize});
+  c.metric = c.objectives[0].metric, c.maximize = c.objectives[0].maximize;
   c.function = f.objective.function;
   c.train_config = f.trial.train;
   c.overrides = f.trial.overrides;
@@ -143,6 +153,18 @@ StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
     c.metric = "value";
     c.file.objective.direction = "minimize";
     c.file.objective.metric = "value";
+    c.objectives = {{"value", false}};
+    const auto* fn = find_test_function(c.function);
+    if (fn->n_objectives > 1) {
+      c.objectives.clear();
+      c.file.objective.metrics.clear();
+      for (int i = 1; i <= fn->n_objectives; ++i) {
+        c.objectives.push_back({"f" + std::to_string(i), false});
+        c.file.objective.metrics.push_back({"f" + std::to_string(i), "minimize"});
+      }
+      c.metric = "f1";
+      c.file.objective.metric = "f1";
+    }
     if (c.space.empty()) {
       c.space = find_test_function(c.function)->space;
       for (const auto& p : c.space) c.file.space.emplace_back(p.name, to_settings(p));

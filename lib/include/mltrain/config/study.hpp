@@ -112,9 +112,24 @@ struct PrunerSettings {
   }
 };
 
+// One of several objectives (a Pareto front).
+struct ObjectiveItem {
+  std::string metric;
+  std::string direction = "maximize";
+  template <class V>
+  void visit(V& v) {
+    v.field("metric", metric, "a reported value (a trial's evaluation field)",
+            Check<std::string>{"non-empty", [](const std::string& s) {
+                                 return s.empty() ? "must name a metric" : "";
+                               }});
+    v.field("direction", direction, "maximize or minimize it", one_of({"maximize", "minimize"}));
+  }
+};
+
 struct ObjectiveSettings {
   std::string metric = "accuracy";
   std::string direction = "maximize";
+  std::vector<ObjectiveItem> metrics;
   std::string function;
   int64_t folds = 0;
   template <class V>
@@ -123,6 +138,9 @@ struct ObjectiveSettings {
             any<std::string>());
     v.field("direction", direction, "maximize or minimize the metric",
             one_of({"maximize", "minimize"}));
+    v.list("metrics", metrics,
+           "several objectives, [{metric, direction}, ...]: the study finds their Pareto front "
+           "(tpe: multi-objective TPE; random); `objective: [..]` is short for this");
     v.field("function", function,
             "a built-in test function instead of trials (branin, hartmann6, rosenbrock4, ...)",
             any<std::string>());

@@ -12,6 +12,9 @@
 //   curves_crossing  lr in [1e-4, 1] (log), x1, x2 in [0, 1]: a large lr converges fast to a high
 //                    floor, a small one slowly to a low floor, so early leaders lose in the end
 // Both add a deterministic noise of amplitude 0.01 (a function of x and t).
+// Two objectives (Zitzler, Deb & Thiele 2000), x1..x5 in [0, 1], both minimised:
+//   zdt1  f1 = x1, f2 = g (1 - sqrt(f1 / g)), g = 1 + 9 mean(x2..x5): a convex front at g = 1
+//   zdt2  the same with f2 = g (1 - (f1 / g)^2): a concave front
 #include <string>
 #include <vector>
 
@@ -26,6 +29,9 @@ struct TestFunction {
   double (*f)(const std::vector<double>&);
   int steps = 0;  // > 0: a learning curve, curve(x, t) for t = 1..steps (f is its last value)
   double (*curve)(const std::vector<double>&, int t) = nullptr;
+  // > 1 objectives (f is the first): all of them, minimised, named f1, f2, ...
+  int n_objectives = 1;
+  std::vector<double> (*fm)(const std::vector<double>&) = nullptr;
 };
 
 const TestFunction* find_test_function(const std::string& name);  // nullptr when unknown

@@ -26,6 +26,7 @@ struct Observation {
   bool pruned = false;   // stopped early: ranked after every complete trial by TPE
   bool running = false;  // started, no value yet (pending: see SamplerOptions::pending)
   int64_t reports = 0;   // intermediate values reported (ranks pruned trials: further is better)
+  std::vector<double> values;  // several objectives (lower is better each); value = values[0]
 };
 
 // The schema's defaults (config/study.hpp declares each sampler setting once).

@@ -34,8 +34,14 @@ struct StudyConfig {
       30;  // a RUNNING trial whose driver was silent this long (or is dead on this host) is stale
   SamplerOptions sampler;
   PrunerOptions pruner;
-  std::string metric = "accuracy";
+  std::string metric = "accuracy";  // the first objective (the one pruners judge)
   bool maximize = true;
+  struct Objective {
+    std::string metric;
+    bool maximize = true;
+  };
+  std::vector<Objective> objectives;  // every objective, the first being metric/maximize
+  bool multi() const { return objectives.size() > 1; }
   int folds = 0;                       // > 1: each trial is a group of fold trainings
   std::string function;                // builtin test function (in-process; no trial processes)
   std::string train_config;            // trials run `mltrain train` on this config ...
@@ -67,8 +73,9 @@ struct TrialState {
   int number = -1;
   nlohmann::json params;
   std::vector<double> x;
-  std::string state = "RUNNING";                         // RUNNING | COMPLETE | PRUNED | FAIL
-  double value = NAN;                                    // as reported (not negated)
+  std::string state = "RUNNING";  // RUNNING | COMPLETE | PRUNED | FAIL
+  double value = NAN;             // as reported (not negated)
+  std::vector<double> values;     // several objectives: each as reported (value = values[0])
   std::vector<std::pair<int64_t, double>> intermediate;  // (step, value) as reported
   std::string reason, worker;
   int retry_of = -1;
