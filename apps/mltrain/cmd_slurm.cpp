@@ -59,16 +59,8 @@ void setup_slurm(CLI::App& app, Action& run) {
       fs::permissions(so.output, fs::perms::owner_exec, fs::perm_options::add);
       std::cout << "wrote " << so.output << "\n";
       if (!o->submit) return 0;
-      const std::string cmd = "sbatch --parsable " + dist::shell_quote(so.output) + " 2>&1";
-      FILE* p = ::popen(cmd.c_str(), "r");
-      std::string out;
-      char b[512];
-      while (p && std::fgets(b, sizeof b, p)) out += b;
-      const int st = p ? ::pclose(p) : -1;
-      if (st != 0)
-        throw RuntimeError("sbatch", "submission failed: " + out,
-                           "check `sinfo` and the partition; the script is " + so.output);
-      std::cout << "submitted job " << out;
+      const std::string out = sbatch_submit(so.output);
+      std::cout << "submitted job " << out << "\n";
       return 0;
     };
   });

@@ -1,14 +1,18 @@
 #include <unistd.h>
 
 #include <climits>
+#include <filesystem>
 #include <iostream>
 
 #include "commands.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/process.hpp"
 #include "mltrain/tune/analysis.hpp"
+#include "mltrain/tune/array.hpp"
 #include "mltrain/tune/folds.hpp"
 #include "mltrain/tune/study.hpp"
+
+namespace fs = std::filesystem;
 
 namespace mltrain::cli {
 
@@ -18,6 +22,8 @@ void setup_tune(CLI::App& app, Action& run) {
     std::vector<std::string> overrides;
     bool json = false, quiet = false;
     std::string report_dir;
+    tune::ArrayOptions array;
+    bool submit = false;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = app.add_subcommand("tune",
@@ -50,8 +56,20 @@ void setup_tune(CLI::App& app, Action& run) {
       "key.path=value overrides of the study file, e.g. sampler.name=gp study.n_trials=50");
   sub->add_flag("--json", o->json, "print the JSON summary");
   sub->add_flag("-q,--quiet", o->quiet, "no per-trial lines on stderr");
-  sub->callback([o, &run, rep, folds, fo] {
-    run = [o, rep, folds, fo] {
+  auto* arr = sub->add_option("--slurm-array", o->array.tasks,
+                              "write (--submit: submit) a Slurm array job of N study drivers on "
+                              "the shared journal, <study dir>/tune-array.sbatch")
+                  ->check(CLI::Range(1, 100000));
+  sub->add_option("--time", o->array.time, "--slurm-array: each task's time limit")
+      ->capture_default_str();
+  sub->add_option("--partition", o->array.partition, "--slurm-array: partition");
+  sub->add_option("--cpus-per-task", o->array.cpus_per_task,
+                  "--slurm-array: CPUs per task (0: max_concurrent x trial.threads)");
+  sub->add_flag("--submit", o->submit, "--slurm-array: submit with sbatch, print the job id");
+  sub->add_flag("--allow-local-journal", o->array.allow_local,
+                "--slurm-array: accept a node-local study.dir (every task on this node)");
+  sub->callback([o, &run, rep, folds, fo, arr] {
+    run = [o, rep, folds, fo, arr] {
       if (folds->parsed()) return tune::run_fold_group(*fo);
       if (rep->parsed()) {
         auto cfg = tune::study_config_from_folder(o->report_dir);
@@ -64,6 +82,19 @@ void setup_tune(CLI::App& app, Action& run) {
         throw ConfigError("mltrain tune", "no study file given",
                           "mltrain tune STUDY.yaml, or mltrain tune report STUDY_DIR");
       const auto cfg = tune::load_study_config(o->study, o->overrides);
+      if (arr->count() > 0) {
+        tune::check_shared_study_dir(cfg, o->array.allow_local);
+        auto a = o->array;
+        a.mltrain = self_exe();
+        a.study_file = fs::absolute(o->study).string();
+        a.workdir = fs::current_path().string();
+        for (const auto& ov : o->overrides)
+          if (ov.rfind("study.dir=", 0) != 0) a.overrides.push_back(ov);
+        const auto path = tune::write_array_script(cfg, a);
+        std::cout << "wrote " << path << "\n";
+        if (o->submit) std::cout << "submitted job " << sbatch_submit(path) << "\n";
+        return 0;
+      }
       const auto s = tune::run_study(cfg, {self_exe(), o->quiet});
       std::cout << (o->json ? s.dump(2) + "\n" : tune::study_text(s));
       if (s.value("complete", 0) == 0)  // a study with no result is a failure, whatever the cause

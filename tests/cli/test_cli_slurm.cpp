@@ -147,3 +147,112 @@ TEST_CASE(
   REQUIRE(!a.empty());
   CHECK(a == b);  // the same final weights, byte for byte
 }
+
+// The journal of a study, parsed.
+static std::vector<nlohmann::json> journal_of(const fs::path& study) {
+  std::vector<nlohmann::json> recs;
+  for (const auto& line : lines_of(study / "journal.jsonl"))
+    recs.push_back(nlohmann::json::parse(line));
+  return recs;
+}
+
+TEST_CASE(
+    "Slurm: `mltrain tune --slurm-array 2` drivers share the journal; a cancelled task and a "
+    "requeued task lose no trial and run none twice",
+    "[cli][slurm][tune]") {
+  const auto d = tmpdir("tune_array");
+  auto write_file = [](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
+  // A node-local study folder is refused before anything is written.
+  write_file(d / "s.yaml", "study: {name: s, dir: " + d.string() +
+                               ", n_trials: 12, seed: 1, stale_after_s: 120}\n"
+                               "sampler: {name: random}\n"
+                               "objective: {metric: loss, direction: minimize}\n"
+                               "trial: {command: [" +
+                               (d / "trial.sh").string() +
+                               "]}\n"
+                               "space:\n  x: {type: float, low: 0, high: 1}\n");
+  auto refused = run("tune " + (d / "s.yaml").string() + " --slurm-array 2");
+  CHECK(refused.code == 2);
+  CHECK(refused.out.find("study.dir") != std::string::npos);
+  CHECK(refused.out.find("node-local") != std::string::npos);
+
+  SlurmCluster cluster;
+  // Each trial: 4 reports 0.4 s apart; the trial numbers a process ran are logged.
+  write_file(d / "trial.sh",
+             "#!/bin/sh\necho \"$MLTRAIN_TRIAL_NUMBER $$\" >> " + (d / "runs.log").string() +
+                 "\nfor s in 1 2 3 4; do sleep 0.4; awk -v x=\"$MLTRAIN_PARAM_X\" -v s=$s "
+                 "'BEGIN { printf \"{\\\"step\\\": %d, \\\"loss\\\": %.17g}\\n\", s, "
+                 "(x - 0.3) ^ 2 + 1 / s }'; done\n");
+  fs::permissions(d / "trial.sh", fs::perms::owner_all);
+  // Every "node" of the test cluster is this host: the tmp folder is shared here.
+  auto w = run("tune " + (d / "s.yaml").string() +
+               " --slurm-array 2 --time 00:05:00 --cpus-per-task 1 --allow-local-journal --submit");
+  INFO(w.out);
+  REQUIRE(w.code == 0);
+  const auto script = slurp(d / "s" / "tune-array.sbatch");
+  CHECK(script.find("#SBATCH --array=0-1") != std::string::npos);
+  CHECK(script.find("#SBATCH --requeue") != std::string::npos);
+  const auto at = w.out.find("submitted job ");
+  REQUIRE(at != std::string::npos);
+  const std::string job = std::to_string(std::stol(w.out.substr(at + 14)));
+  auto finished = [&] {
+    int n = 0;
+    for (const auto& r : journal_of(d / "s")) n += r["op"] == "finish";
+    return n;
+  };
+  // Journal and squeue are read every 200 ms (cli_support's wait_for polls every 5 ms).
+  auto poll = [](const std::function<bool()>& f) {
+    for (int i = 0; i < 1500; ++i) {  // 300 s
+      if (f()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return false;
+  };
+  // Both drivers at work: two workers in the journal, some trials done.
+  REQUIRE(poll([&]() -> bool {
+    if (!fs::exists(d / "s" / "journal.jsonl")) return false;
+    std::set<std::string> workers;
+    for (const auto& r : journal_of(d / "s"))
+      if (r["op"] == "create") workers.insert(r["worker"].get<std::string>());
+    return workers.size() == 2 && finished() >= 2;
+  }));
+  // Cancel task 1 for good; requeue task 0 (it restarts and resumes the study).
+  REQUIRE(std::system(("scancel " + job + "_1").c_str()) == 0);
+  REQUIRE(poll([&]() -> bool { return finished() >= 5; }));
+  REQUIRE(std::system(("scontrol requeue " + job + "_0").c_str()) == 0);
+  REQUIRE(poll([&]() -> bool {
+    return sh("squeue -h -j " + job + " 2>/dev/null").out.find(job) == std::string::npos;
+  }));
+  std::string logs;
+  for (const auto& e : fs::directory_iterator(d / "s"))
+    if (e.path().filename().string().rfind("slurm-", 0) == 0) logs += slurp(e.path());
+  INFO(logs);
+  CHECK(logs.find("restart 1") != std::string::npos);  // task 0 ran again after its requeue
+  // The study: 12 trials complete; every stale one (a driver stopped under it) retried once.
+  std::map<int, std::string> state;
+  std::map<int, int> finishes, retry_of;
+  for (const auto& r : journal_of(d / "s")) {
+    const int t = r["trial"].is_number() ? r["trial"].get<int>() : -1;
+    if (r["op"] == "create" && r.contains("retry_of")) retry_of[r["retry_of"].get<int>()]++;
+    if (r["op"] == "finish") state[t] = r["state"], finishes[t]++;
+  }
+  int complete = 0, stale = 0;
+  for (const auto& [t, s] : state) {
+    INFO("trial " << t);
+    CHECK(finishes[t] == 1);  // one verdict per trial
+    complete += s == "COMPLETE";
+    if (s == "FAIL") {
+      ++stale;
+      CHECK(retry_of[t] == 1);
+    }
+  }
+  CHECK(complete == 12);
+  CHECK(stale >= 1);  // the cancel and the requeue each stopped a running trial
+  // No trial number was run by two processes.
+  std::map<std::string, int> runs;
+  for (const auto& line : lines_of(d / "runs.log")) runs[line.substr(0, line.find(' '))]++;
+  for (const auto& [t, n] : runs) {
+    INFO("trial " << t);
+    CHECK(n == 1);
+  }
+}

@@ -69,3 +69,33 @@ pid_t spawn_child(const std::vector<std::string>& argv_in, const std::vector<std
 }
 
 }  // namespace mltrain
+
+namespace mltrain {
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() &&
+      s.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
+          std::string::npos)
+    return s;
+  std::string o = "'";
+  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return o + "'";
+}
+
+std::string sbatch_submit(const std::string& script) {
+  const std::string cmd = "sbatch --parsable " + shell_quote(script) + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char b[512];
+  while (p && std::fgets(b, sizeof b, p)) out += b;
+  const int st = p ? ::pclose(p) : -1;
+  if (st != 0)
+    throw RuntimeError("sbatch",
+                       "submission failed: " + (p ? out : std::string("cannot run sbatch")),
+                       "check `sinfo`, the partition and the time limit; the script is " + script);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+}  // namespace mltrain

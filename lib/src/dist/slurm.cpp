@@ -5,18 +5,9 @@
 #include <cstdlib>
 #include <sstream>
 
-namespace mltrain::dist {
+#include "mltrain/core/process.hpp"
 
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() &&
-      s.find_first_not_of(
-          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
-          std::string::npos)
-    return s;
-  std::string o = "'";
-  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return o + "'";
-}
+namespace mltrain::dist {
 
 std::string sbatch_script(const SbatchOptions& o) {
   std::ostringstream s;

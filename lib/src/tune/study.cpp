@@ -25,6 +25,7 @@
 #include "mltrain/core/fs.hpp"
 #include "mltrain/core/json.hpp"
 #include "mltrain/core/process.hpp"
+#include "mltrain/core/signals.hpp"
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/functions.hpp"
 #include "mltrain/tune/journal.hpp"
@@ -291,9 +292,17 @@ int retry_target(const std::vector<TrialState>& ts, int max_retry, int& used) {
   std::map<int, int> retried_by;
   for (const auto& t : ts)
     if (t.retry_of >= 0) retried_by[t.retry_of] = t.number;
+  // A trial its driver handed back on a stop signal (scancel, requeue, preemption) was not at
+  // fault: it is always retried, and it does not use up a retry of max_retry.
+  auto handed_back = [&](int n) {
+    return ts[size_t(n)].reason.find("handed back") != std::string::npos;
+  };
   auto depth = [&](int n) {
     int d = 0;
-    while (n >= 0 && ts[size_t(n)].retry_of >= 0) n = ts[size_t(n)].retry_of, ++d;
+    while (n >= 0 && ts[size_t(n)].retry_of >= 0) {
+      n = ts[size_t(n)].retry_of;
+      d += !handed_back(n);
+    }
     return d;
   };
   int target = -1;
@@ -302,7 +311,7 @@ int retry_target(const std::vector<TrialState>& ts, int max_retry, int& used) {
     if (t.number < 0) continue;
     const bool stale = t.state == "FAIL" && t.reason.rfind("stale", 0) == 0;
     if (stale && retried_by.count(t.number)) continue;  // replaced by its retry
-    if (stale && depth(t.number) < max_retry) {
+    if (stale && (handed_back(t.number) || depth(t.number) < max_retry)) {
       if (target < 0) target = t.number;
       continue;  // its retry will take its place
     }
@@ -328,6 +337,7 @@ class Driver {
 
   nlohmann::json run() {
     while (true) {
+      if (const int sig = stop_signal()) hand_back(sig);
       const bool time_left = cfg_.timeout_s <= 0 || now_s() - t0_ < cfg_.timeout_s;
       bool started = false, done = done_;
       if (int(running_.size()) < cfg_.max_concurrent && time_left && !exhausted_ && !done_) {
@@ -626,6 +636,21 @@ class Driver {
     }
   }
 
+  // Stopped by a signal (scancel, preemption, Ctrl-C): the running trials are stopped and marked
+  // stale at once, so another driver retries them now instead of after stale_after_s.
+  [[noreturn]] void hand_back(int sig) {
+    for (auto& [n, c] : running_)
+      if (c.pid > 0) ::kill(-c.pid, SIGTERM);
+    for (auto& [n, c] : running_) {
+      if (c.pid > 0) ::waitpid(c.pid, nullptr, 0);
+      finish(c, "FAIL", NAN,
+             "stale: handed back by driver " + me_ + " (stopped by signal " + std::to_string(sig) +
+                 ")");
+    }
+    running_.clear();
+    throw Interrupted(sig);
+  }
+
   // A trial that exits 2 rejected its configuration. When nothing has completed yet and the key
   // it names is not a sampled parameter, every trial would fail the same way (a typo in
   // trial.overrides, folds larger than the data): the study stops with that error (exit 2).
@@ -664,6 +689,18 @@ class Driver {
                      "CONFIG` lists a training config's)"};
   }
 
+  // A trial killed by SIGTERM/SIGINT it was not sent by this driver, while the driver itself is
+  // being stopped (scancel and Slurm's requeue signal every process of the job, the trial's
+  // own group included): the driver's signal, awaited for up to 2 s since the two deliveries
+  // race. Returns it, or 0 when the trial died on its own.
+  int stopped_with_driver(int status) const {
+    if (!WIFSIGNALED(status) || (WTERMSIG(status) != SIGTERM && WTERMSIG(status) != SIGINT))
+      return 0;
+    for (int i = 0; i < 40 && !stop_signal(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return stop_signal();
+  }
+
   // The verdict on an exited trial from its exit status and what it reported.
   void judge_exit(Child& c, int status) {
     if (c.pruned) {
@@ -682,6 +719,10 @@ class Driver {
           return finish(c, "FAIL", NAN, "diverged (" + m + " not finite)");
       }
       finish(c, "COMPLETE", c.last_value, "");
+    } else if (const int sig = stopped_with_driver(status)) {
+      finish(c, "FAIL", NAN,
+             "stale: handed back by driver " + me_ + " (stopped by signal " + std::to_string(sig) +
+                 ")");
     } else {
       if (WIFEXITED(status) && WEXITSTATUS(status) == 2) check_config_error(c);
       std::string why = WIFSIGNALED(status)
@@ -748,6 +789,7 @@ class Driver {
 }  // namespace
 
 nlohmann::json run_study(const StudyConfig& cfg, const RunStudyOptions& opt) {
+  install_stop_handlers();  // SIGTERM/SIGINT: hand the running trials back (Driver::hand_back)
   claim_study_folder(cfg);
   return Driver(cfg, opt).run();
 }

@@ -24,4 +24,10 @@ std::vector<std::string> environment_with(const std::vector<std::string>& set);
 pid_t spawn_child(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                   int* stdout_fd, const std::string& stderr_path, bool own_group);
 
+// A word for a POSIX shell: as it is when it needs no quoting, else in single quotes.
+std::string shell_quote(const std::string& s);
+
+// `sbatch --parsable SCRIPT`: the job id; RuntimeError (exit 1) with sbatch's output when it fails.
+std::string sbatch_submit(const std::string& script);
+
 }  // namespace mltrain

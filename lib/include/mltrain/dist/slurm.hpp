@@ -19,7 +19,6 @@ struct SbatchOptions {
 };
 
 std::string sbatch_script(const SbatchOptions& o);
-std::string shell_quote(const std::string& s);
 
 // After a stop signal's checkpoint, under `mltrain slurm`'s batch script (SLURM_JOB_ID and
 // MLTRAIN_SLURM_REQUEUE set): puts the job back in the queue with `scontrol requeue`, unless it has
