@@ -772,6 +772,20 @@ TEST_CASE("journal replay: hostile records are skipped, never fatal or huge", "[
   CHECK(trials[0].value == 0.25);
   REQUIRE(trials[0].intermediate.size() == 1);
   CHECK(trials[0].intermediate[0].first == 0);  // the float step counted as the next one
+  // A line another driver (or program) wrote that is not JSON at all: the study resumes over it,
+  // with a warning naming the journal and the offset.
+  const std::string run =
+      kBin + " tune " + MLTRAIN_SOURCE_DIR +
+      "/configs/tune/branin.yaml -q study.n_trials=4 study.name=g study.dir=" + d.string();
+  REQUIRE(sh(run + " study.n_trials=2 > /dev/null 2>&1") == 0);
+  { std::ofstream(d / "g" / "journal.jsonl", std::ios::app) << "garbage {from another driver\n"; }
+  REQUIRE(sh(run + " > /dev/null 2> " + (d / "err.txt").string()) == 0);
+  std::ifstream e(d / "err.txt");
+  const std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  CHECK(err.find("journal.jsonl offset ") != std::string::npos);
+  CHECK(err.find("skipped a line that is not a JSON record (garbage {from another driver)") !=
+        std::string::npos);
+  CHECK(read_trials(d / "g", find_test_function("branin")->space).size() == 4);
 }
 
 TEST_CASE("tune driver: killed inside a journal append (MLTRAIN_FAULT), rerun loses nothing",

@@ -1,5 +1,7 @@
 #include "mltrain/tune/journal.hpp"
 
+#include <iostream>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -56,7 +58,12 @@ const std::vector<nlohmann::json>& Journal::read_unlocked() {
     try {
       recs_.push_back(nlohmann::json::parse(buf.begin() + long(at), buf.begin() + long(nl)));
     } catch (const std::exception&) {
-      // a torn line followed by a newline written by a later writer: skipped
+      // A torn line terminated by a later writer, or a line another program wrote: skipped, with
+      // a warning naming its offset (once: each byte is parsed once per reader).
+      const std::string line(buf.begin() + long(at), buf.begin() + long(std::min(nl, at + 80)));
+      std::cerr << "[tune] warning: " << path_.string() << " offset " << (parsed_ + off_t(at))
+                << ": skipped a line that is not a JSON record (" << line
+                << (nl - at > 80 ? "..." : "") << ")\n";
     }
     at = nl + 1;
   }

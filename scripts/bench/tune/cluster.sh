@@ -4,4 +4,6 @@
 #   bash scripts/bench/tune/cluster.sh [--parts parallel,gpcost,pruning,mo] [--seeds 10] [--quick]
 set -euo pipefail
 source "$(dirname "$0")/../prelude.sh"
-/usr/bin/python3 scripts/bench/tune/cluster.py "$M" "$D" "$@"
+# A copy of the binary: a rebuild during the (long) run cannot swap it under the studies.
+cp "$M" "$D/mltrain"
+/usr/bin/python3 scripts/bench/tune/cluster.py "$D/mltrain" "$D" "$@"
