@@ -56,15 +56,16 @@ failed=0
 printf '%-12s %12s %9s %6s %7s %s\n' target executions exec/s cov corpus findings
 for t in "${targets[@]}"; do
   log=fuzz-logs/$t.log
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
+  # -a: a target's log may hold raw input bytes
+  execs=$(grep -ao 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
   rate=$(( ${execs:-0} / seconds ))
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | awk '{print $2}' || true)
+  cov=$(grep -ao 'cov: [0-9]*' "$log" | tail -1 | awk '{print $2}' || true)
   corpus=$(find "fuzz-corpus/$t" -type f | wc -l)
   found=$(find "fuzz-findings/$t" -type f | wc -l)
   printf '%-12s %12s %9s %6s %7s %s\n' "$t" "${execs:-none}" "${rate:--}" "${cov:--}" "$corpus" "$found"
   if [ -z "$execs" ] || [ "$found" -gt 0 ]; then
     failed=1
-    grep -m1 -E 'ERROR: |runtime error|deadly signal|out-of-memory|timeout|property failed|terminate called' "$log" | sed 's/^/    /' || true
+    grep -a -m1 -E 'ERROR: |runtime error|deadly signal|out-of-memory|timeout|property failed|terminate called' "$log" | sed 's/^/    /' || true
   fi
 done
 [ $failed -eq 0 ] && echo "fuzz: no findings in ${#targets[@]} targets x ${seconds}s" || echo "fuzz: FINDINGS (fuzz-findings/, logs in fuzz-logs/)"

@@ -1,5 +1,7 @@
 #include "mltrain/tune/journal.hpp"
 
+#include <atomic>
+#include <cstdio>
 #include <iostream>
 
 #include <fcntl.h>
@@ -59,11 +61,23 @@ const std::vector<nlohmann::json>& Journal::read_unlocked() {
       recs_.push_back(nlohmann::json::parse(buf.begin() + long(at), buf.begin() + long(nl)));
     } catch (const std::exception&) {
       // A torn line terminated by a later writer, or a line another program wrote: skipped, with
-      // a warning naming its offset (once: each byte is parsed once per reader).
-      const std::string line(buf.begin() + long(at), buf.begin() + long(std::min(nl, at + 80)));
-      std::cerr << "[tune] warning: " << path_.string() << " offset " << (parsed_ + off_t(at))
-                << ": skipped a line that is not a JSON record (" << line
-                << (nl - at > 80 ? "..." : "") << ")\n";
+      // a warning naming its offset (each byte is parsed once per reader; after kWarnings lines in
+      // this process, one note and silence, so a journal full of garbage cannot flood the log).
+      static std::atomic<int> skipped{0};  // per process: fuzzers and tools read many journals
+      const int n = ++skipped;
+      if (n <= kWarnings) {
+        std::string shown;
+        for (size_t i = at; i < nl && i < at + 80; ++i) {
+          const auto c = static_cast<unsigned char>(buf[i]);
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "\\x%02x", c);
+          shown += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : std::string(hex);
+        }
+        std::cerr << "[tune] warning: " << path_.string() << " offset " << (parsed_ + off_t(at))
+                  << ": skipped a line that is not a JSON record (" << shown
+                  << (nl - at > 80 ? "..." : "") << ")"
+                  << (n == kWarnings ? "; further such lines are skipped silently" : "") << "\n";
+      }
     }
     at = nl + 1;
   }

@@ -718,8 +718,11 @@ class GpSampler : public Sampler {
            fresh);
     warm_ = gp.theta();
     if (fresh) warm_n_ = int(obs.size());
-    const double best = *std::min_element(y.begin(), y.end());
-    if (o_.pending == "liar" && !pending.empty()) believe(space, gp, pending);
+    double best = *std::min_element(y.begin(), y.end());
+    // Believed values are data like any other: the incumbent includes them, so EI at a running
+    // trial predicted to improve is ~0 instead of its predicted improvement.
+    if (o_.pending == "liar" && !pending.empty())
+      best = std::min(best, believe(space, gp, pending));
     auto acq = [&](const std::vector<double>& z) {
       double m, s;
       gp.predict(round_trip(space, z), m, s);
@@ -790,16 +793,18 @@ class GpSampler : public Sampler {
  private:
   // Kriging believer: each running trial joins the data at the model's mean there (the fitted
   // hyperparameters kept), so its posterior sd, and with it EI, nearly vanishes around it.
-  void believe(const Space& space, detail::GpModel& gp,
-               const std::vector<const Observation*>& pending) const {
+  double believe(const Space& space, detail::GpModel& gp,
+                 const std::vector<const Observation*>& pending) const {
     auto X = gp.X;
     auto y = gp.y;
+    double lowest = std::numeric_limits<double>::infinity();
     for (const auto* p : pending) {
       if (p->x.size() != space.size()) continue;
       const auto z = encode(space, p->x);
       double m, s;
       gp.predict(z, m, s);
       X.push_back(z), y.push_back(m);
+      lowest = std::min(lowest, m);
     }
     const auto keep_X = gp.X;
     const auto keep_y = gp.y;
@@ -807,7 +812,9 @@ class GpSampler : public Sampler {
     if (!gp.factor()) {  // a pending point on top of an observed one: believe nothing
       gp.X = keep_X, gp.y = keep_y;
       gp.factor();
+      return std::numeric_limits<double>::infinity();
     }
+    return lowest;
   }
 
   std::vector<double> encode(const Space& space, const std::vector<double>& x) const {

@@ -84,7 +84,7 @@ def summarise(rows, fmin, trials, dim):
     return statistics.median(regrets), dup, statistics.median(near) if near else math.nan
 
 
-def part_parallel(m, scratch, seeds, quick):
+def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
     fns = ["branin", "hartmann6", "rosenbrock4", "styblinski_tang4"]
     print("## parallel suggestions: 4 trials at once vs sequential")
     print(f"median regret over {seeds} seeds; dup = suggestions within 0.01*sqrt(D) of a running trial;"
@@ -94,6 +94,8 @@ def part_parallel(m, scratch, seeds, quick):
     for fn in fns:
         _, bounds, fmin = FUNCTIONS[fn]
         for sampler, trials in (("tpe", 100), ("gp", 60)):
+            if sampler not in samplers:
+                continue
             if quick and sampler == "gp" and fn != "branin":
                 continue
             res = {}
@@ -110,7 +112,7 @@ def part_parallel(m, scratch, seeds, quick):
                 rel = reg / seq if seq > 0 else math.nan
                 print(f"{fn:<17} {'mltrain':<8} {sampler:<5} {mode:<16} {reg:>10.4g} {rel:>7.2f} {dup:>6.1%} {near:>6.3f}")
             verdicts.append((fn, sampler, res["4 running, liar"][0], seq, res["4 running, liar"][1], res["4 running, ignore"][1]))
-        if quick:
+        if quick or "tpe" not in samplers:
             continue
         oseeds = max(1, seeds // 2)
         for mode, conc, liar in (("sequential", 1, False), ("4 running, liar", 4, True), ("4 running, plain", 4, False)):
@@ -160,12 +162,13 @@ def main():
     ap.add_argument("--parts", default="parallel,gpcost,pruning,mo")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--samplers", default="tpe,gp", help="parallel part: mltrain samplers to run")
     a = ap.parse_args()
     parts = a.parts.split(",")
     if "gpcost" in parts:  # first, while nothing else runs
         part_gpcost(a.mltrain, a.scratch, a.quick)
     if "parallel" in parts:
-        part_parallel(a.mltrain, a.scratch, a.seeds, a.quick)
+        part_parallel(a.mltrain, a.scratch, a.seeds, a.quick, a.samplers.split(","))
     if "pruning" in parts:
         import curves
         curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)

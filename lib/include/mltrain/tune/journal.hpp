@@ -54,6 +54,7 @@ class Journal {
   int fd_ = -1;
   std::vector<nlohmann::json> recs_;  // every complete record up to parsed_
   off_t parsed_ = 0;
+  static constexpr int kWarnings = 3;  // malformed lines warned about per process (then silence)
 };
 
 }  // namespace mltrain::tune
