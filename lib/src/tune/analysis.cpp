@@ -338,23 +338,30 @@ void write_front(const StudyConfig& cfg, const std::vector<TrialState>& trials, 
 
 }  // namespace
 
-nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<TrialState>& trials) {
+namespace {
+
+struct Counts {
+  int complete = 0, pruned = 0, failed = 0, running = 0;
+  const TrialState* best = nullptr;  // on the first objective
+};
+
+// trials.csv and trials.jsonl, one row per trial; returns the counts and the best trial.
+Counts write_trial_tables(const StudyConfig& cfg, const std::vector<TrialState>& trials) {
   const fs::path sd = cfg.study_dir();
+  Counts n;
   std::ostringstream csv, jl;
   csv << "number,state,value";
   if (cfg.multi())
     for (const auto& ob : cfg.objectives) csv << "," << csv_escape(ob.metric);
   for (const auto& p : cfg.space) csv << "," << csv_escape(p.name);
   csv << ",reports,duration_s,retry_of,reason\n";
-  int complete = 0, pruned = 0, failed = 0, running = 0;
-  const TrialState* best = nullptr;
   for (const auto& t : trials) {
     if (t.number < 0) continue;
-    complete += t.state == "COMPLETE", pruned += t.state == "PRUNED", failed += t.state == "FAIL",
-        running += t.state == "RUNNING";
+    n.complete += t.state == "COMPLETE", n.pruned += t.state == "PRUNED",
+        n.failed += t.state == "FAIL", n.running += t.state == "RUNNING";
     if (t.state == "COMPLETE" && std::isfinite(t.value) &&
-        (!best || (cfg.maximize ? t.value > best->value : t.value < best->value)))
-      best = &t;
+        (!n.best || (cfg.maximize ? t.value > n.best->value : t.value < n.best->value)))
+      n.best = &t;
     const double dur = t.attrs.value("duration_s", t.finished > 0 ? t.finished - t.started : 0.0);
     csv << t.number << "," << t.state << ","
         << (std::isfinite(t.value) ? config::format_double(t.value) : "");
@@ -377,6 +384,17 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
   }
   write_file_atomic((sd / "trials.csv").string(), csv.str());
   write_file_atomic((sd / "trials.jsonl").string(), jl.str());
+  return n;
+}
+
+}  // namespace
+
+nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<TrialState>& trials) {
+  const fs::path sd = cfg.study_dir();
+  const Counts counts = write_trial_tables(cfg, trials);
+  const int complete = counts.complete, pruned = counts.pruned, failed = counts.failed,
+            running = counts.running;
+  const TrialState* best = counts.best;
 
   nlohmann::json s = {{"study", cfg.name},
                       {"dir", sd.string()},

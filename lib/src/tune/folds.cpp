@@ -41,7 +41,9 @@ nlohmann::json number_or_null(double v) { return std::isfinite(v) ? nlohmann::js
 
 }  // namespace
 
-int run_fold_group(const FoldGroupOptions& o) {
+namespace {
+
+std::vector<Fold> spawn_folds(const FoldGroupOptions& o) {
   std::vector<Fold> folds(size_t(o.folds));
   if (!o.log_dir.empty()) fs::create_directories(o.log_dir);
   for (int i = 0; i < o.folds; ++i) {
@@ -61,35 +63,45 @@ int run_fold_group(const FoldGroupOptions& o) {
                                           "MLTRAIN_FOLD_SEED=" + std::to_string(o.seed)}),
                         &f.fd, f.log, /*own_group=*/false);
   }
-  // step -> metric -> per-fold values; a step is printed once every fold has reported it.
-  std::map<int64_t, std::map<std::string, std::vector<double>>> steps;
-  std::map<int64_t, std::map<std::string, std::vector<bool>>> seen;
-  auto handle = [&](size_t i, const std::string& line) {
+  return folds;
+}
+
+// The folds' JSON lines, merged: a step is printed (as the folds' mean) once every fold has
+// reported it for every metric, in step order.
+class StepMerger {
+ public:
+  StepMerger(const FoldGroupOptions& o, std::vector<Fold>& folds) : o_(o), folds_(folds) {}
+
+  void line(size_t i, const std::string& text) {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
+      j = nlohmann::json::parse(text);
     } catch (...) {
       return;
     }
     if (!j.is_object()) return;
-    for (const auto& m : o.metrics) {
+    for (const auto& m : o_.metrics) {
       if (!j.contains(m) || !(j[m].is_number() || j[m].is_null())) continue;
       const double v = j[m].is_number() ? j[m].get<double>() : NAN;
-      folds[i].last[m] = v;
+      folds_[i].last[m] = v;
       if (!j.contains("step") || !j["step"].is_number_integer()) continue;
       const int64_t s = j["step"].get<int64_t>();
-      auto& vals = steps[s][m];
-      auto& got = seen[s][m];
-      if (vals.empty()) vals.assign(folds.size(), NAN), got.assign(folds.size(), false);
+      auto& vals = steps_[s][m];
+      auto& got = seen_[s][m];
+      if (vals.empty()) vals.assign(folds_.size(), NAN), got.assign(folds_.size(), false);
       vals[i] = v, got[i] = true;
     }
-    // Steps every fold has reported for every metric, in order.
-    while (!steps.empty()) {
-      auto& [s, per] = *steps.begin();
-      bool all = per.size() == o.metrics.size();
-      for (auto& [m, g] : seen[s])
+    flush();
+  }
+
+ private:
+  void flush() {
+    while (!steps_.empty()) {
+      auto& [s, per] = *steps_.begin();
+      bool all = per.size() == o_.metrics.size();
+      for (auto& [m, g] : seen_[s])
         for (bool b : g) all = all && b;
-      if (!all) break;
+      if (!all) return;
       nlohmann::json out = {{"step", s}};
       for (auto& [m, v] : per) {
         double mean, sd;
@@ -98,10 +110,19 @@ int run_fold_group(const FoldGroupOptions& o) {
         out[m + "_folds"] = v;
       }
       std::cout << out.dump() << std::endl;
-      seen.erase(s);
-      steps.erase(steps.begin());
+      seen_.erase(s);
+      steps_.erase(steps_.begin());
     }
-  };
+  }
+
+  const FoldGroupOptions& o_;
+  std::vector<Fold>& folds_;
+  std::map<int64_t, std::map<std::string, std::vector<double>>> steps_;  // step -> metric -> folds
+  std::map<int64_t, std::map<std::string, std::vector<bool>>> seen_;
+};
+
+// Reads every fold's stdout until all are closed.
+void read_folds(std::vector<Fold>& folds, StepMerger& merger) {
   size_t open = folds.size();
   while (open > 0) {
     std::vector<pollfd> p;
@@ -117,7 +138,7 @@ int run_fold_group(const FoldGroupOptions& o) {
       if (n <= 0) {
         f.open = false, --open;
         ::close(f.fd);
-        if (!f.buf.empty()) handle(who[k], f.buf), f.buf.clear();
+        if (!f.buf.empty()) merger.line(who[k], f.buf), f.buf.clear();
         continue;
       }
       f.buf.append(buf, size_t(n));
@@ -125,36 +146,47 @@ int run_fold_group(const FoldGroupOptions& o) {
       while ((nl = f.buf.find('\n')) != std::string::npos) {
         const std::string line = f.buf.substr(0, nl);
         f.buf.erase(0, nl + 1);
-        handle(who[k], line);
+        merger.line(who[k], line);
       }
     }
   }
+}
+
+// A failed fold: its status and last log line, and mltrain's "error:"/"  fix:" lines passed
+// through; returns the group's exit status (the fold's own when it exited, 2 for its
+// configuration; else 1).
+int report_failure(const FoldGroupOptions& o, const Fold& f, int which) {
+  std::string tail, error_lines;
+  if (!f.log.empty()) {
+    std::ifstream in(f.log);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) tail = line;
+      if (line.rfind("error: ", 0) == 0 || line.rfind("  fix: ", 0) == 0)
+        error_lines += line + "\n";
+    }
+  }
+  std::cerr << "fold " << which << " of " << o.folds << " failed ("
+            << (WIFSIGNALED(f.status) ? "signal " + std::to_string(WTERMSIG(f.status))
+                                      : "exit status " + std::to_string(WEXITSTATUS(f.status)))
+            << ")" << (tail.empty() ? "" : ": " + tail) << (f.log.empty() ? "" : "; log: " + f.log)
+            << "\n"
+            << error_lines;
+  return WIFEXITED(f.status) ? WEXITSTATUS(f.status) : 1;
+}
+
+}  // namespace
+
+int run_fold_group(const FoldGroupOptions& o) {
+  auto folds = spawn_folds(o);
+  StepMerger merger(o, folds);
+  read_folds(folds, merger);
   int failed = -1;
   for (size_t i = 0; i < folds.size(); ++i) {
     ::waitpid(folds[i].pid, &folds[i].status, 0);
     if (failed < 0 && !(WIFEXITED(folds[i].status) && WEXITSTATUS(folds[i].status) == 0))
       failed = int(i);
   }
-  if (failed >= 0) {
-    const auto& f = folds[size_t(failed)];
-    std::string tail, error_lines;  // mltrain's "error: KEY: ..." and "  fix: ..." pass through
-    if (!f.log.empty()) {
-      std::ifstream in(f.log);
-      for (std::string line; std::getline(in, line);) {
-        if (!line.empty()) tail = line;
-        if (line.rfind("error: ", 0) == 0 || line.rfind("  fix: ", 0) == 0)
-          error_lines += line + "\n";
-      }
-    }
-    std::cerr << "fold " << failed << " of " << o.folds << " failed ("
-              << (WIFSIGNALED(f.status) ? "signal " + std::to_string(WTERMSIG(f.status))
-                                        : "exit status " + std::to_string(WEXITSTATUS(f.status)))
-              << ")" << (tail.empty() ? "" : ": " + tail)
-              << (f.log.empty() ? "" : "; log: " + f.log) << "\n"
-              << error_lines;
-    // The fold's own status when it exited (2: its configuration), else 1.
-    return WIFEXITED(f.status) ? WEXITSTATUS(f.status) : 1;
-  }
+  if (failed >= 0) return report_failure(o, folds[size_t(failed)], failed);
   nlohmann::json final_line = nlohmann::json::object();
   nlohmann::json summary = {{"event", "summary"}, {"folds", nlohmann::json::object()}};
   for (const auto& m : o.metrics) {

@@ -723,13 +723,21 @@ class GpSampler : public Sampler {
     // trial predicted to improve is ~0 instead of its predicted improvement.
     if (o_.pending == "liar" && !pending.empty())
       best = std::min(best, believe(space, gp, pending));
+    return decode(space, maximize_ei(space, gp, X, y, best, rng));
+  }
+
+ private:
+  // log EI's maximum: uniform candidates plus perturbations of the best observations; the top
+  // five refined by L-BFGS over the continuous coordinates with the analytic gradient.
+  std::vector<double> maximize_ei(const Space& space, const detail::GpModel& gp,
+                                  const std::vector<std::vector<double>>& X,
+                                  const std::vector<double>& y, double best,
+                                  std::mt19937_64& rng) const {
     auto acq = [&](const std::vector<double>& z) {
       double m, s;
       gp.predict(round_trip(space, z), m, s);
       return detail::log_ei(m, s, best, o_.xi);
     };
-    // Candidates: uniform points plus perturbations of the best observations; the top few are
-    // refined by L-BFGS over the continuous coordinates (finite-difference gradients).
     std::uniform_real_distribution<double> U(0, 1);
     std::normal_distribution<double> N(0, 1);
     std::vector<std::pair<double, std::vector<double>>> cand;
@@ -787,10 +795,9 @@ class GpSampler : public Sampler {
         best_z = z;
       }
     }
-    return decode(space, best_z);
+    return best_z;
   }
 
- private:
   // Kriging believer: each running trial joins the data at the model's mean there (the fitted
   // hyperparameters kept), so its posterior sd, and with it EI, nearly vanishes around it.
   double believe(const Space& space, detail::GpModel& gp,
