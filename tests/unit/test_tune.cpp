@@ -562,8 +562,9 @@ TEST_CASE("tune driver: cross-validated trials run their folds as a group and re
 TEST_CASE("tune: folds larger than the data stop the study with exit 2 naming data.folds",
           "[tune][driver][folds]") {
   const auto d = tmpdir("folds_bad");
-  const std::string cmd = kBin + " tune " + MLTRAIN_SOURCE_DIR +
-                          "/configs/tune/fashion_mnist_mlp.yaml -q study.dir=" + d.string() +
+  // From the source folder: the study's trial.train is a path relative to it.
+  const std::string cmd = "cd " + std::string(MLTRAIN_SOURCE_DIR) + " && " + kBin +
+                          " tune configs/tune/fashion_mnist_mlp.yaml -q study.dir=" + d.string() +
                           " study.n_trials=3 objective.folds=10 pruner.name=none "
                           "'trial.overrides=[data.limit_train=5]' "
                           "2> " +
@@ -571,6 +572,7 @@ TEST_CASE("tune: folds larger than the data stop the study with exit 2 naming da
   CHECK(sh(cmd) == 2);
   std::ifstream e(d / "err.txt");
   const std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  INFO(err);
   CHECK(err.find("data.folds: 10 folds of 5 training samples leave a fold empty") !=
         std::string::npos);
   CHECK(err.find("fix: use at most 5 folds") != std::string::npos);

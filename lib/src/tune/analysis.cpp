@@ -3,6 +3,7 @@
 #include "mltrain/tune/pareto.hpp"
 
 #include <algorithm>
+#include <iomanip>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -263,12 +264,16 @@ std::string svg_pareto(const std::string& title, const StudyConfig& cfg, const F
     << label(cfg.objectives[0]) << "</text>\n<text x=\"16\" y=\"" << (T + H - B) / 2
     << "\" transform=\"rotate(-90 16 " << (T + H - B) / 2 << ")\" text-anchor=\"middle\">"
     << label(cfg.objectives[1]) << "</text>\n";
+  auto tick = [](double v) {  // three significant digits
+    std::ostringstream t;
+    t << std::setprecision(3) << v;
+    return t.str();
+  };
   for (double f : {0.0, 0.5, 1.0}) {
     o << "<text x=\"" << px(x0 + f * (x1 - x0)) << "\" y=\"" << H - B + 16
-      << "\" text-anchor=\"middle\" fill=\"#666\">" << config::format_double(x0 + f * (x1 - x0))
+      << "\" text-anchor=\"middle\" fill=\"#666\">" << tick(x0 + f * (x1 - x0))
       << "</text>\n<text x=\"" << L - 6 << "\" y=\"" << py(y0 + f * (y1 - y0)) + 4
-      << "\" text-anchor=\"end\" fill=\"#666\">" << config::format_double(y0 + f * (y1 - y0))
-      << "</text>\n";
+      << "\" text-anchor=\"end\" fill=\"#666\">" << tick(y0 + f * (y1 - y0)) << "</text>\n";
   }
   std::vector<const TrialState*> front;
   for (size_t i = 0; i < in.trials.size(); ++i) {
@@ -537,8 +542,9 @@ std::string study_html(const std::string& dir) {
       << config::format_double(s["best"]["value"].get<double>()) << ", "
       << xml_escape(s["best"]["params"].dump()) << ".";
   h << "</p>\n<div class=\"grid\">\n";
-  for (const char* f : {"history.svg", "importance.svg", "parallel.svg"})
-    h << "<figure>" << read_file((cfg.study_dir() / f).string()) << "</figure>\n";
+  for (const char* f : {"history.svg", "importance.svg", "parallel.svg", "pareto.svg"})
+    if (fs::exists(cfg.study_dir() / f))  // pareto.svg: studies of several objectives
+      h << "<figure>" << read_file((cfg.study_dir() / f).string()) << "</figure>\n";
   h << "</div>\n";
   if (!s["importance"].empty()) {
     h << "<table><tr><th>parameter</th><th>importance</th><th>Spearman rho with "
