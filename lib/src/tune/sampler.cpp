@@ -147,26 +147,25 @@ class TpeSampler : public Sampler {
       if (std::isnan(a->value) != std::isnan(b->value)) return std::isnan(b->value);
       return by_value(a, b);
     });
+    const size_t n = complete.size() + pruned.size() + running.size();
+    const size_t n_below =
+        std::clamp<size_t>(size_t(std::ceil(o_.gamma * double(n))), 1,
+                           std::min<size_t>(25, complete.size() + pruned.size()));
     if (!complete.empty() && complete[0]->values.size() > 1) {
       // Several objectives (MOTPE, Ozaki et al. 2020): complete trials ranked by non-dominated
       // fronts, the front that does not fit the good group by hypervolume contribution.
       std::vector<Point> pts;
       for (const auto* c : complete) pts.push_back(c->values);
-      const size_t n_all = complete.size() + pruned.size() + running.size();
-      const size_t k = std::clamp<size_t>(size_t(std::ceil(o_.gamma * double(n_all))), 1,
-                                          std::min<size_t>(25, complete.size()));
       std::vector<const Observation*> order;
       std::vector<bool> taken(complete.size(), false);
-      for (size_t i : select_best(pts, k)) order.push_back(complete[i]), taken[i] = true;
+      for (size_t i : select_best(pts, std::min(n_below, complete.size())))
+        order.push_back(complete[i]), taken[i] = true;
       for (size_t i = 0; i < complete.size(); ++i)
         if (!taken[i]) order.push_back(complete[i]);
       complete = std::move(order);
     }
     std::vector<const Observation*> ranked = complete;
     ranked.insert(ranked.end(), pruned.begin(), pruned.end());
-    const size_t n = ranked.size() + running.size();
-    const size_t n_below = std::clamp<size_t>(size_t(std::ceil(o_.gamma * double(n))), 1,
-                                              std::min<size_t>(25, ranked.size()));
     std::vector<const Observation*> below(ranked.begin(), ranked.begin() + long(n_below));
     std::vector<const Observation*> above(ranked.begin() + long(n_below), ranked.end());
     above.insert(above.end(), running.begin(), running.end());

@@ -638,25 +638,35 @@ class Driver {
 
   // Stopped by a signal (scancel, preemption, Ctrl-C): the running trials are stopped and marked
   // stale at once, so another driver retries them now instead of after stale_after_s.
+  // The reason of a trial its stopped driver gives back ("stale" is what retry_target retries;
+  // "handed back" spares max_retry).
+  std::string handed_back(int sig) const {
+    return "stale: handed back by driver " + me_ + " (stopped by signal " + std::to_string(sig) +
+           ")";
+  }
+
   [[noreturn]] void hand_back(int sig) {
     for (auto& [n, c] : running_)
       if (c.pid > 0) ::kill(-c.pid, SIGTERM);
     for (auto& [n, c] : running_) {
       if (c.pid > 0) ::waitpid(c.pid, nullptr, 0);
-      finish(c, "FAIL", NAN,
-             "stale: handed back by driver " + me_ + " (stopped by signal " + std::to_string(sig) +
-                 ")");
+      finish(c, "FAIL", NAN, handed_back(sig));
     }
     running_.clear();
     throw Interrupted(sig);
+  }
+
+  bool any_complete() {
+    for (const auto& t : live_.update(journal_.read(), cfg_.space).trials)
+      if (t.state == "COMPLETE") return true;
+    return false;
   }
 
   // A trial that exits 2 rejected its configuration. When nothing has completed yet and the key
   // it names is not a sampled parameter, every trial would fail the same way (a typo in
   // trial.overrides, folds larger than the data): the study stops with that error (exit 2).
   void check_config_error(const Child& c) {
-    for (const auto& t : live_.update(journal_.read(), cfg_.space).trials)
-      if (t.state == "COMPLETE") return;
+    if (any_complete()) return;
     std::ifstream in(c.log);
     std::string line, error, fix;
     while (std::getline(in, line)) {
@@ -676,8 +686,7 @@ class Driver {
   // A trial that finished without reporting objective i: before any trial completed, the
   // objective names a metric the trials never report, and the study stops (exit 2).
   void missing_metric(const Child& c, size_t i) {
-    for (const auto& t : live_.update(journal_.read(), cfg_.space).trials)
-      if (t.state == "COMPLETE") return;
+    if (any_complete()) return;
     std::string seen;
     for (const auto& [k, v] : c.attrs.items()) seen += (seen.empty() ? "" : ", ") + k;
     const std::string key =
@@ -720,9 +729,7 @@ class Driver {
       }
       finish(c, "COMPLETE", c.last_value, "");
     } else if (const int sig = stopped_with_driver(status)) {
-      finish(c, "FAIL", NAN,
-             "stale: handed back by driver " + me_ + " (stopped by signal " + std::to_string(sig) +
-                 ")");
+      finish(c, "FAIL", NAN, handed_back(sig));
     } else {
       if (WIFEXITED(status) && WEXITSTATUS(status) == 2) check_config_error(c);
       std::string why = WIFSIGNALED(status)
