@@ -575,18 +575,24 @@ void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector
   }
 }
 
+// Squared distance of x to a data point in length-scale units (ils from factor()).
+double GpModel::scaled_r2(const std::vector<double>& x, const double* xi) const {
+  double r2 = 0;
+  for (size_t d = 0; d < ils.size(); ++d) {
+    const double t = (x[d] - xi[d]) * ils[d];
+    r2 += t * t;
+  }
+  return r2;
+}
+
 void GpModel::predict(const std::vector<double>& x, double& mean, double& sd) const {
-  const size_t n = X.size(), D = log_ls.size();
+  const size_t n = X.size();
   const double amp = std::exp(log_amp);
   thread_local std::vector<double> k;
   k.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    double r2 = 0;
     const double* xi = X[i].data();
-    for (size_t d = 0; d < D; ++d) {
-      const double t = (x[d] - xi[d]) * ils[d];
-      r2 += t * t;
-    }
+    const double r2 = scaled_r2(x, xi);
     k[i] = matern52(r2, amp);
   }
   mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
@@ -607,12 +613,8 @@ void GpModel::predict_grad(const std::vector<double>& x, double& mean, double& s
   const double amp = std::exp(log_amp);
   std::vector<double> k(n), dk(n * D), v(n);  // dk[i * D + d] = dk_i / dx_d
   for (size_t i = 0; i < n; ++i) {
-    double r2 = 0;
     const double* xi = X[i].data();
-    for (size_t d = 0; d < D; ++d) {
-      const double t = (x[d] - xi[d]) * ils[d];
-      r2 += t * t;
-    }
+    const double r2 = scaled_r2(x, xi);
     const double r = std::sqrt(r2), e = std::exp(-kSqrt5 * r);
     k[i] = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e;
     const double c = -5.0 / 3.0 * amp * (1.0 + kSqrt5 * r) * e;  // dk/dx_d = c (x_d - X_id) ils_d^2

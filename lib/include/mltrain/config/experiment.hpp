@@ -251,9 +251,7 @@ struct DataConfig {
             "k-fold cross-validation: evaluate on fold `fold` of this many (a seeded permutation "
             "of the training samples), train on the rest (0: off; `mltrain tune` sets it from "
             "objective.folds)",
-            Check<int64_t>{"0 or >= 2", [](const int64_t& k) {
-                             return k == 0 || k >= 2 ? "" : "must be 0 (off) or at least 2";
-                           }});
+            fold_count());
     v.field("fold", fold, "the held-out fold, in [0, folds)", non_negative<int64_t>());
     v.field("fold_seed", fold_seed, "seed of the fold permutation (a study's seed)",
             non_negative<int64_t>());

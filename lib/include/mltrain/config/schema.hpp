@@ -76,6 +76,12 @@ template <class T>
 Check<T> non_negative() {
   return {">= 0", [](const T& v) { return v >= 0 ? "" : "must be >= 0"; }};
 }
+// A fold count: 0 (off) or at least 2 (data.folds, a study's objective.folds).
+inline Check<int64_t> fold_count() {
+  return {"0 or >= 2",
+          [](const int64_t& k) { return k == 0 || k >= 2 ? "" : "must be 0 (off) or at least 2"; }};
+}
+
 template <class T>
 Check<T> in_range(T lo, T hi) {
   auto s = [](T x) {

@@ -148,9 +148,7 @@ struct ObjectiveSettings {
             "k-fold cross-validation: each trial trains k folds at once (child processes, "
             "data.folds/data.fold, folds drawn from study.seed) and reports their mean; pruning "
             "judges the running fold mean (0: off)",
-            Check<int64_t>{"0 or >= 2", [](const int64_t& k) {
-                             return k == 0 || k >= 2 ? "" : "must be 0 (off) or at least 2";
-                           }});
+            fold_count());
   }
 };
 

@@ -95,6 +95,7 @@ struct GpModel {
            const std::vector<double>* warm = nullptr, bool refresh = false);
   std::vector<double> theta() const;
   void predict(const std::vector<double>& x, double& mean, double& sd) const;
+  double scaled_r2(const std::vector<double>& x, const double* xi) const;
   // predict() with the gradients of mean and sd over x (dmean, dsd resized to x's size).
   void predict_grad(const std::vector<double>& x, double& mean, double& sd,
                     std::vector<double>& dmean, std::vector<double>& dsd) const;
