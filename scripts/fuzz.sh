@@ -37,7 +37,10 @@ cmake --build build-san --target fuzzers -j "$(nproc)" > /dev/null
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_may_return_null=0}"
 export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-export MLTRAIN_FUZZ_TMP="${MLTRAIN_FUZZ_TMP:-/dev/shm}"
+# Each target's scratch files go in a folder of this run's, removed at the end (they piled up in
+# /dev/shm, one folder per fuzzer process, from every run before).
+export MLTRAIN_FUZZ_TMP="$(mktemp -d "${MLTRAIN_FUZZ_TMP:-/dev/shm}/mltrain_fuzz.XXXXXX")"
+trap 'rm -rf "$MLTRAIN_FUZZ_TMP"' EXIT
 mkdir -p fuzz-findings fuzz-logs
 
 run_one() {

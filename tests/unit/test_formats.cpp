@@ -146,6 +146,18 @@ TEST_CASE("safetensors: round trip, layout, corruption", "[safetensors]") {
   CHECK_THROWS_AS(formats::load_safetensors(path), CheckpointError);
 }
 
+TEST_CASE("safetensors: a file of no tensors saves and loads back", "[safetensors]") {
+  auto path = (fresh("st_empty") / "e.safetensors").string();
+  formats::save_safetensors(path, {});
+  std::ifstream in(path, std::ios::binary);
+  uint64_t hlen = 0;
+  in.read(reinterpret_cast<char*>(&hlen), 8);
+  std::string header(hlen, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(hlen));
+  CHECK(header.rfind("{}", 0) == 0);  // what the format's readers expect, not `null`
+  CHECK(formats::load_safetensors(path).empty());
+}
+
 // Hostile headers: every size is checked against the file before anything is allocated.
 TEST_CASE("safetensors reject table: impossible shapes and offsets, malformed entries",
           "[safetensors]") {

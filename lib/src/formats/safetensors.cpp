@@ -21,7 +21,9 @@ const std::vector<std::pair<torch::ScalarType, const char*>> kDtypes = {
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header;
+  // An object even with nothing in it: a default json is `null`, which no reader accepts as a
+  // header (the safetensors fuzzer found that a file of zero tensors did not load back).
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<torch::Tensor> bufs;
   uint64_t offset = 0;

@@ -379,15 +379,25 @@ class Driver {
     std::vector<Observation> obs;
     for (const auto& t : ts) {
       if (t.x.empty()) continue;
+      Observation o;
+      o.number = t.number;
+      o.x = t.x;
       if (t.state == "COMPLETE" && std::isfinite(t.value)) {
-        obs.push_back({t.number, t.x, sign_ * t.value, false, false});
-        if (cfg_.multi()) obs.back().values = signed_values(t.values);
-        if (cfg_.multi() && obs.back().values.size() != cfg_.objectives.size()) obs.pop_back();
-      } else if (t.state == "PRUNED" && !t.intermediate.empty())
-        obs.push_back({t.number, t.x, sign_ * t.intermediate.back().second, true, false,
-                       int64_t(t.intermediate.size())});
-      else if (t.state == "RUNNING")
-        obs.push_back({t.number, t.x, 0.0, false, true});
+        o.value = sign_ * t.value;
+        if (cfg_.multi()) {
+          o.values = signed_values(t.values);
+          if (o.values.size() != cfg_.objectives.size()) continue;
+        }
+      } else if (t.state == "PRUNED" && !t.intermediate.empty()) {
+        o.value = sign_ * t.intermediate.back().second;
+        o.pruned = true;
+        o.reports = int64_t(t.intermediate.size());
+      } else if (t.state == "RUNNING") {
+        o.running = true;
+      } else {
+        continue;
+      }
+      obs.push_back(std::move(o));
     }
     return obs;
   }
