@@ -159,7 +159,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mltrain")
     ap.add_argument("scratch")
-    ap.add_argument("--parts", default="parallel,gpcost,pruning,mo")
+    ap.add_argument("--parts", default="parallel,gpcost,pruning,real,mo")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--samplers", default="tpe,gp", help="parallel part: mltrain samplers to run")
@@ -172,6 +172,9 @@ def main():
     if "pruning" in parts:
         import curves
         curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)
+    if "real" in parts:
+        import real_curves
+        real_curves.run(a.mltrain, a.scratch, a.seeds, a.quick)
     if "mo" in parts:
         import mo
         mo.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)
