@@ -40,6 +40,15 @@ TEST_CASE("Slurm node lists expand like scontrol show hostnames", "[dist]") {
   // nothing (1e9 iterations, a 10 s fuzzer timeout).
   CHECK_THROWS_WITH(expand_nodelist("a[0-999999999]b[,]"), Catch::Contains("lists no numbers"));
   CHECK_THROWS_WITH(expand_nodelist("node[]"), Catch::Contains("lists no numbers"));
+  // Long names: capped at 255 characters, before any host is built (many one-number groups made
+  // a 3 KB list take gigabytes).
+  std::string many = "h";
+  for (int i = 0; i < 300; ++i) many += "[1-2]";
+  CHECK_THROWS_WITH(expand_nodelist(many), Catch::Contains("more than 65536 hosts"));
+  many = "h";
+  for (int i = 0; i < 300; ++i) many += "[1]";
+  CHECK_THROWS_WITH(expand_nodelist(many), Catch::Contains("longer than 255 characters"));
+  CHECK(expand_nodelist(std::string(255, 'x')).size() == 1);
 }
 
 TEST_CASE("world from torchrun, Slurm or nothing", "[dist]") {
