@@ -38,9 +38,12 @@ constexpr size_t kMaxName = 255;  // a DNS name's limit: caps each host name (an
 
 // One bracket group's numbers: "01-04,07" gives {01, 02, 03, 04, 07}, zero-padded as written.
 struct Group {
+  struct Range {
+    long lo, hi;
+    size_t width;  // digits as written: "08" pads to 2
+  };
   std::string literal;  // the text before the group
-  std::vector<std::pair<long, long>> ranges;
-  std::vector<size_t> widths;
+  std::vector<Range> ranges;
   size_t count = 0, max_digits = 0;
 };
 
@@ -66,8 +69,7 @@ Group parse_group(const std::string& item, const std::string& literal, const std
     const long lo = std::stol(a), hi = std::stol(b);
     if (hi < lo)
       throw ConfigError("SLURM_JOB_NODELIST", "descending range '" + r + "' in '" + item + "'");
-    g.ranges.push_back({lo, hi});
-    g.widths.push_back(a.size());
+    g.ranges.push_back({lo, hi, a.size()});
     g.count += size_t(hi - lo + 1);
     g.max_digits = std::max({g.max_digits, a.size(), std::to_string(hi).size()});
   }
@@ -115,10 +117,10 @@ std::vector<std::string> expand_one(const std::string& item) {
     std::vector<std::string> next;
     next.reserve(out.size() * g.count);
     for (const auto& h : out)
-      for (size_t i = 0; i < g.ranges.size(); ++i)
-        for (long v = g.ranges[i].first; v <= g.ranges[i].second; ++v) {
+      for (const auto& r : g.ranges)
+        for (long v = r.lo; v <= r.hi; ++v) {
           std::string num = std::to_string(v);
-          if (num.size() < g.widths[i]) num = std::string(g.widths[i] - num.size(), '0') + num;
+          if (num.size() < r.width) num = std::string(r.width - num.size(), '0') + num;
           next.push_back(h + g.literal + num);
         }
     out.swap(next);

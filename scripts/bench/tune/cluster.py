@@ -16,7 +16,6 @@ import math
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +41,7 @@ def unit(x, bounds):
 
 def journal_trials(path, bounds):
     """(values in trial order, nearest running distance per suggestion)"""
-    running, params, values, near = {}, {}, {}, []
+    running, values, near = {}, {}, []
     for line in open(path):
         r = json.loads(line)
         if r["op"] == "create":

@@ -6,7 +6,6 @@ best complete trial's final value (lower is better), cost = total steps (reports
 import math
 import statistics
 from pathlib import Path
-import json
 
 import optuna
 
@@ -47,22 +46,22 @@ PRUNERS = {
 }
 
 
-def optuna_study(fn, pruner, seed, trials, concurrent):
-    f, space = CURVES[fn]
+def optuna_round_robin(pruner, seed, trials, concurrent, start):
+    """Optuna's TPE and `pruner`; start(trial) suggests the parameters and returns the trial's
+    curve (step 1.. -> value). Running trials take a step in turn. (best final value, total steps)"""
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=concurrent > 1),
                                 pruner=PRUNERS[pruner][1]())
     running, started, steps, best = [], 0, 0, math.inf
     while running or started < trials:
         while len(running) < concurrent and started < trials:
             t = study.ask()
-            x = [t.suggest_float(n, lo, hi, log=lg) for n, lo, hi, lg in space]
-            running.append([t, x, 0])
+            running.append([t, start(t), 0])
             started += 1
         for r in list(running):
-            t, x, k = r
+            t, curve, k = r
             k += 1
             r[2] = k
-            v = f(x, k)
+            v = curve(k)
             steps += 1
             t.report(v, k - 1)  # Optuna's steps start at 0
             if t.should_prune():
@@ -75,12 +74,26 @@ def optuna_study(fn, pruner, seed, trials, concurrent):
     return best, steps
 
 
+def optuna_study(fn, pruner, seed, trials, concurrent):
+    f, space = CURVES[fn]
+
+    def start(t):
+        x = [t.suggest_float(n, lo, hi, log=lg) for n, lo, hi, lg in space]
+        return lambda k: f(x, k)
+
+    return optuna_round_robin(pruner, seed, trials, concurrent, start)
+
+
+def reports(journal):
+    """Total steps of a study: its journal's intermediate reports."""
+    return sum(1 for line in open(journal) if '"report"' in line)
+
+
 def mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent):
     name = f"prune_{fn}_{pruner}_{concurrent}_{seed}"
     s = tune(m, scratch, name, f"objective.function={fn}", "sampler.name=tpe", f"study.seed={seed}",
              f"study.n_trials={trials}", f"study.max_concurrent={concurrent}", *PRUNERS[pruner][0])
-    steps = sum(1 for l in open(Path(scratch) / name / "journal.jsonl") if '"report"' in l)
-    return s["best"]["value"], steps
+    return s["best"]["value"], reports(Path(scratch) / name / "journal.jsonl")
 
 
 def run(m, scratch, seeds, quick, tune, trials=100):

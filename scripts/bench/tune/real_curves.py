@@ -19,13 +19,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import optuna
 
 import curves
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-REPORTS, EVERY = 27, 40
+REPORTS, EVERY = curves.STEPS, 40  # the round robin (curves.py) runs STEPS reports
 GRID = [
     ("lr", [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]),
     ("batch", [16, 64, 256]),
@@ -53,7 +52,7 @@ def train_one(m, scratch, cfg):
            "data.val_fraction=0.1", f"train.duration={REPORTS * EVERY}u", f"train.eval_every={EVERY}u",
            f"checkpoint.every={REPORTS * EVERY}u", "train.target_accuracy=0", f"optim.lr={p['lr']}",
            f"data.batch_size={p['batch']}", f"model.hidden={hidden}", f"model.dropout={p['dropout']}",
-           f"run.dir={scratch}/real_runs", f"run.name=r{abs(hash(key(cfg))) % 10**8}", "runtime.threads=1", "--jsonl"]
+           f"run.dir={scratch}/real_runs", f"run.name=r{configs().index(cfg)}", "runtime.threads=1", "--jsonl"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     curve = []
     for line in out.stdout.splitlines():
@@ -106,35 +105,15 @@ def mltrain_study(m, scratch, table_path, pruner, seed, trials, concurrent):
     y = study_yaml(scratch, table_path, name, seed, trials, concurrent, curves.PRUNERS[pruner][0])
     out = subprocess.run([m, "tune", str(y), "-q", "--json"], check=True, capture_output=True, text=True).stdout
     s = json.loads(out)
-    steps = sum(1 for l in open(Path(scratch) / name / "journal.jsonl") if '"report"' in l)
-    return s["best"]["value"], steps
+    return s["best"]["value"], curves.reports(Path(scratch) / name / "journal.jsonl")
 
 
 def optuna_study(table, pruner, seed, trials, concurrent):
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=concurrent > 1),
-                                pruner=curves.PRUNERS[pruner][1]())
-    running, started, steps, best = [], 0, 0, math.inf
-    while running or started < trials:
-        while len(running) < concurrent and started < trials:
-            t = study.ask()
-            cfg = [(n, t.suggest_categorical(n, c)) for n, c in GRID]
-            running.append([t, table["curves"][key(cfg)], 0])
-            started += 1
-        for r in list(running):
-            t, curve, k = r
-            k += 1
-            r[2] = k
-            v = curve[k - 1]
-            steps += 1
-            t.report(v, k - 1)
-            if t.should_prune():
-                study.tell(t, state=optuna.trial.TrialState.PRUNED)
-                running.remove(r)
-            elif k == REPORTS:
-                study.tell(t, v)
-                best = min(best, v)
-                running.remove(r)
-    return best, steps
+    def start(t):
+        curve = table["curves"][key([(n, t.suggest_categorical(n, c)) for n, c in GRID])]
+        return lambda k: curve[k - 1]
+
+    return curves.optuna_round_robin(pruner, seed, trials, concurrent, start)
 
 
 def run(m, scratch, seeds, quick, trials=100):
