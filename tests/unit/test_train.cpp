@@ -498,6 +498,12 @@ TEST_CASE("checkpoint store: manifest last, fallback past damage, keep-last and 
     CHECK_THAT(train::CheckpointStore::verify(root / "step_60"), Catch::Contains("manifest.json"));
     CHECK_THROWS_AS(train::CheckpointStore::load_dir(root / "step_60"), CheckpointError);
   }
+  // A name the file system refuses (over 255 bytes: ENAMETOOLONG) is a missing file, not a
+  // filesystem_error (a fuzzer finding).
+  std::ofstream(root / "step_60" / "manifest.json")
+      << R"({"files": {")" << std::string(300, 'm') << R"(": {"bytes": 1, "sha256": "00"}}})";
+  CHECK_THAT(train::CheckpointStore::verify(root / "step_60"), Catch::Contains("is missing"));
+  CHECK_THROWS_AS(train::CheckpointStore::load_dir(root / "step_60"), CheckpointError);
   // Leftovers of a killed writer are removed at the next start: a .partial checkpoint and temp
   // files of dead processes; a live process's temp file stays.
   const fs::path run = mltrain::testing::fresh_temp_dir("train_leftovers");

@@ -117,8 +117,13 @@ std::string CheckpointStore::verify(const fs::path& dir) {
       if (!is_plain_file_name(it.key()))
         return "manifest.json names '" + it.key() + "', not a file of this folder";
       const fs::path f = dir / it.key();
-      if (!fs::is_regular_file(f)) return it.key() + " is missing";
-      if (fs::file_size(f) != json_uint(it.value().at("bytes")))
+      // error_code forms: a name the file system refuses (too long, say) is a missing file,
+      // not a filesystem_error out of verify()
+      std::error_code ec;
+      if (!fs::is_regular_file(f, ec)) return it.key() + " is missing";
+      const auto size = fs::file_size(f, ec);
+      if (ec) return it.key() + " cannot be read (" + ec.message() + ")";
+      if (size != json_uint(it.value().at("bytes")))
         return it.key() + " has the wrong size (truncated?)";
       if (sha256_file(f.string()) != it.value().at("sha256").get<std::string>())
         return it.key() + " fails its SHA-256 check";
