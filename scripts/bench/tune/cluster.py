@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Issue #20's benchmark: mltrain tune against Debian's Optuna 3.1, both run in this invocation.
-    /usr/bin/python3 scripts/bench/tune/cluster.py MLTRAIN SCRATCH [--parts parallel,gpcost,pruning,mo] [--quick]
+    /usr/bin/python3 scripts/bench/tune/cluster.py MLTRAIN SCRATCH [--parts parallel,gpcost,pruning,real,mo] [--quick]
+        [--seeds 10] [--parallel-seeds 30]
 Tables:
-  parallel  median regret after 100 trials (GP: 60) with 4 trials running at once (each suggestion
-            sees 3 pending) against the sequential study, pending=liar vs ignore, and Optuna's TPE
+  parallel  median regret (over --parallel-seeds) after 100 trials (GP: 60) with 4 trials running at
+            once (each suggestion sees 3 pending) against the sequential study, pending=liar vs ignore, and Optuna's TPE
             with and without constant_liar; duplicate rate = share of suggestions closer than
             0.01*sqrt(D) (unit cube) to a running trial
   gpcost    the GP sampler's milliseconds per suggestion at 100 and 500 trials
@@ -16,6 +17,7 @@ import math
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +77,15 @@ def optuna_parallel(fn, seed, trials, concurrent, liar):
     return values, near
 
 
+def trials_to_match(rows, fmin, regret):
+    """The fewest trials after which the median regret of `rows` (a study per seed) is at most
+    `regret`, or None if it never is."""
+    for k in range(1, min(len(v) for v, _ in rows) + 1):
+        if statistics.median(min(v[:k]) - fmin for v, _ in rows) <= regret:
+            return k
+    return None
+
+
 def summarise(rows, fmin, trials, dim):
     regrets = [min(v[:trials]) - fmin for v, _ in rows]
     tol = 0.01 * math.sqrt(dim)
@@ -88,8 +99,11 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
     print("## parallel suggestions: 4 trials at once vs sequential")
     print(f"median regret over {seeds} seeds; dup = suggestions within 0.01*sqrt(D) of a running trial;"
           " near = median distance to the nearest running trial (unit cube)")
-    print(f"{'function':<17} {'tuner':<8} {'sampler':<5} {'mode':<16} {'regret':>10} {'vs seq':>7} {'dup':>6} {'near':>6}")
+    print("seq@ = the trials the sequential study needs to reach that median regret (the cost of running 4 at once,"
+          " in trials; '>N' never within N)")
+    print(f"{'function':<17} {'tuner':<8} {'sampler':<5} {'mode':<16} {'regret':>10} {'vs seq':>7} {'seq@':>5} {'dup':>6} {'near':>6}")
     verdicts = []
+    pool = ThreadPoolExecutor(2)  # studies are deterministic: two at a time changes no number
     for fn in fns:
         _, bounds, fmin = FUNCTIONS[fn]
         for sampler, trials in (("tpe", 100), ("gp", 60)):
@@ -97,27 +111,30 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
                 continue
             if quick and sampler == "gp" and fn != "branin":
                 continue
-            res = {}
+            res, seq_rows = {}, None
             for mode, conc, pend in (("sequential", 1, "liar"), ("4 running, liar", 4, "liar"), ("4 running, ignore", 4, "ignore")):
-                rows = []
-                for s in range(seeds):
+                def study(s, conc=conc, pend=pend, sampler=sampler, trials=trials):
                     name = f"par_{fn}_{sampler}_{conc}_{pend}_{s}"
                     tune(m, scratch, name, f"objective.function={fn}", f"sampler.name={sampler}", f"study.seed={s}",
                          f"study.n_trials={trials}", f"study.max_concurrent={conc}", f"sampler.pending={pend}")
-                    rows.append(journal_trials(Path(scratch) / name / "journal.jsonl", bounds))
+                    return journal_trials(Path(scratch) / name / "journal.jsonl", bounds)
+                rows = list(pool.map(study, range(seeds)))
+                seq_rows = seq_rows or rows
                 res[mode] = summarise(rows, fmin, trials, len(bounds))
             seq = res["sequential"][0]
             for mode, (reg, dup, near) in res.items():
                 rel = reg / seq if seq > 0 else math.nan
-                print(f"{fn:<17} {'mltrain':<8} {sampler:<5} {mode:<16} {reg:>10.4g} {rel:>7.2f} {dup:>6.1%} {near:>6.3f}")
+                k = trials_to_match(seq_rows, fmin, reg)
+                at = "" if mode == "sequential" else f">{trials}" if k is None else str(k)
+                print(f"{fn:<17} {'mltrain':<8} {sampler:<5} {mode:<16} {reg:>10.4g} {rel:>7.2f} {at:>5} {dup:>6.1%} {near:>6.3f}")
             verdicts.append((fn, sampler, res["4 running, liar"][0], seq, res["4 running, liar"][1], res["4 running, ignore"][1]))
         if quick or "tpe" not in samplers:
             continue
-        oseeds = max(1, seeds // 2)
+        oseeds = max(1, min(seeds // 2, 5))  # context only: Optuna has no bound to meet here
         for mode, conc, liar in (("sequential", 1, False), ("4 running, liar", 4, True), ("4 running, plain", 4, False)):
             rows = [optuna_parallel(fn, s, 100, conc, liar) for s in range(oseeds)]
             reg, dup, near = summarise(rows, fmin, 100, len(bounds))
-            print(f"{fn:<17} {'optuna':<8} {'tpe':<5} {mode:<16} {reg:>10.4g} {'':>7} {dup:>6.1%} {near:>6.3f}  ({oseeds} seeds)")
+            print(f"{fn:<17} {'optuna':<8} {'tpe':<5} {mode:<16} {reg:>10.4g} {'':>7} {'':>5} {dup:>6.1%} {near:>6.3f}  ({oseeds} seeds)")
     print()
     for fn, sampler, par, seq, dup_liar, dup_naive in verdicts:
         ok = par <= 1.10 * seq
@@ -162,12 +179,15 @@ def main():
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--samplers", default="tpe,gp", help="parallel part: mltrain samplers to run")
+    # Medians of regret over 10 seeds moved by up to 70 % between seed sets (rosenbrock4 TPE, 4
+    # running against sequential: 0.76x on seeds 0-9, 1.31x on 0-19), too much to judge a 10 % bound.
+    ap.add_argument("--parallel-seeds", type=int, default=30, help="parallel part: seeds per study")
     a = ap.parse_args()
     parts = a.parts.split(",")
     if "gpcost" in parts:  # first, while nothing else runs
         part_gpcost(a.mltrain, a.scratch, a.quick)
     if "parallel" in parts:
-        part_parallel(a.mltrain, a.scratch, a.seeds, a.quick, a.samplers.split(","))
+        part_parallel(a.mltrain, a.scratch, a.seeds if a.quick else a.parallel_seeds, a.quick, a.samplers.split(","))
     if "pruning" in parts:
         import curves
         curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)
