@@ -56,6 +56,7 @@ void setup_config(CLI::App& app, Action& run) {
     run = [check_file, check_ov] {
       const auto cfg = config::load_experiment(*check_file, *check_ov);
       std::cout << *check_file << ": ok\n";
+      for (const auto& n : config::recipe_notes(cfg)) std::cout << "note: " << n << "\n";
       // Notes on settings that are valid but change what is learnt (one rank; auto batches unprobed).
       if (!cfg.data.batch_size.is_auto())
         for (const auto& w :

@@ -165,6 +165,14 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
        {"3 config errors", "optim.lr: must be > 0",
         "optim.betaa1: unknown key (did you mean 'beta1'?)", "data.batch_size: must be > 0"}},
       {"model:\n  name: torchscript\n", {"model.path: required when model.name is torchscript"}},
+      // The field guide's recipes: percentiles in (0, 100], noise only where there are embeddings.
+      {"clip:\n  element_percentile: 0\n",
+       {"bad.yaml:2:23: clip.element_percentile: must be in (0, 100]"}},
+      {"clip:\n  element_percentile: 100.5\n", {"clip.element_percentile: must be in (0, 100]"}},
+      {"optim:\n  name: adam\n  momentum_reference_batch: 256\n",
+       {"optim.momentum_reference_batch: momentum compensation rescales SGD's momentum"}},
+      {"model:\n  name: mlp\n  embedding_noise: 0.1\n",
+       {"model.embedding_noise: model mlp has no token embeddings"}},
   };
   for (const auto& r : rows) {
     INFO(r.yaml);
@@ -173,6 +181,22 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
     REQUIRE_FALSE(err.empty());
     for (const auto& e : r.expect) CHECK_THAT(err, Catch::Contains(e));
   }
+}
+
+TEST_CASE("recipe notes: an SGD weight decay on Adam is flagged, with its fix", "[config]") {
+  auto notes = [](const std::vector<std::string>& ov) {
+    return config::recipe_notes(config::load_experiment("", ov));
+  };
+  const auto adam = notes({"optim.name=adam", "optim.weight_decay=5e-4"});
+  REQUIRE(adam.size() == 1);
+  CHECK_THAT(adam[0], Catch::Contains("optim.weight_decay 0.0005 with adam") &&
+                          Catch::Contains("(5e-05)") && Catch::Contains("use adamw"));
+  const auto adamw = notes({"optim.name=adamw", "optim.weight_decay=1e-4"});
+  REQUIRE(adamw.size() == 1);
+  CHECK_THAT(adamw[0], Catch::Contains("decoupled"));
+  CHECK(notes({"optim.name=sgd", "optim.weight_decay=5e-4"}).empty());
+  CHECK(notes({"optim.name=adamw", "optim.weight_decay=0.01"}).empty());
+  CHECK(notes({"optim.name=adam", "optim.weight_decay=0"}).empty());
 }
 
 TEST_CASE("memory sizes: units, and what is refused", "[config][memory]") {

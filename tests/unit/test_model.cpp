@@ -45,6 +45,22 @@ TEST_CASE("models: shapes, parameter names, init schemes", "[model]") {
   auto k = torch::empty({256, 512});
   model::init_weights({{"fc.weight", k}}, "kaiming_normal");
   CHECK(k.std().item<double>() == Approx(std::sqrt(2.0 / 512)).epsilon(0.05));
+  // The field guide's two, with PyTorch's fans. A 32x64 matrix: fan_in 64, fan_out 32, so the
+  // uniform bound is sqrt(3 / (64 sqrt(32))) = 0.091030 and the normal's std 1/8.
+  auto u = torch::empty({32, 64});
+  model::init_weights({{"fc.weight", u}}, "layer_adaptive_uniform");
+  CHECK(u.abs().max().item<double>() <= 0.091030);
+  CHECK(u.abs().max().item<double>() > 0.09);
+  CHECK(u.std().item<double>() == Approx(0.091030 / std::sqrt(3.0)).epsilon(0.05));
+  // a conv kernel 16x8x3x3: fan_in 72, fan_out 144: bound sqrt(3 / (72 * 12)) = 0.058926
+  auto kc = torch::empty({16, 8, 3, 3});
+  model::init_weights({{"conv.weight", kc}}, "layer_adaptive_uniform");
+  CHECK(kc.abs().max().item<double>() <= 0.058926);
+  CHECK(kc.abs().max().item<double>() > 0.057);
+  auto n = torch::empty({256, 400});
+  model::init_weights({{"fc.weight", n}}, "lecun_normal");
+  CHECK(n.std().item<double>() == Approx(0.05).epsilon(0.02));
+  CHECK(n.mean().item<double>() == Approx(0.0).margin(0.002));
   auto bias = torch::ones({3});
   model::init_weights({{"fc.bias", bias}}, "xavier_uniform");
   CHECK(bias.abs().sum().item<float>() == 0.f);
@@ -94,6 +110,19 @@ TEST_CASE("pipeline units: the chain of units is the model's forward, parameters
   for (int64_t u = 0; u < 4; ++u) h = gpt->forward_units(h, u, u + 1);
   CHECK(torch::equal(gpt->forward(idx), h));
   CHECK(gpt->unit_of("wte.weight") == 0);
+  {  // model.embedding_noise: N(0, sigma^2) on the token embeddings in training only
+    auto noisy_cfg = mc;
+    noisy_cfg.embedding_noise = 0.5;
+    noisy_cfg.dropout = 0;
+    auto noisy = model::build_model(noisy_cfg, {8}, 40, 0);  // same seed: same weights
+    noisy->set_training(false);
+    const auto clean = gpt->forward_units(idx, 0, 1);
+    CHECK(torch::equal(noisy->forward_units(idx, 0, 1), clean));
+    noisy->set_training(true);
+    const auto diff = noisy->forward_units(idx, 0, 1) - clean;
+    CHECK(diff.std().item<double>() == Approx(0.5).epsilon(0.15));
+    CHECK(diff.mean().item<double>() == Approx(0.0).margin(0.1));
+  }
   CHECK(gpt->units_using("wte.weight") == std::vector<int64_t>{0, 3});
   CHECK(gpt->unit_of("h.1.attn.c_attn.weight") == 2);
   CHECK(gpt->units_using("ln_f.weight") == std::vector<int64_t>{3});

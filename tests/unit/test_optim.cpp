@@ -172,6 +172,43 @@ TEST_CASE("gradnorm schedule backs off while gradients grow and recovers, state 
   CHECK(s.lr(8) == 1.0);  // capped at the base LR once norms settle below the reference
 }
 
+TEST_CASE("autolr schedule: lr x (1 - 0.1 norm / target), floored, state as gradnorm's",
+          "[schedule]") {
+  config::ScheduleConfig sc;
+  sc.name = "autolr";
+  sc.gn_reference = config::Period::steps(2);
+  sc.gn_beta = 0.5;
+  sc.gn_min_factor = 0.2;
+  optim::Schedule s(sc, 1.0, 100, 10);
+  CHECK(s.lr(0) == 1.0);
+  s.observe_grad_norm(2.0), s.observe_grad_norm(2.0);  // target: the mean over 2 steps = 2
+  CHECK(s.lr(2) == 1.0);                               // still the reference period
+  s.observe_grad_norm(4.0);                            // ema 3: 1 - 0.1 * 3 / 2 = 0.85
+  CHECK(s.lr(3) == Approx(0.85));
+  for (int i = 0; i < 30; ++i) s.observe_grad_norm(100.0);  // 1 - 0.1 * ~100 / 2 < 0: the floor
+  CHECK(s.lr(4) == Approx(0.2));
+  sc.autolr_target = 10;  // a set target: from the first norm on
+  optim::Schedule t(sc, 2.0, 100, 10);
+  t.observe_grad_norm(5.0);  // 2 * (1 - 0.1 * 5 / 10) = 1.9
+  CHECK(t.lr(1) == Approx(1.9));
+  optim::Schedule u(sc, 2.0, 100, 10);
+  u.load_gradnorm_state(t.gradnorm_state());
+  CHECK(u.lr(1) == t.lr(1));
+}
+
+TEST_CASE("momentum compensation: 1 - (1 - m) sqrt(ref / B), below 1 for every batch", "[optim]") {
+  // m = 0.9, reference 256: 0.95 at 1024 (the guide's m x sqrt(4) would be 1.8), 0.975 at 4096,
+  // 0.8 at 64, 0 (floored) at 1
+  CHECK(optim::compensated_momentum(0.9, 256, 256) == Approx(0.9));
+  CHECK(optim::compensated_momentum(0.9, 1024, 256) == Approx(0.95));
+  CHECK(optim::compensated_momentum(0.9, 4096, 256) == Approx(0.975));
+  CHECK(optim::compensated_momentum(0.9, 64, 256) == Approx(0.8));
+  CHECK(optim::compensated_momentum(0.9, 1, 256) == 0.0);
+  CHECK(optim::compensated_momentum(0.9, 512, 0) == 0.9);  // off
+  // the heavy-ball step lr / (1 - m) grows by sqrt(B / ref): 1/(1-0.95) = 2 x 1/(1-0.9)
+  CHECK(1 / (1 - optim::compensated_momentum(0.9, 1024, 256)) == Approx(2 / (1 - 0.9)));
+}
+
 TEST_CASE("1-bit compression: packing round-trips, error feedback keeps what was not sent",
           "[optim][onebit]") {
   torch::manual_seed(5);

@@ -97,6 +97,27 @@ TEST_CASE("clip by value and adaptive (AutoClip percentile)", "[clip]") {
   CHECK(q.grad().item<float>() == Approx(2.5).epsilon(1e-5));
 }
 
+TEST_CASE("clip by element percentile: numpy's percentile of every |g| element", "[clip]") {
+  // |g| over both tensors is 1..10: numpy.percentile(range(1, 11), 50) = 5.5, 95 -> 9.55
+  auto a = torch::zeros({4}), b = torch::zeros({2, 3});
+  auto reset = [&] {
+    a.mutable_grad() = torch::tensor({1.f, -2.f, 3.f, -4.f});
+    b.mutable_grad() = torch::tensor({5.f, -6.f, 7.f, -8.f, 9.f, -10.f}).reshape({2, 3});
+  };
+  config::ClipConfig c;
+  c.mode = "element_percentile";
+  for (auto [p, t] : {std::pair{50.0, 5.5}, {95.0, 9.55}, {100.0, 10.0}, {5.0, 1.45}}) {
+    INFO(p);
+    reset();
+    c.element_percentile = p;
+    CHECK(GradClipper(c).clip({{"a", a}, {"b", b}}, 0) == Approx(t));
+    const float f = float(t);
+    CHECK(torch::allclose(a.grad(), torch::tensor({1.f, -2.f, 3.f, -4.f}).clamp(-f, f)));
+    CHECK(torch::allclose(b.grad().flatten(),
+                          torch::tensor({5.f, -6.f, 7.f, -8.f, 9.f, -10.f}).clamp(-f, f)));
+  }
+}
+
 // PyTorch's GradScaler, recorded on a GPU (tests/golden/make_grad_scaler_golden.py ran with torch
 // 2.11 + CUDA on an H200; PyTorch 1.13 has the scale-update kernel for CUDA only): three scripted
 // overflow patterns, the scale after every update, and whether the optimizer stepped.

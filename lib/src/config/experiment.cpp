@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "mltrain/config/reader.hpp"
 #include "mltrain/config/writer.hpp"
@@ -32,6 +33,25 @@ std::string metric_mode(const std::string& metric) {
   for (const char* up : {"accuracy", "r2", "roc_auc", "f1"})
     if (metric.find(up) != std::string::npos) return "max";
   return "min";
+}
+
+std::vector<std::string> recipe_notes(const ExperimentConfig& c) {
+  std::vector<std::string> out;
+  const auto& o = c.optim;
+  // The field guide: Adam wants about 10x less weight decay than SGD. The values SGD recipes
+  // use (1e-4 .. 1e-3) on an Adam-family optimizer look copied.
+  if ((o.name == "adam" || o.name == "adamw") && o.weight_decay >= 1e-4 && o.weight_decay <= 1e-3) {
+    std::ostringstream s;
+    s << "optim.weight_decay " << o.weight_decay << " with " << o.name
+      << " is a typical SGD value; the field guide advises about 10x smaller for Adam ("
+      << o.weight_decay / 10 << ")"
+      << (o.name == "adamw"
+              ? ", but adamw's decay is decoupled and multiplied by the LR, so it is commonly "
+                "set far larger (PyTorch's default 0.01): choose by a tune study, not by copying"
+              : "; or use adamw, whose decay does not pass through Adam's scaling");
+    out.push_back(s.str());
+  }
+  return out;
 }
 
 std::string checkpoint_monitor(const ExperimentConfig& c) {
@@ -92,6 +112,14 @@ static void task_checks(const ExperimentConfig& c, Issues& issues, const std::st
            " needs data.dataset=files with its own targets files");
   need(c.model.name != "gpt" || task == "language_model", "model.name",
        "gpt predicts the next token: use it with task.name=language_model");
+  need(c.optim.momentum_reference_batch == 0 || c.optim.name == "sgd",
+       "optim.momentum_reference_batch",
+       "momentum compensation rescales SGD's momentum: set optim.name=sgd, or set it to 0");
+  need(c.optim.momentum_reference_batch == 0 || !c.data.batch_size.is_auto(),
+       "optim.momentum_reference_batch",
+       "needs a fixed data.batch_size (auto changes the batch during the run)");
+  need(c.model.name == "gpt" || c.model.embedding_noise == 0, "model.embedding_noise",
+       "model " + c.model.name + " has no token embeddings: set it to 0, or use model.name=gpt");
   need(c.model.name != "gpt" || c.model.n_embd % c.model.n_head == 0, "model.n_head",
        "must divide model.n_embd (" + std::to_string(c.model.n_embd) + ")");
   for (size_t i = 0; i < c.model.init_prefix_map.size(); ++i)

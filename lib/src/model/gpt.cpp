@@ -117,12 +117,12 @@ struct GptImpl : nn::Module {
   Norm ln_f{nullptr};
   std::vector<Block> blocks;
   int64_t block_size;
-  double dropout;
+  double dropout, embedding_noise;
   Islands* isl = nullptr;
   int64_t checkpoint_every = 0;
   const std::string ln_f_name = "ln_f", head_name = "lm_head";
   GptImpl(const config::ModelConfig& c, int64_t vocab)
-      : block_size(c.block_size), dropout(c.dropout) {
+      : block_size(c.block_size), dropout(c.dropout), embedding_noise(c.embedding_noise) {
     wte = register_module("wte", nn::Embedding(vocab, c.n_embd));
     wpe = register_module("wpe", nn::Embedding(c.block_size, c.n_embd));
     h = register_module("h", nn::ModuleList());
@@ -185,7 +185,10 @@ struct GptImpl : nn::Module {
                             ")",
                         "raise model.block_size");
     const auto pos = torch::arange(T, idx.options().dtype(torch::kLong));
-    auto x = wte->forward(idx) + wpe->forward(pos);
+    auto tok = wte->forward(idx);
+    // The field guide's embedding noise: N(0, sigma^2) on the token embeddings while training.
+    if (embedding_noise > 0 && is_training()) tok = tok + embedding_noise * torch::randn_like(tok);
+    auto x = tok + wpe->forward(pos);
     if (dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(dropout).training(is_training()));
     return x;
   }

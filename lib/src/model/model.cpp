@@ -396,6 +396,14 @@ c10::IValue Model::forward_with_targets(const torch::Tensor&, const torch::Tenso
                     "task that matches the data");
 }
 
+namespace {
+// PyTorch's fans (torch.nn.init._calculate_fan_in_and_fan_out): the input and output feature
+// counts times the kernel's receptive field.
+int64_t receptive(const torch::Tensor& w) { return w.numel() / (w.size(0) * w.size(1)); }
+int64_t fan_in(const torch::Tensor& w) { return w.size(1) * receptive(w); }
+int64_t fan_out(const torch::Tensor& w) { return w.size(0) * receptive(w); }
+}  // namespace
+
 void init_weights(const NamedTensors& params, const std::string& scheme) {
   if (scheme == "default") return;
   torch::NoGradGuard no_grad;
@@ -415,6 +423,13 @@ void init_weights(const NamedTensors& params, const std::string& scheme) {
       torch::nn::init::xavier_uniform_(p);
     else if (scheme == "orthogonal")
       torch::nn::init::orthogonal_(p);
+    else if (scheme == "layer_adaptive_uniform")  // the field guide's: U(-a, a),
+      // a = sqrt(3 / (fan_in sqrt(fan_out))): variance 1 / (fan_in sqrt(fan_out)), so a wide
+      // layer starts smaller than LeCun's 1 / fan_in
+      p.uniform_(-std::sqrt(3.0 / (double(fan_in(p)) * std::sqrt(double(fan_out(p))))),
+                 std::sqrt(3.0 / (double(fan_in(p)) * std::sqrt(double(fan_out(p))))));
+    else if (scheme == "lecun_normal")  // the field guide's normal init: std 1 / sqrt(fan_in)
+      p.normal_(0.0, 1.0 / std::sqrt(double(fan_in(p))));
     else
       throw ConfigError("model.init", "unknown init '" + scheme + "'");
   }

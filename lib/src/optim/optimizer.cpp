@@ -303,6 +303,11 @@ torch::Tensor onebit_unpack(const torch::Tensor& packed, int64_t n) {
   return out;
 }
 
+double compensated_momentum(double momentum, int64_t batch, int64_t reference) {
+  if (reference <= 0 || batch <= 0) return momentum;
+  return std::max(0.0, 1.0 - (1.0 - momentum) * std::sqrt(double(reference) / double(batch)));
+}
+
 std::unique_ptr<Optimizer> Optimizer::create(const config::OptimConfig& cfg,
                                              const model::NamedTensors& params) {
   std::unique_ptr<Optimizer> opt;

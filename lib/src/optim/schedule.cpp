@@ -80,6 +80,12 @@ double Schedule::inner(int64_t t, int64_t span) const {
     if (gn_count_ <= gn_reference_steps_ || gn_ema_ <= 0 || !std::isfinite(gn_ema_)) return base_;
     return base_ * std::clamp(gn_ref_ / gn_ema_, c.gn_min_factor, 1.0);
   }
+  if (c.name == "autolr") {  // the field guide's AutoLR: lr (1 - 0.1 norm / target)
+    const double target = c.autolr_target > 0 ? c.autolr_target : gn_ref_;
+    if (!(target > 0) || gn_count_ == 0 || !std::isfinite(gn_ema_)) return base_;
+    if (c.autolr_target <= 0 && gn_count_ <= gn_reference_steps_) return base_;
+    return base_ * std::clamp(1.0 - 0.1 * gn_ema_ / target, c.gn_min_factor, 1.0);
+  }
   throw ConfigError("schedule.name", "unknown schedule '" + c.name + "'");
 }
 
@@ -124,7 +130,7 @@ double Schedule::lr(int64_t step) const {
 }
 
 void Schedule::observe_grad_norm(double norm) {
-  if (cfg_.name != "gradnorm" || !std::isfinite(norm)) return;
+  if ((cfg_.name != "gradnorm" && cfg_.name != "autolr") || !std::isfinite(norm)) return;
   ++gn_count_;
   if (gn_count_ <= gn_reference_steps_) {
     gn_sum_ += norm;

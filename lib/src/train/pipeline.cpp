@@ -383,7 +383,16 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   if (distributed && cfg.data.workers.is_auto()) lo.workers = std::min<int64_t>(lo.workers, 1);
   p->train_loader = std::make_unique<data::Loader>(p->splits.train, lo);
   p->train_options = lo;
-  p->optimizer = optim::Optimizer::create(cfg.optim, p->model->named_parameters());
+  config::OptimConfig oc = cfg.optim;
+  if (oc.momentum_reference_batch > 0) {
+    const int64_t replicas = std::max<int64_t>(1, lo.world);
+    const int64_t batch = cfg.data.batch_size * resolve_accumulate(cfg, replicas) * replicas;
+    oc.momentum = optim::compensated_momentum(oc.momentum, batch, oc.momentum_reference_batch);
+    spdlog::info("[optim] momentum {} -> {:.6g} for a global batch of {} (reference {})",
+                 cfg.optim.momentum, oc.momentum, batch, oc.momentum_reference_batch);
+  }
+  for (const auto& n : config::recipe_notes(cfg)) spdlog::warn("[config] note: {}", n);
+  p->optimizer = optim::Optimizer::create(oc, p->model->named_parameters());
   const int64_t micro = choose_micro_batch(cfg, auto_batch, *p);
   p->eval_options = eval_options_for(cfg, *p, micro);
   // Evaluation runs on every rank with the whole model (pipeline stages gather it first).

@@ -89,6 +89,23 @@ double GradClipper::clip(const model::NamedTensors& params, double norm) {
       if (p.grad().defined()) p.mutable_grad().clamp_(-cfg_.value, cfg_.value);
     return cfg_.value;
   }
+  if (cfg_.mode == "element_percentile") {  // the field guide's per-element percentile clip
+    std::vector<torch::Tensor> parts;
+    for (const auto& [name, p] : params)
+      if (p.grad().defined()) parts.push_back(p.grad().detach().abs().flatten().to(torch::kDouble));
+    if (parts.empty()) return 0;
+    const auto all = torch::cat(parts);
+    const int64_t n = all.numel();
+    const double pos = cfg_.element_percentile / 100.0 * double(n - 1);
+    const int64_t lo = int64_t(std::floor(pos)), hi = std::min(lo + 1, n - 1);
+    // kthvalue counts from 1; two selections instead of a sort of every element
+    const double v_lo = std::get<0>(all.kthvalue(lo + 1)).item<double>();
+    const double v_hi = hi == lo ? v_lo : std::get<0>(all.kthvalue(hi + 1)).item<double>();
+    const double t = v_lo + (v_hi - v_lo) * (pos - double(lo));
+    for (const auto& [name, p] : params)
+      if (p.grad().defined()) p.mutable_grad().clamp_(-t, t);
+    return t;
+  }
   double threshold = cfg_.max_norm;
   if (cfg_.mode ==
       "adaptive") {  // AutoClip (Seetharaman et al. 2020): p-th percentile of past norms

@@ -304,6 +304,7 @@ struct ModelConfig {
   std::string script_executor = "legacy";
   int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 128;
   bool bias = true;
+  double embedding_noise = 0.0;
   std::string init_from = "";
   bool init_strict = true;
   std::vector<std::string> init_prefix_map;
@@ -317,6 +318,10 @@ struct ModelConfig {
             "gpt: context length; language-model windows (data.dataset: tokens) are this long",
             positive<int64_t>());
     v.field("bias", bias, "gpt: biases in Linear and LayerNorm layers");
+    v.field("embedding_noise", embedding_noise,
+            "gpt: std of Gaussian noise added to the token embeddings in training (not in "
+            "evaluation); 0: none",
+            non_negative<double>());
     v.field("init_from", init_from,
             "start from these weights: an mltrain run or checkpoint folder, a .safetensors file, "
             "or a PyTorch torch.save(model.state_dict()) file (empty: fresh init)");
@@ -340,9 +345,12 @@ struct ModelConfig {
             "dropout before the classifier (gpt: on embeddings, attention weights and residual "
             "branches)",
             in_range(0.0, 0.95));
-    v.field("init", init, "weight init",
+    v.field("init", init,
+            "weight init (matrices and kernels; biases zero). layer_adaptive_uniform: U(-a, a), "
+            "a = sqrt(3 / (fan_in sqrt(fan_out))); lecun_normal: N(0, 1 / fan_in) (the field "
+            "guide's two)",
             one_of({"default", "kaiming_normal", "kaiming_uniform", "xavier_normal",
-                    "xavier_uniform", "orthogonal"}));
+                    "xavier_uniform", "orthogonal", "layer_adaptive_uniform", "lecun_normal"}));
     v.field("path", path, "torchscript: the .pt file (torch.jit.save) to train");
     v.field("script_executor", script_executor,
             "torchscript: TorchScript's graph executor. legacy: autodiff without profiling runs "
@@ -373,6 +381,7 @@ struct OptimConfig {
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
+  int64_t momentum_reference_batch = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t freeze_step = 100;
   std::vector<ParamGroupConfig> param_groups;
@@ -383,6 +392,11 @@ struct OptimConfig {
     v.field("lr", lr, "base learning rate", positive<double>());
     v.field("momentum", momentum, "sgd: momentum (0: none)", in_range(0.0, 1.0));
     v.field("nesterov", nesterov, "sgd: Nesterov momentum");
+    v.field("momentum_reference_batch", momentum_reference_batch,
+            "sgd: momentum compensation for the batch (the field guide's momentum x sqrt(B/ref), "
+            "done so it stays below 1): momentum 1 - (1 - m) sqrt(ref / B) for a global batch B, "
+            "the heavy-ball effective step lr / (1 - m) scaled by sqrt(B / ref); 0: off",
+            non_negative<int64_t>());
     v.field("weight_decay", weight_decay, "L2 (sgd, adam) or decoupled (adamw) weight decay",
             non_negative<double>());
     v.field("beta1", beta1, "adam/adamw: first-moment decay", in_range(0.0, 0.999999));
@@ -422,11 +436,12 @@ struct ScheduleConfig {
   double gn_beta = 0.98;
   Period gn_reference = Period::steps(100);
   double gn_min_factor = 0.1;
+  double autolr_target = 0.0;
   template <class V>
   void visit(V& v) {
     v.field("name", name, "schedule",
             one_of({"constant", "step", "multistep", "exponential", "cosine", "cosine_restarts",
-                    "onecycle", "plateau", "gradnorm", "cyclic", "polynomial"}));
+                    "onecycle", "plateau", "gradnorm", "autolr", "cyclic", "polynomial"}));
     v.field("warmup", warmup, "linear warm-up in front of any schedule (never, 500u, 1ep)");
     v.field("warmup_start", warmup_start, "warm-up starts at this fraction of the LR",
             in_range(0.0, 1.0));
@@ -472,8 +487,13 @@ struct ScheduleConfig {
             in_range(0.0, 0.9999));
     v.field("gn_reference", gn_reference,
             "gradnorm: the mean norm over this first period is the reference", period_enabled());
-    v.field("gn_min_factor", gn_min_factor, "gradnorm: the LR never falls below this fraction",
-            in_range(0.0, 1.0));
+    v.field("gn_min_factor", gn_min_factor,
+            "gradnorm, autolr: the LR never falls below this fraction", in_range(0.0, 1.0));
+    v.field("autolr_target", autolr_target,
+            "autolr (the field guide's AutoLR): lr x clamp(1 - 0.1 x norm / target, "
+            "gn_min_factor, 1), norm the gradnorm average (gn_beta); 0: the target is the mean "
+            "norm over gn_reference",
+            non_negative<double>());
   }
 };
 
@@ -517,18 +537,26 @@ struct ClipConfig {
   double max_norm = 1.0;
   double value = 1.0;
   double percentile = 10.0;
+  double element_percentile = 99.0;
   int64_t window = 1000;
   int64_t warmup = 100;
   template <class V>
   void visit(V& v) {
     v.field("mode", mode,
-            "none | norm (global L2) | value (elementwise) | adaptive (AutoClip percentile)",
-            one_of({"none", "norm", "value", "adaptive"}));
+            "none | norm (global L2) | value (elementwise) | adaptive (AutoClip percentile) | "
+            "element_percentile (each element at a percentile of this step's |g|)",
+            one_of({"none", "norm", "value", "adaptive", "element_percentile"}));
     v.field("max_norm", max_norm, "norm: largest global gradient L2 norm", positive<double>());
     v.field("value", value, "value: clamp every gradient element to [-value, value]",
             positive<double>());
     v.field("percentile", percentile, "adaptive: clip at this percentile of recent norms",
             in_range(0.0, 100.0));
+    v.field("element_percentile", element_percentile,
+            "element_percentile: clamp every gradient element to +-(this percentile of all "
+            "elements' |g| at the step; numpy's linear interpolation); 100: no clipping",
+            Check<double>{"in (0, 100]", [](const double& p) {
+                            return p > 0 && p <= 100 ? "" : "must be in (0, 100]";
+                          }});
     v.field("window", window, "adaptive: how many recent norms", positive<int64_t>());
     v.field("warmup", warmup, "adaptive: steps that only record norms before clipping starts",
             non_negative<int64_t>());
@@ -830,6 +858,9 @@ std::string to_yaml(const ExperimentConfig& cfg);
 // The metrics a run of this config reports, with their global names: train_loss and the task's
 // eval_* metrics (custom tasks add the model's own names at run time).
 std::vector<std::string> task_metrics(const ExperimentConfig& cfg);
+// Config-time notes on valid settings that look like a mistake (printed by `config check` and at
+// the start of a run), each with its fix.
+std::vector<std::string> recipe_notes(const ExperimentConfig& cfg);
 // "max" for metrics where larger is better (accuracy, r2, roc_auc, f1), else "min".
 std::string metric_mode(const std::string& metric);
 // checkpoint.monitor / checkpoint.mode with `auto` resolved for the task.

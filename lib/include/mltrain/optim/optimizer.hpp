@@ -68,6 +68,10 @@ using mltrain::glob_match;  // core/glob.hpp
 // 1-bit compression with error feedback, in place: c = x + error; x = scale * sign(c) with one
 // scale per chunk of 2048 values, mean |c| over the chunk; error = c - x. Sign of zero: +1.
 void onebit_compress(torch::Tensor& x, torch::Tensor& error);
+// optim.momentum_reference_batch: 1 - (1 - m) sqrt(reference / batch), floored at 0. The heavy-ball
+// step in steady state is lr / (1 - m); this scales it by sqrt(batch / reference), the intent of the
+// field guide's m x sqrt(B / 256), which exceeds 1 (diverges) for B > 256 / m^2.
+double compensated_momentum(double momentum, int64_t batch, int64_t reference);
 // Signs packed 8 per byte (LSB first), then one float32 scale per chunk: n / 8 + 4 ceil(n / 2048) bytes.
 torch::Tensor onebit_pack(const torch::Tensor& compressed);
 torch::Tensor onebit_unpack(const torch::Tensor& packed, int64_t n);
