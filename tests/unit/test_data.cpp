@@ -325,6 +325,44 @@ TEST_CASE("loader: batches are normalised, identical for any worker count, resum
   CHECK(all.back().size(0) == 1000 - 15 * 64);
 }
 
+TEST_CASE("weighted sampler: draws by class weight, pure in (seed, epoch), resumable, any world",
+          "[loader][sampler]") {
+  auto ds = load_dataset(kFmnist + "/t10k-images-idx3-ubyte.gz",
+                         kFmnist + "/t10k-labels-idx1-ubyte.gz", 10);  // 1000 of each class
+  std::vector<double> w(10, 1.0);
+  w[3] = 3.0;  // class 3 drawn 3 times as often
+  w[7] = 0.0;  // never drawn: class 3 has 3 / 11 of the weight, the other eight 1 / 11 each
+  const auto a = weighted_order(ds, w, 11, 2, 0, 1);
+  REQUIRE(int64_t(a.size()) == ds.count);  // an epoch is as many draws as samples
+  CHECK(a == weighted_order(ds, w, 11, 2, 0, 1));
+  CHECK(a != weighted_order(ds, w, 11, 3, 0, 1));
+  CHECK(a != weighted_order(ds, w, 12, 2, 0, 1));
+  std::vector<int64_t> per(10, 0);
+  for (int64_t i : a) ++per[size_t(ds.label(i))];
+  CHECK(per[7] == 0);
+  // Expected 10000 x 3/11 = 2727.3 of class 3 and 10000/11 = 909.1 of each other (binomial sd
+  // 44.5 and 28.7): within 5 sd.
+  CHECK(std::abs(per[3] - 2727.3) < 5 * 44.5);
+  for (int c : {0, 1, 2, 4, 5, 6, 8, 9}) CHECK(std::abs(per[size_t(c)] - 909.1) < 5 * 28.7);
+  CHECK(std::set<int64_t>(a.begin(), a.end()).size() < a.size());  // with replacement
+  // Ranks share the one draw list as they share a shuffle; a skip resumes it in any world.
+  CHECK(weighted_order(ds, w, 11, 2, 1, 3) == rank_share(a, 1, 3));
+  CHECK(weighted_order(ds, w, 11, 2, 0, 2, 640) == rank_share(a, 0, 2, 640));
+  // Through the loader: the batches' samples are those draws, and a resumed epoch its tail.
+  LoaderOptions o;
+  o.batch_size = 100;
+  o.seed = 11;
+  o.class_weights = w;
+  Loader l(ds, o);
+  l.start_epoch(2, 0);
+  CHECK(l.batch_samples(0) == std::vector<int64_t>(a.begin(), a.begin() + 100));
+  Loader r(ds, o);
+  r.start_epoch(2, 7);
+  CHECK(r.batch_samples(7) == std::vector<int64_t>(a.begin() + 700, a.begin() + 800));
+  // Weights that leave no sample drawable are refused.
+  CHECK_THROWS_AS(weighted_order(ds, std::vector<double>(10, 0.0), 1, 0, 0, 1), DataError);
+}
+
 TEST_CASE("normalize_u8 matches the scalar formula for every byte", "[loader]") {
   std::vector<uint8_t> src(256 + 7);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i);

@@ -1,6 +1,7 @@
 #include "mltrain/config/experiment.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +53,57 @@ std::vector<std::string> recipe_notes(const ExperimentConfig& c) {
     out.push_back(s.str());
   }
   return out;
+}
+
+std::vector<double> sampler_class_weights(const ExperimentConfig& c) {
+  const auto& s = c.data.sampler;
+  if (s.name != "weighted") return {};
+  if (!s.class_weights.empty()) return s.class_weights;
+  std::vector<double> w(size_t(std::max<int64_t>(c.data.num_classes, 0)), 1.0);
+  if (s.oversample.size() == 2 && s.oversample[0] >= 0 && size_t(s.oversample[0]) < w.size())
+    w[size_t(s.oversample[0])] = s.oversample[1];
+  return w;
+}
+
+static void sampler_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
+  const auto& s = c.data.sampler;
+  auto need = [&](bool ok, const std::string& key, const std::string& msg) {
+    if (!ok) issues.add(file, key, msg);
+  };
+  if (s.name != "weighted") {
+    need(s.class_weights.empty() && s.oversample.empty(), "data.sampler.name",
+         "class_weights and oversample are for the weighted sampler: set "
+         "data.sampler.name=weighted");
+    return;
+  }
+  const int64_t k = c.data.num_classes;
+  need(c.task.name == "classification", "data.sampler.name",
+       "the weighted sampler draws by class label: it is for task classification");
+  need(s.class_weights.empty() != s.oversample.empty(), "data.sampler.class_weights",
+       "give either class_weights (one per class) or oversample: [class, k], not both or neither");
+  if (!s.class_weights.empty()) {
+    need(int64_t(s.class_weights.size()) == k, "data.sampler.class_weights",
+         std::to_string(s.class_weights.size()) + " weights for " + std::to_string(k) +
+             " classes (data.num_classes): give one per class");
+    double sum = 0;
+    bool negative = false;
+    for (double w : s.class_weights) sum += w, negative |= !(w >= 0) || !std::isfinite(w);
+    need(!negative, "data.sampler.class_weights", "every weight must be a finite number >= 0");
+    need(negative || sum > 0, "data.sampler.class_weights",
+         "the weights sum to zero: no sample could be drawn; give some class a weight > 0");
+  }
+  if (!s.oversample.empty()) {
+    const bool shape = s.oversample.size() == 2;
+    need(shape, "data.sampler.oversample", "write [class, k], e.g. [1, 3]");
+    if (shape) {
+      const double cls = s.oversample[0];
+      need(cls >= 0 && cls < double(k) && cls == std::floor(cls), "data.sampler.oversample",
+           "class " + (std::ostringstream() << cls).str() + " does not exist: classes are 0.." +
+               std::to_string(k - 1) + " (data.num_classes " + std::to_string(k) + ")");
+      need(s.oversample[1] > 0 && std::isfinite(s.oversample[1]), "data.sampler.oversample",
+           "k must be > 0 (k > 1 draws the class more often, k < 1 less)");
+    }
+  }
 }
 
 std::string checkpoint_monitor(const ExperimentConfig& c) {
@@ -175,6 +227,7 @@ static void pipeline_checks(const ExperimentConfig& c, Issues& issues, const std
 }
 
 static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
+  sampler_checks(c, issues, file);
   auto need = [&](bool ok, const std::string& path, const std::string& msg) {
     if (!ok) issues.add(file, path, msg);
   };

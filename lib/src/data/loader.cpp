@@ -1,6 +1,7 @@
 #include "mltrain/data/loader.hpp"
 
 #include "mltrain/core/compat.hpp"
+#include "mltrain/core/error.hpp"
 
 #include "mltrain/core/rng.hpp"
 
@@ -27,6 +28,33 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_
       std::swap(perm[static_cast<size_t>(i)], perm[rng.below(static_cast<uint64_t>(i + 1))]);
   }
   return rank_share(perm, rank, world, skip);
+}
+
+std::vector<int64_t> weighted_order(const Dataset& ds, const std::vector<double>& class_weights,
+                                    uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
+                                    int64_t skip) {
+  const int64_t n = ds.count;
+  if (!ds.labels)
+    throw DataError(ds.source, "data.sampler: weighted draws by class label and this set has none",
+                    "use data.sampler.name=uniform");
+  std::vector<double> cum(static_cast<size_t>(n));
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = ds.label(i);
+    total += c >= 0 && c < int64_t(class_weights.size()) ? class_weights[size_t(c)] : 0.0;
+    cum[static_cast<size_t>(i)] = total;
+  }
+  if (!(total > 0))
+    throw DataError(ds.source, "data.sampler: no training sample has a class weight above 0",
+                    "give a class present in the training split a weight > 0");
+  // Its own stream per (seed, epoch), apart from epoch_order's.
+  SplitMix rng{seed * 0x100000001B3ull ^ (static_cast<uint64_t>(epoch) + 0x3C6EF372FE94F82Bull)};
+  std::vector<int64_t> draws(static_cast<size_t>(n));
+  for (auto& d : draws) {
+    const double u = double(rng.next() >> 11) * 0x1.0p-53 * total;  // [0, total)
+    d = std::min<int64_t>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin(), n - 1);
+  }
+  return rank_share(draws, rank, world, skip);
 }
 
 std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world,
@@ -303,7 +331,9 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch, int64_t skip) {
     for (int64_t i = opt_.rank; i < ds_.count; i += opt_.world) st.order.push_back(i);
   } else {
     st.order =
-        ds_.chunk_samples > 0 && opt_.shuffle
+        !opt_.class_weights.empty()
+            ? weighted_order(ds_, opt_.class_weights, opt_.seed, epoch, opt_.rank, opt_.world, skip)
+        : ds_.chunk_samples > 0 && opt_.shuffle
             ? chunked_order(ds_.count, ds_.reader_offset, ds_.chunk_samples,
                             std::max<int64_t>(1, opt_.shuffle_window), opt_.seed, epoch, opt_.rank,
                             opt_.world, skip)

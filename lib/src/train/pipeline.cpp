@@ -227,6 +227,7 @@ data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg,
   lo.shuffle = cfg.data.shuffle;
   lo.drop_last = cfg.data.drop_last;
   lo.seed = static_cast<uint64_t>(cfg.run.seed);
+  lo.class_weights = config::sampler_class_weights(cfg);
   set_normalisation(cfg, lo);
   lo.pin_memory = device.is_cuda() && cfg.data.pin_memory;
   return lo;

@@ -195,6 +195,26 @@ struct CsvConfig {
   }
 };
 
+// Which training samples an epoch draws. weighted: as many draws as samples, with replacement,
+// sample i with probability proportional to its class's weight (PyTorch's WeightedRandomSampler
+// with num_samples = the set's size), a pure function of (seed, epoch), shared by the ranks as a
+// shuffle is, so a run resumes bitwise and an elastic one changes no draw.
+struct SamplerConfig {
+  std::string name = "uniform";
+  std::vector<double> class_weights;
+  std::vector<double> oversample;
+  template <class V>
+  void visit(V& v) {
+    v.field("name", name, "uniform (each sample once an epoch) | weighted (draws by class)",
+            one_of({"uniform", "weighted"}));
+    v.field("class_weights", class_weights,
+            "weighted: one weight >= 0 per class (data.num_classes of them)");
+    v.field("oversample", oversample,
+            "weighted: [class, k]: that class drawn k times as often as the others (weight k, "
+            "the rest 1); instead of class_weights");
+  }
+};
+
 struct DataConfig {
   std::string dataset = "fashion_mnist";
   std::string format = "auto";
@@ -210,6 +230,7 @@ struct DataConfig {
   Count workers = Count::automatic();
   int64_t prefetch = 4;
   bool shuffle = true;
+  SamplerConfig sampler;
   bool drop_last = true;
   bool pin_memory = true;
   double mean = 0.2860;  // Fashion-MNIST training-set pixel mean / std, in [0, 1] units
@@ -267,6 +288,7 @@ struct DataConfig {
             "loader threads (auto: from cores; 0: load on the training thread)");
     v.field("prefetch", prefetch, "batches prepared ahead (bounded queue)", positive<int64_t>());
     v.field("shuffle", shuffle, "seeded shuffle, a pure function of (seed, epoch, rank, world)");
+    v.section("sampler", sampler, "training samples drawn per epoch: uniform or by class weight");
     v.field("drop_last", drop_last, "drop the last incomplete training batch");
     v.field("pin_memory", pin_memory,
             "CUDA: batches in page-locked memory, copied to the GPU asynchronously");
@@ -861,6 +883,8 @@ std::vector<std::string> task_metrics(const ExperimentConfig& cfg);
 // Config-time notes on valid settings that look like a mistake (printed by `config check` and at
 // the start of a run), each with its fix.
 std::vector<std::string> recipe_notes(const ExperimentConfig& cfg);
+// data.sampler as one weight per class (empty: uniform sampling).
+std::vector<double> sampler_class_weights(const ExperimentConfig& cfg);
 // "max" for metrics where larger is better (accuracy, r2, roc_auc, f1), else "min".
 std::string metric_mode(const std::string& metric);
 // checkpoint.monitor / checkpoint.mode with `auto` resolved for the task.

@@ -34,6 +34,7 @@ struct LoaderOptions {
   int64_t shuffle_window = 4;   // chunk sets: chunks whose samples are shuffled together
   bool cover_all = false;  // world > 1, evaluation: rank r reads samples r, r + world, ... (every
                            // sample once over the ranks, unshuffled) instead of an even share
+  std::vector<double> class_weights;  // non-empty: weighted_order (data.sampler: weighted)
 };
 
 // Indices this rank visits in `epoch`. Every rank gets floor((N - skip) / world) samples of one
@@ -43,6 +44,13 @@ struct LoaderOptions {
 // rank of a world W, exactly the first skip + k*B*W entries have been consumed.
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank,
                                  int64_t world, bool shuffle, int64_t skip = 0);
+
+// data.sampler: weighted. An epoch of ds.count draws with replacement, sample i drawn with
+// probability proportional to class_weights[label(i)], from one stream per (seed, epoch), then the
+// rank share: like epoch_order a pure function of its arguments and never of the world.
+std::vector<int64_t> weighted_order(const Dataset& ds, const std::vector<double>& class_weights,
+                                    uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
+                                    int64_t skip = 0);
 
 // The even rank share of a global permutation past its first `skip` entries: rank r takes
 // perm[skip + r], perm[skip + r + world], ...
