@@ -421,6 +421,40 @@ TEST_CASE("augment: identities and exact ops", "[augment]") {
   CHECK(run(a, 3) != run(a, 4));
 }
 
+TEST_CASE("adaptive augmentation: the gap rule and the field guide's x0.9 / x1.1 rule",
+          "[augment]") {
+  config::AugmentConfig c;
+  c.adaptive = true;
+  c.adaptive_rule = "guide";
+  Augmenter g(c, 1);
+  CHECK(g.strength() == 0.5);  // the guide's cap from the start
+  g.adapt(0.9, 0.80);          // first evaluation: nothing to beat, x 1.1 capped at 0.5
+  CHECK(g.strength() == Approx(0.5));
+  g.adapt(0.9, 0.82);  // improved: x 0.9
+  CHECK(g.strength() == Approx(0.45));
+  g.adapt(0.9, 0.84);  // improved again: 0.405
+  CHECK(g.strength() == Approx(0.405));
+  g.adapt(0.9, 0.84);  // not improved (equal): x 1.1 = 0.4455
+  CHECK(g.strength() == Approx(0.4455));
+  g.adapt(0.9, 0.83);  // worse: x 1.1 = 0.49005
+  CHECK(g.strength() == Approx(0.49005));
+  g.adapt(0.9, 0.82);  // worse: 0.539 capped at 0.5
+  CHECK(g.strength() == Approx(0.5));
+  // resume: the previous accuracy is part of the state
+  Augmenter h(c, 1);
+  h.set_strength(0.45), h.set_last_eval_accuracy(0.82);
+  h.adapt(0.9, 0.83);
+  CHECK(h.strength() == Approx(0.405));
+  // the gap rule: +step while train - eval > gap, else -step
+  c.adaptive_rule = "gap";
+  Augmenter a(c, 1);
+  CHECK(a.strength() == 1.0);
+  a.adapt(0.95, 0.90);  // gap 0.05 > 0.02: +0.1, clamped at 1
+  CHECK(a.strength() == 1.0);
+  a.adapt(0.91, 0.90);  // gap 0.01: -0.1
+  CHECK(a.strength() == Approx(0.9));
+}
+
 TEST_CASE("augment: mixup is lam*x + (1-lam)*x[perm] and cutmix's lam is the kept area",
           "[augment]") {
   auto a = no_aug();

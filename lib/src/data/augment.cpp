@@ -9,6 +9,8 @@
 namespace mltrain::data {
 namespace {
 
+constexpr double kGuideCap = 0.5;  // the field guide's rule never goes above half strength
+
 bool active(const config::AugOpConfig& op, double progress) {
   if (op.p <= 0) return false;
   const double lo = op.window.size() > 0 ? op.window[0] : 0.0,
@@ -62,7 +64,9 @@ void saturate_and_rotate_hue(float* px, int64_t hw, double sat, double hue) {
 
 }  // namespace
 
-Augmenter::Augmenter(const config::AugmentConfig& cfg, uint64_t seed) : cfg_(cfg), seed_(seed) {}
+Augmenter::Augmenter(const config::AugmentConfig& cfg, uint64_t seed) : cfg_(cfg), seed_(seed) {
+  if (cfg_.adaptive && cfg_.adaptive_rule == "guide") set_strength(kGuideCap);
+}
 
 bool Augmenter::any_sample_op() const {
   return cfg_.crop.p > 0 || cfg_.flip.p > 0 || cfg_.rotate.p > 0 || cfg_.color.p > 0 ||
@@ -72,6 +76,12 @@ bool Augmenter::any_batch_op() const { return cfg_.mixup.p > 0 || cfg_.cutmix.p 
 
 void Augmenter::adapt(double train_accuracy, double eval_accuracy) {
   if (!cfg_.adaptive) return;
+  if (cfg_.adaptive_rule == "guide") {
+    const bool improved = !std::isnan(last_eval_) && eval_accuracy > last_eval_;
+    last_eval_ = eval_accuracy;
+    set_strength(std::min(kGuideCap, strength() * (improved ? 0.9 : 1.1)));
+    return;
+  }
   const double gap = train_accuracy - eval_accuracy;
   set_strength(strength() + (gap > cfg_.adaptive_gap ? cfg_.adaptive_step : -cfg_.adaptive_step));
 }

@@ -583,7 +583,11 @@ nlohmann::json Trainer::technique_state() const {
   if (scaler_) j["loss_scaler"] = scaler_->state();
   if (ema_) j["ema_updates"] = ema_->updates();
   j["schedule_gradnorm"] = schedule_->gradnorm_state();
-  if (auto* aug = train_.augmenter()) j["augment_strength"] = aug->strength();
+  if (auto* aug = train_.augmenter()) {
+    j["augment_strength"] = aug->strength();
+    if (!std::isnan(aug->last_eval_accuracy()))
+      j["augment_last_eval_accuracy"] = aug->last_eval_accuracy();
+  }
   j["micro_batch"] = micro_;  // a micro-batch halved after running out of memory stays halved
   j["oom_events"] = oom_events_;
   return j;
@@ -598,6 +602,8 @@ void Trainer::load_technique_state(const nlohmann::json& j) {
   if (j.contains("schedule_gradnorm")) schedule_->load_gradnorm_state(j["schedule_gradnorm"]);
   if (auto* aug = train_.augmenter(); aug && j.contains("augment_strength"))
     aug->set_strength(j["augment_strength"]);
+  if (auto* aug = train_.augmenter(); aug && j.contains("augment_last_eval_accuracy"))
+    aug->set_last_eval_accuracy(j["augment_last_eval_accuracy"]);
   if (oom_recover_ && j.contains("micro_batch")) micro_ = j["micro_batch"].get<int64_t>();
   if (j.contains("oom_events")) oom_events_ = j["oom_events"].get<int64_t>();
 }

@@ -112,6 +112,7 @@ struct AugmentConfig {
   std::vector<double> erase_scale = {0.02, 0.2};
   double mix_alpha = 0.2;
   bool adaptive = false;
+  std::string adaptive_rule = "gap";
   double adaptive_gap = 0.02, adaptive_step = 0.1;
   template <class V>
   void visit(V& v) {
@@ -142,6 +143,11 @@ struct AugmentConfig {
             positive<double>());
     v.field("adaptive", adaptive,
             "scale magnitudes by a strength that follows the train/eval accuracy gap");
+    v.field("adaptive_rule", adaptive_rule,
+            "adaptive: gap (strength +- adaptive_step by the train/eval accuracy gap) | guide "
+            "(the field guide's: strength x 0.9 when eval accuracy beat the previous evaluation, "
+            "else x 1.1, at most 0.5)",
+            one_of({"gap", "guide"}));
     v.field("adaptive_gap", adaptive_gap,
             "adaptive: raise strength while train acc - eval acc exceeds this",
             non_negative<double>());

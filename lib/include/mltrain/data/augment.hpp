@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "mltrain/config/experiment.hpp"
@@ -34,13 +35,19 @@ class Augmenter {
   MixResult batch(torch::Tensor& x, const torch::Tensor& y, double progress, uint64_t key) const;
   double strength() const { return strength_.load(); }
   void set_strength(double s) { strength_.store(std::clamp(s, 0.0, 1.0)); }
-  // Adaptive strength: raise it while the model overfits (train - eval accuracy > gap), else lower it.
+  // Adaptive strength, after each evaluation. Rule gap: raise it while the model overfits (train -
+  // eval accuracy > gap), else lower it. Rule guide: x 0.9 when eval accuracy beat the previous
+  // evaluation's, else x 1.1, capped at 0.5.
   void adapt(double train_accuracy, double eval_accuracy);
+  // The guide rule's memory (the previous evaluation's accuracy; NaN before the first), for resume.
+  double last_eval_accuracy() const { return last_eval_; }
+  void set_last_eval_accuracy(double a) { last_eval_ = a; }
 
  private:
   config::AugmentConfig cfg_;
   uint64_t seed_;
   std::atomic<double> strength_{1.0};
+  double last_eval_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 }  // namespace mltrain::data
