@@ -177,6 +177,8 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
        {"data.sampler.class_weights: 2 weights for 10 classes"}},
       {"data:\n  sampler:\n    class_weights: [1, 2]\n",
        {"data.sampler.name: class_weights and oversample are for the weighted sampler"}},
+      {"data:\n  augment:\n    curriculum: three_phase\n    mixup: {p: 0.5, window: [0.5, 1]}\n",
+       {"data.augment.mixup.window: data.augment.curriculum sets this window"}},
       {"optim:\n  name: adam\n  momentum_reference_batch: 256\n",
        {"optim.momentum_reference_batch: momentum compensation rescales SGD's momentum"}},
       {"model:\n  name: mlp\n  embedding_noise: 0.1\n",

@@ -455,6 +455,41 @@ TEST_CASE("adaptive augmentation: the gap rule and the field guide's x0.9 / x1.1
   CHECK(a.strength() == Approx(0.9));
 }
 
+TEST_CASE("three-phase curriculum: colour from 1/3 of training, mixup from 2/3", "[augment]") {
+  config::AugmentConfig c;
+  c.curriculum = "three_phase";
+  c.color.p = 1.0;
+  c.brightness = 0.5;
+  c.flip.p = 1.0;
+  Augmenter a(c, 3);
+  auto changed = [&](double progress, uint64_t key) {
+    std::vector<float> px(3 * 4 * 4);
+    for (size_t i = 0; i < px.size(); ++i) px[i] = float(i % 7) / 7.f;
+    const auto before = px;
+    a.sample(px.data(), 3, 4, 4, progress, key);
+    return px != before;
+  };
+  c.flip.p = 0.0;
+  Augmenter colour_only(c, 3);
+  auto colour_changed = [&](double progress) {
+    std::vector<float> px(3 * 4 * 4, 0.5f);
+    return colour_only.sample(px.data(), 3, 4, 4, progress, 7);
+  };
+  CHECK(changed(0.1, 1));            // flip: geometric, from the start
+  CHECK_FALSE(colour_changed(0.3));  // colour: not before 1/3
+  CHECK(colour_changed(0.34));
+  CHECK(colour_changed(0.9));
+  c.color.p = 0.0;
+  c.mixup.p = 1.0;
+  Augmenter mix(c, 3);
+  auto x = torch::rand({4, 1, 2, 2});
+  const auto y = torch::tensor({0, 1, 2, 3});
+  auto early = x.clone(), late = x.clone();
+  CHECK_FALSE(mix.batch(early, y, 0.6, 1).mixed);  // mixup: not before 2/3
+  CHECK(torch::equal(early, x));
+  CHECK(mix.batch(late, y, 0.7, 1).mixed);
+}
+
 TEST_CASE("augment: mixup is lam*x + (1-lam)*x[perm] and cutmix's lam is the kept area",
           "[augment]") {
   auto a = no_aug();

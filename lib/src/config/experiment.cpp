@@ -65,6 +65,19 @@ std::vector<double> sampler_class_weights(const ExperimentConfig& c) {
   return w;
 }
 
+static void curriculum_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
+  const auto& a = c.data.augment;
+  if (a.curriculum == "none") return;
+  const std::pair<const char*, const AugOpConfig*> phased[] = {
+      {"crop", &a.crop},           {"flip", &a.flip},   {"rotate", &a.rotate}, {"color", &a.color},
+      {"grayscale", &a.grayscale}, {"mixup", &a.mixup}, {"cutmix", &a.cutmix}};
+  for (const auto& [name, op] : phased)
+    if (op->window != std::vector<double>{0.0, 1.0})
+      issues.add(file, std::string("data.augment.") + name + ".window",
+                 "data.augment.curriculum sets this window: leave it at [0, 1], or set "
+                 "data.augment.curriculum=none");
+}
+
 static void sampler_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
   const auto& s = c.data.sampler;
   auto need = [&](bool ok, const std::string& key, const std::string& msg) {
@@ -228,6 +241,7 @@ static void pipeline_checks(const ExperimentConfig& c, Issues& issues, const std
 
 static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
   sampler_checks(c, issues, file);
+  curriculum_checks(c, issues, file);
   auto need = [&](bool ok, const std::string& path, const std::string& msg) {
     if (!ok) issues.add(file, path, msg);
   };

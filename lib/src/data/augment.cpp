@@ -65,6 +65,10 @@ void saturate_and_rotate_hue(float* px, int64_t hw, double sat, double hue) {
 }  // namespace
 
 Augmenter::Augmenter(const config::AugmentConfig& cfg, uint64_t seed) : cfg_(cfg), seed_(seed) {
+  if (cfg_.curriculum == "three_phase") {  // the field guide's phases, as op windows
+    for (auto* op : {&cfg_.color, &cfg_.grayscale}) op->window = {1.0 / 3.0, 1.0};
+    for (auto* op : {&cfg_.mixup, &cfg_.cutmix}) op->window = {2.0 / 3.0, 1.0};
+  }
   if (cfg_.adaptive && cfg_.adaptive_rule == "guide") set_strength(kGuideCap);
 }
 

@@ -111,6 +111,7 @@ struct AugmentConfig {
   double brightness = 0.2, contrast = 0.2, saturation = 0.0, hue = 0.0;
   std::vector<double> erase_scale = {0.02, 0.2};
   double mix_alpha = 0.2;
+  std::string curriculum = "none";
   bool adaptive = false;
   std::string adaptive_rule = "gap";
   double adaptive_gap = 0.02, adaptive_step = 0.1;
@@ -141,6 +142,11 @@ struct AugmentConfig {
     v.section("cutmix", cutmix, "cutmix of whole batches (Yun et al. 2019)");
     v.field("mix_alpha", mix_alpha, "mixup/cutmix: Beta(alpha, alpha) mixing weight",
             positive<double>());
+    v.field("curriculum", curriculum,
+            "three_phase (the field guide's): geometric ops (crop, flip, rotate) from the start, "
+            "colour and grayscale from 1/3 of training, mixup and cutmix from 2/3 (their windows; "
+            "each op still needs its p); none: the windows as written",
+            one_of({"none", "three_phase"}));
     v.field("adaptive", adaptive,
             "scale magnitudes by a strength that follows the train/eval accuracy gap");
     v.field("adaptive_rule", adaptive_rule,
