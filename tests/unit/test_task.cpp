@@ -98,6 +98,26 @@ TEST_CASE("classification: accuracy, top-k and loss equal sklearn and PyTorch", 
   CHECK(r.at("loss") == Approx(g["loss"].get<double>()).epsilon(1e-6));
 }
 
+TEST_CASE("classification with two classes reports the ROC AUC of class 1 (sklearn's example)",
+          "[task]") {
+  // sklearn.metrics.roc_auc_score([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) = 0.75; here those scores
+  // are logit_1 - logit_0, and the logits are shifted so that only the difference carries them.
+  const auto diff = torch::tensor({0.1, 0.4, 0.35, 0.8}, torch::kFloat32);
+  const auto base = torch::tensor({2.0, -1.0, 0.5, 3.0}, torch::kFloat32);
+  TableModel m(torch::stack({base, base + diff}, 1));
+  const auto t = task::make_task(config_for("classification", 2));
+  for (int64_t batch : {1, 3}) {  // accumulated over batches
+    const auto r = stream(*t, m, torch::tensor({0, 0, 1, 1}, torch::kLong), batch);
+    CHECK(r.at("roc_auc") == Approx(0.75).epsilon(1e-6));
+  }
+  const auto ten = stream(*task::make_task(config_for("classification", 3)),
+                          *std::make_unique<TableModel>(torch::zeros({4, 3})),
+                          torch::tensor({0, 1, 2, 1}, torch::kLong), 2);
+  CHECK(ten.count("roc_auc") == 0);  // more than two classes: none
+  const auto listed = config::task_metrics(config_for("classification", 2));
+  CHECK(std::find(listed.begin(), listed.end(), "eval_roc_auc") != listed.end());
+}
+
 TEST_CASE("regression: MAE, RMSE and R2 equal sklearn's uniform averages", "[task]") {
   const auto g = golden()["regression"];
   const auto pred = tensor_of(g["pred"]), target = tensor_of(g["target"]).to(torch::kFloat32);

@@ -17,7 +17,9 @@ std::vector<std::string> task_metrics(const ExperimentConfig& c) {
   const auto& t = c.task;
   if (t.name == "classification") {
     m.push_back("eval_accuracy");
-    if (t.top_k > 1) m.push_back("eval_top" + std::to_string(t.top_k) + "_accuracy");
+    if (t.top_k > 1 && t.top_k < c.data.num_classes)
+      m.push_back("eval_top" + std::to_string(t.top_k) + "_accuracy");
+    if (c.data.num_classes == 2) m.push_back("eval_roc_auc");  // of class 1
   } else if (t.name == "regression") {
     m.insert(m.end(), {"eval_mae", "eval_rmse", "eval_r2"});
   } else if (t.name == "multilabel") {

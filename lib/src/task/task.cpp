@@ -85,6 +85,12 @@ class ClassificationMetrics : public Accumulator {
       top_ +=
           std::get<1>(s.output.topk(top_k_, 1)).eq(b.y.unsqueeze(1)).any(1).sum().item<double>();
     count_ += static_cast<double>(b.y.size(0));
+    if (s.output.dim() == 2 && s.output.size(1) == 2) {  // two classes: ROC AUC of class 1
+      // logit_1 - logit_0 orders the samples as the softmax probability of class 1 does
+      const auto o = s.output.detach().to(torch::kCPU, torch::kDouble);
+      scores_.push_back((o.select(1, 1) - o.select(1, 0)).contiguous());
+      labels_.push_back(b.y.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    }
   }
   Metrics compute(const Reduce& r) override {
     std::vector<torch::Tensor> t = {torch::tensor({loss_, correct_, top_, count_}, torch::kDouble)};
@@ -93,12 +99,16 @@ class ClassificationMetrics : public Accumulator {
     const double n = std::max(1.0, v[3].item<double>());
     Metrics m = {{"loss", v[0].item<double>() / n}, {"accuracy", v[1].item<double>() / n}};
     if (top_k_ > 0) m["top" + std::to_string(top_k_) + "_accuracy"] = v[2].item<double>() / n;
+    if (!scores_.empty())
+      m["roc_auc"] =
+          roc_auc(gather_rows(r, torch::cat(scores_)), gather_rows(r, torch::cat(labels_)));
     return m;
   }
 
  private:
   int64_t top_k_;
   double loss_ = 0, correct_ = 0, top_ = 0, count_ = 0;
+  std::vector<torch::Tensor> scores_, labels_;  // two classes only
 };
 
 std::unique_ptr<Accumulator> Classification::accumulator() const {
