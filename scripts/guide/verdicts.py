@@ -162,13 +162,16 @@ def row_augment(m, scratch, seeds, quick):
     return len({tuple(c) for c in curves.values()}) == len(curves)  # every variant trains differently
 
 
+OVERSAMPLE_EPOCHS = "5ep"
+
+
 def row_oversample(m, scratch, seeds, quick):
     data = Path(scratch) / "imbalanced"
     subprocess.run(["/usr/bin/python3", str(ROOT / "scripts/guide/make_imbalanced.py"), str(data)], check=True,
                    capture_output=True)
     files = ["data.dataset=files", "data.num_classes=2"] + [
         f"data.{split}_{kind}={data}/{split}_{kind}.npy" for split in ("train", "test") for kind in ("images", "labels")]
-    epochs = "1ep" if quick else "5ep"
+    epochs = "1ep" if quick else OVERSAMPLE_EPOCHS
     print(f"## negative oversampling 3x: T-shirt (6000) vs shirt (600, the negatives), MLP, {epochs};"
           " test ROC AUC on 1000 + 1000 (the guide: +0.8 % AUC)")
     print(f"{'sampler':<28} {'test ROC AUC':>18}  vs uniform")
@@ -196,7 +199,9 @@ def main():
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--oversample-epochs", default=OVERSAMPLE_EPOCHS, help="oversample row: training length")
     a = ap.parse_args()
+    globals()["OVERSAMPLE_EPOCHS"] = a.oversample_epochs
     seeds = [0] if a.quick else list(range(a.seeds))
     failed = [r for r in a.rows.split(",") if not ROWS[r](a.mltrain, a.scratch, seeds, a.quick)]
     if failed:
