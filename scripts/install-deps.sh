@@ -12,7 +12,7 @@ pkgs=(
   libturbojpeg0-dev libspng-dev       # JPEG and PNG decoding for image folders (data.format: image_folder)
 
   dataset-fashion-mnist               # the real data: gzipped IDX under /usr/share/datasets/fashion-mnist
-  python3-torch python3-numpy         # reference values and the Python baseline in benchmarks only
+  python3-torch python3-numpy         # reference values, the Python baseline in benchmarks, scripts/guide/ data
   python3-optuna                      # the tuner benchmark's side-by-side baseline (scripts/bench/tune/) only
   python3-pil python3-torchvision     # the image-folder export and the side-by-side loader benchmark only
   python3-sklearn                     # metric goldens (tests/golden/) and the tabular data export (scripts/data/) only
