@@ -423,12 +423,12 @@ void init_weights(const NamedTensors& params, const std::string& scheme) {
       torch::nn::init::xavier_uniform_(p);
     else if (scheme == "orthogonal")
       torch::nn::init::orthogonal_(p);
-    else if (scheme == "layer_adaptive_uniform")  // the field guide's: U(-a, a),
-      // a = sqrt(3 / (fan_in sqrt(fan_out))): variance 1 / (fan_in sqrt(fan_out)), so a wide
-      // layer starts smaller than LeCun's 1 / fan_in
-      p.uniform_(-std::sqrt(3.0 / (double(fan_in(p)) * std::sqrt(double(fan_out(p))))),
-                 std::sqrt(3.0 / (double(fan_in(p)) * std::sqrt(double(fan_out(p))))));
-    else if (scheme == "lecun_normal")  // the field guide's normal init: std 1 / sqrt(fan_in)
+    else if (scheme == "layer_adaptive_uniform") {
+      // The field guide's: U(-a, a), a = sqrt(3 / (fan_in sqrt(fan_out))): variance
+      // 1 / (fan_in sqrt(fan_out)), so a wide layer starts smaller than LeCun's 1 / fan_in.
+      const double a = std::sqrt(3.0 / (double(fan_in(p)) * std::sqrt(double(fan_out(p)))));
+      p.uniform_(-a, a);
+    } else if (scheme == "lecun_normal")  // the field guide's normal init: std 1 / sqrt(fan_in)
       p.normal_(0.0, 1.0 / std::sqrt(double(fan_in(p))));
     else
       throw ConfigError("model.init", "unknown init '" + scheme + "'");
