@@ -96,44 +96,41 @@ def row_momentum(m, scratch, seeds, quick):
     return ok
 
 
+def compare(m, scratch, seeds, tag, variants, common, metric, header):
+    """Trains the MLP once per (variant, seed) with `common` overrides plus the variant's; prints
+    each variant's summary `metric` (mean +- sd) and its difference from the first variant in points.
+    Returns the means, in variant order."""
+    print(f"{header:<28} {metric.replace('_', ' '):>18}  vs {variants[0][0]}")
+    means = []
+    for label, ov in variants:
+        vals = [train(m, scratch, f"{tag}_{len(means)}_{s}", MLP, f"run.seed={s}", *common, *ov)[0][metric]
+                for s in seeds]
+        means.append(statistics.mean(vals))
+        print(f"{label:<28} {band(vals):>18}  {100 * (means[-1] - means[0]):+.2f} points")
+    print()
+    return means
+
+
 def row_smoothing(m, scratch, seeds, quick):
     epochs = "1ep" if quick else "5ep"
     print(f"## dynamic label smoothing: MLP, {epochs} (the guide: +0.5-1.2 %)")
-    print(f"{'smoothing':<28} {'test accuracy':>18}  vs none")
-    ok = True
-    base = None
-    for label, ov in (("none", []), ("0.1 fixed", ["label_smoothing.value=0.1"]),
-                      ("0.1 -> 0 cosine", ["label_smoothing.value=0.1", "label_smoothing.schedule.name=cosine"])):
-        accs = []
-        for s in seeds:
-            extra = ["data.limit_train=8192"] if quick else []
-            sm, _, _ = train(m, scratch, f"ls_{label.replace(' ', '_')}_{s}", MLP, f"run.seed={s}",
-                             f"train.duration={epochs}", f"train.eval_every={epochs}", *ov, *extra)
-            accs.append(sm["test_accuracy"])
-        mean = statistics.mean(accs)
-        base = base if base is not None else mean
-        print(f"{label:<28} {band(accs):>18}  {100 * (mean - base):+.2f} points")
-        if label != "none":
-            ok &= not math.isclose(mean, base)
-    print()
-    return ok
+    extra = ["data.limit_train=8192"] if quick else []
+    means = compare(m, scratch, seeds, "ls",
+                    (("none", []), ("0.1 fixed", ["label_smoothing.value=0.1"]),
+                     ("0.1 -> 0 cosine", ["label_smoothing.value=0.1", "label_smoothing.schedule.name=cosine"])),
+                    [f"train.duration={epochs}", f"train.eval_every={epochs}", *extra], "test_accuracy", "smoothing")
+    return all(not math.isclose(x, means[0]) for x in means[1:])
+
+
+OVERSAMPLE = ("oversample [0, 3]", ["data.sampler.name=weighted", "data.sampler.oversample=[0,3]"])
 
 
 def row_sampler(m, scratch, seeds, quick):
     epochs = "1ep" if quick else "3ep"
     print(f"## weighted sampler: MLP, {epochs}, class 0 (T-shirt) drawn 3x as often (data.sampler.oversample: [0, 3])")
-    print(f"{'sampler':<28} {'test accuracy':>18}")
-    means = []
-    for label, ov in (("uniform", []), ("oversample [0, 3]", ["data.sampler.name=weighted", "data.sampler.oversample=[0,3]"])):
-        accs = []
-        for s in seeds:
-            extra = ["data.limit_train=8192"] if quick else []
-            sm, _, _ = train(m, scratch, f"sampler_{len(means)}_{s}", MLP, f"run.seed={s}", f"train.duration={epochs}",
-                             f"train.eval_every={epochs}", *ov, *extra)
-            accs.append(sm["test_accuracy"])
-        means.append(statistics.mean(accs))
-        print(f"{label:<28} {band(accs):>18}")
-    print()
+    extra = ["data.limit_train=8192"] if quick else []
+    means = compare(m, scratch, seeds, "sampler", (("uniform", []), OVERSAMPLE),
+                    [f"train.duration={epochs}", f"train.eval_every={epochs}", *extra], "test_accuracy", "sampler")
     return means[0] != means[1]
 
 
@@ -174,17 +171,8 @@ def row_oversample(m, scratch, seeds, quick):
     epochs = "1ep" if quick else OVERSAMPLE_EPOCHS
     print(f"## negative oversampling 3x: T-shirt (6000) vs shirt (600, the negatives), MLP, {epochs};"
           " test ROC AUC on 1000 + 1000 (the guide: +0.8 % AUC)")
-    print(f"{'sampler':<28} {'test ROC AUC':>18}  vs uniform")
-    means = []
-    for label, ov in (("uniform", []), ("oversample [0, 3]", ["data.sampler.name=weighted", "data.sampler.oversample=[0,3]"])):
-        aucs = []
-        for s in seeds:
-            sm, _, _ = train(m, scratch, f"imb_{len(means)}_{s}", MLP, *files, f"run.seed={s}", f"train.duration={epochs}",
-                             f"train.eval_every={epochs}", *ov)
-            aucs.append(sm["test_roc_auc"])
-        means.append(statistics.mean(aucs))
-        print(f"{label:<28} {band(aucs):>18}  {100 * (means[-1] - means[0]):+.2f} points")
-    print()
+    means = compare(m, scratch, seeds, "imb", (("uniform", []), OVERSAMPLE),
+                    [*files, f"train.duration={epochs}", f"train.eval_every={epochs}"], "test_roc_auc", "sampler")
     return means[0] != means[1]
 
 
