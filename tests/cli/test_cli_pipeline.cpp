@@ -121,8 +121,9 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "pipeline stages: the GPT's tied embedding and output layer sit on the first and last stage; "
-    "their gradient is summed there, and 2 stages x 2 replicas train like one process",
+    "pipeline stages: the GPT's tied embedding and output layer sit on the first and last stage, "
+    "and model.share's bases on every stage; their gradients are summed there, and 2 stages x 2 "
+    "replicas train like one process",
     "[cli][dist][pipeline]") {
   const auto d = tmpdir("pipeline_gpt");
   REQUIRE(run("data tokenize /usr/share/games/fortunes/literature -o " + (d / "tokens").string() +
@@ -137,24 +138,29 @@ TEST_CASE(
                              "optim.weight_decay=0 clip.max_norm=0.5 train.duration=8u "
                              "train.eval_every=4u train.log_every=1u checkpoint.every=4u "
                              "schedule.warmup=2u runtime.threads=1 distributed.timeout_s=60";
-  auto single = run("train " + common + " data.batch_size=16 run.name=single");
-  INFO(single.out);
-  REQUIRE(single.code == 0);
-  auto pp = run("launch --nproc-per-node 4 -- mltrain train " + common +
-                " data.batch_size=8 run.name=pp distributed.pipeline.stages=2 "
-                "distributed.pipeline.microbatches=2");
-  INFO(pp.out);
-  REQUIRE(pp.code == 0);
-  CHECK(pp.out.find("[pipeline] 2 stages x 2 replicas") != std::string::npos);
-  const auto a = train_records(d / "single" / "v0"), b = train_records(d / "pp" / "v0");
-  REQUIRE(a.size() == 8);
-  REQUIRE(b.size() == 8);
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << a[i]["step"]);
-    CHECK(rel(a[i]["grad_norm"], b[i]["grad_norm"]) < 1e-5);
+  for (const std::string share : {"none", "gated"}) {
+    INFO("model.share " << share);
+    const std::string one = "single_" + share, two = "pp_" + share;
+    auto single =
+        run("train " + common + " model.share=" + share + " data.batch_size=16 run.name=" + one);
+    INFO(single.out);
+    REQUIRE(single.code == 0);
+    auto pp = run("launch --nproc-per-node 4 -- mltrain train " + common + " model.share=" + share +
+                  " data.batch_size=8 run.name=" + two +
+                  " distributed.pipeline.stages=2 distributed.pipeline.microbatches=2");
+    INFO(pp.out);
+    REQUIRE(pp.code == 0);
+    CHECK(pp.out.find("[pipeline] 2 stages x 2 replicas") != std::string::npos);
+    const auto a = train_records(d / one / "v0"), b = train_records(d / two / "v0");
+    REQUIRE(a.size() == 8);
+    REQUIRE(b.size() == 8);
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO("step " << a[i]["step"]);
+      CHECK(rel(a[i]["grad_norm"], b[i]["grad_norm"]) < 1e-5);
+    }
+    const fs::path w = fs::path("checkpoints") / "step_8" / "model.safetensors";
+    CHECK(weights_rel_diff(d / one / "v0" / w, d / two / "v0" / w) < 1e-5);
   }
-  const fs::path w = fs::path("checkpoints") / "step_8" / "model.safetensors";
-  CHECK(weights_rel_diff(d / "single" / "v0" / w, d / "pp" / "v0" / w) < 1e-5);
 }
 
 TEST_CASE("pipeline stages: a ResNet cut at block boundaries trains under bf16 autocast",

@@ -183,6 +183,13 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
        {"optim.momentum_reference_batch: momentum compensation rescales SGD's momentum"}},
       {"model:\n  name: mlp\n  embedding_noise: 0.1\n",
        {"model.embedding_noise: model mlp has no token embeddings"}},
+      {"model:\n  name: cnn\n  share: gated\n",
+       {"model.share: gated weight sharing is built for gpt's repeated transformer blocks; model "
+        "cnn has none"}},
+      {"task:\n  name: language_model\ndata:\n  dataset: tokens\nmodel:\n  name: gpt\n  "
+       "n_layer: 1\n  share: gated\n",
+       {"model.share: a gpt with n_layer 1 has no repeated blocks"}},
+      {"model:\n  share: tied\n", {"model.share"}},
   };
   for (const auto& r : rows) {
     INFO(r.yaml);

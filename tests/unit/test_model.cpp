@@ -5,8 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include "mltrain/core/error.hpp"
@@ -130,6 +132,88 @@ TEST_CASE("pipeline units: the chain of units is the model's forward, parameters
   auto cnn = model::build_model(mc, {1, 28, 28}, 10, 0);
   CHECK(cnn->num_units() == 0);
   CHECK_THROWS_AS(cnn->forward_units(torch::randn({1, 1, 28, 28}), 0, 1), ConfigError);
+}
+
+TEST_CASE("gpt model.share gated (SmartShare): the unshared model with sigmoid(gate) x base",
+          "[model]") {
+  config::ModelConfig mc;
+  mc.name = "gpt";
+  mc.n_layer = 3;
+  mc.n_head = 2;
+  mc.n_embd = 8;
+  mc.block_size = 6;
+  mc.dropout = 0;
+  const int64_t V = 20, C = 8, L = 3, T = 6;
+  auto plain = model::build_model(mc, {T}, V, 1);
+  mc.share = "gated";
+  auto shared = model::build_model(mc, {T}, V, 1);
+  // Counts by hand: embeddings V C + T C; per block two norms (4 C) and four biases (9 C); the
+  // final norm 2 C; the four weight matrices 12 C^2 per block unshared, once shared, plus a gate
+  // per block and matrix.
+  const int64_t common = V * C + T * C + L * 13 * C + 2 * C;
+  CHECK(plain->num_parameters() == common + L * 12 * C * C);
+  CHECK(shared->num_parameters() == common + 12 * C * C + 4 * L);
+  const int64_t saved = plain->num_parameters() - shared->num_parameters();
+  CHECK_THAT(shared->describe(),
+             Catch::EndsWith(fmt::format("; share gated: {:.1f} % fewer parameters than the {} "
+                                         "unshared)",
+                                         100.0 * double(saved) / double(plain->num_parameters()),
+                                         plain->num_parameters())));
+  std::map<std::string, torch::Tensor> sp, pp;
+  for (auto& [n, p] : shared->named_parameters()) sp[n] = p;
+  for (auto& [n, p] : plain->named_parameters()) pp[n] = p;
+  const std::vector<std::pair<std::string, std::string>> roles = {{"c_attn", "attn.c_attn"},
+                                                                  {"attn_proj", "attn.c_proj"},
+                                                                  {"c_fc", "mlp.c_fc"},
+                                                                  {"mlp_proj", "mlp.c_proj"}};
+  CHECK(sp.at("share.c_attn").sizes() == torch::IntArrayRef{3 * C, C});
+  CHECK(sp.at("share.mlp_proj").sizes() == torch::IntArrayRef{C, 4 * C});
+  CHECK(sp.count("h.0.attn.c_attn.weight") == 0);
+  CHECK(sp.at("h.2.mlp.c_proj.gate").item<double>() == 0.0);
+  // Init: a base at twice the unshared std, so sigmoid(0) x base starts at it (N(0, 0.02)).
+  CHECK(sp.at("share.c_fc").std().item<double>() == Approx(0.04).epsilon(0.15));
+  CHECK(shared->unit_of("share.c_fc") == 1);
+  CHECK(shared->units_using("share.c_fc") == std::vector<int64_t>{1, 2, 3});
+
+  // Distinct gates per block and matrix; the unshared model gets every other tensor as is and
+  // sigmoid(gate) x base as each block's weight.
+  {
+    torch::NoGradGuard no_grad;
+    for (int64_t i = 0; i < L; ++i)
+      for (size_t r = 0; r < roles.size(); ++r)
+        sp.at("h." + std::to_string(i) + "." + roles[r].second + ".gate")
+            .fill_(-1.5 + 0.9 * double(i) + 0.3 * double(r));
+    for (auto& [n, p] : pp)
+      if (sp.count(n)) p.copy_(sp.at(n));
+    for (int64_t i = 0; i < L; ++i)
+      for (const auto& [base, layer] : roles) {
+        const std::string pre = "h." + std::to_string(i) + "." + layer;
+        pp.at(pre + ".weight").copy_(torch::sigmoid(sp.at(pre + ".gate")) * sp.at("share." + base));
+      }
+  }
+  plain->set_training(true);
+  shared->set_training(true);
+  const auto idx = torch::randint(0, V, {2, T}, torch::kLong);
+  const auto ys = shared->forward(idx), yp = plain->forward(idx);
+  CHECK(torch::allclose(ys, yp, 1e-5, 1e-6));
+  const auto r = torch::randn_like(yp);
+  (ys * r).sum().backward();
+  (yp * r).sum().backward();
+  // d/d base = sum_i sigmoid(g_i) dL/dW_i; d/d g_i = sigmoid'(g_i) <dL/dW_i, base>.
+  for (const auto& [base, layer] : roles) {
+    INFO(base);
+    auto want = torch::zeros_like(sp.at("share." + base));
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string pre = "h." + std::to_string(i) + "." + layer;
+      const auto s = torch::sigmoid(sp.at(pre + ".gate")).detach();
+      const auto gw = pp.at(pre + ".weight").grad();
+      want += s * gw;
+      const double dg = (s * (1 - s) * (gw * sp.at("share." + base).detach()).sum()).item<double>();
+      CHECK(sp.at(pre + ".gate").grad().item<double>() == Approx(dg).epsilon(1e-4).margin(1e-7));
+    }
+    CHECK(torch::allclose(sp.at("share." + base).grad(), want, 1e-4, 1e-6));
+  }
+  CHECK(torch::allclose(sp.at("wte.weight").grad(), pp.at("wte.weight").grad(), 1e-4, 1e-6));
 }
 
 TEST_CASE("TorchScript models load, run and train from C++", "[model]") {

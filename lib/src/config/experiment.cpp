@@ -187,6 +187,12 @@ static void task_checks(const ExperimentConfig& c, Issues& issues, const std::st
        "needs a fixed data.batch_size (auto changes the batch during the run)");
   need(c.model.name == "gpt" || c.model.embedding_noise == 0, "model.embedding_noise",
        "model " + c.model.name + " has no token embeddings: set it to 0, or use model.name=gpt");
+  need(c.model.share == "none" || (c.model.name == "gpt" && c.model.n_layer >= 2), "model.share",
+       c.model.name == "gpt"
+           ? "a gpt with n_layer 1 has no repeated blocks to share weights across: set "
+             "model.n_layer >= 2, or model.share=none"
+           : "gated weight sharing is built for gpt's repeated transformer blocks; model " +
+                 c.model.name + " has none: set model.share=none, or use model.name=gpt");
   need(c.model.name != "gpt" || c.model.n_embd % c.model.n_head == 0, "model.n_head",
        "must divide model.n_embd (" + std::to_string(c.model.n_embd) + ")");
   for (size_t i = 0; i < c.model.init_prefix_map.size(); ++i)

@@ -5,10 +5,18 @@
 //
 // Parameter names: wte.weight, wpe.weight, h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,
 // mlp.c_proj}.{weight,bias}, ln_f.{weight,bias}; the tied output layer has no name of its own.
+//
+// model.share: gated (the field guide's SmartShare) keeps one base weight per shape, shared by
+// every block: share.{c_attn,attn_proj,c_fc,mlp_proj} ([3C,C], [C,C], [4C,C], [C,4C], four
+// distinct shapes). Block i's matrix is sigmoid(h.<i>.<layer>.gate) x base, the gate a learned
+// scalar per block and matrix (logit 0 at init). The bases start at twice the unshared std, so
+// every effective weight starts at the unshared model's std. Biases and norms stay per block.
 #include "gpt.hpp"
 
 #include <cmath>
 #include <limits>
+
+#include <spdlog/fmt/fmt.h>
 
 #include "islands.hpp"
 #include "mltrain/core/error.hpp"
@@ -34,16 +42,37 @@ struct NormImpl : nn::Module {
 };
 TORCH_MODULE(Norm);
 
+// A Linear layer (y = x W^T + b) whose W is its own parameter, or, given a shared base,
+// sigmoid(gate) x base (model.share: gated).
+struct DenseImpl : nn::Module {
+  torch::Tensor weight, bias, gate, base;
+  DenseImpl(int64_t in, int64_t out, bool with_bias, const torch::Tensor& shared) {
+    if (shared.defined()) {
+      base = shared;
+      gate = register_parameter("gate", torch::zeros({1}));
+    } else {
+      weight = register_parameter("weight", torch::empty({out, in}));
+    }
+    if (with_bias) bias = register_parameter("bias", torch::zeros({out}));
+  }
+  torch::Tensor w() const { return base.defined() ? torch::sigmoid(gate) * base : weight; }
+  torch::Tensor forward(const torch::Tensor& x) { return F::linear(x, w(), bias); }
+};
+TORCH_MODULE(Dense);
+
+// The base weights of model.share: gated, one per shape; undefined tensors when not sharing.
+struct SharedBases {
+  torch::Tensor c_attn, attn_proj, c_fc, mlp_proj;
+};
+
 struct AttentionImpl : nn::Module {
-  nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  Dense c_attn{nullptr}, c_proj{nullptr};
   int64_t heads, width;
   double dropout;
-  AttentionImpl(const config::ModelConfig& c)
+  AttentionImpl(const config::ModelConfig& c, const SharedBases& sb)
       : heads(c.n_head), width(c.n_embd), dropout(c.dropout) {
-    c_attn = register_module("c_attn",
-                             nn::Linear(nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)));
-    c_proj =
-        register_module("c_proj", nn::Linear(nn::LinearOptions(c.n_embd, c.n_embd).bias(c.bias)));
+    c_attn = register_module("c_attn", Dense(c.n_embd, 3 * c.n_embd, c.bias, sb.c_attn));
+    c_proj = register_module("c_proj", Dense(c.n_embd, c.n_embd, c.bias, sb.attn_proj));
   }
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal) {
     const int64_t B = x.size(0), T = x.size(1), hs = width / heads;
@@ -67,13 +96,11 @@ struct AttentionImpl : nn::Module {
 TORCH_MODULE(Attention);
 
 struct MlpBlockImpl : nn::Module {
-  nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  Dense c_fc{nullptr}, c_proj{nullptr};
   double dropout;
-  explicit MlpBlockImpl(const config::ModelConfig& c) : dropout(c.dropout) {
-    c_fc =
-        register_module("c_fc", nn::Linear(nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)));
-    c_proj = register_module("c_proj",
-                             nn::Linear(nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)));
+  MlpBlockImpl(const config::ModelConfig& c, const SharedBases& sb) : dropout(c.dropout) {
+    c_fc = register_module("c_fc", Dense(c.n_embd, 4 * c.n_embd, c.bias, sb.c_fc));
+    c_proj = register_module("c_proj", Dense(4 * c.n_embd, c.n_embd, c.bias, sb.mlp_proj));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto y = c_proj->forward(torch::gelu(c_fc->forward(x)));  // exact (erf) GELU, as nn.GELU()
@@ -90,12 +117,13 @@ struct BlockImpl : nn::Module {
   Islands* isl = nullptr;
   std::string prefix;              // h.<i>
   std::vector<std::string> names;  // h.<i>.{ln_1,attn,ln_2,mlp}
-  BlockImpl(const config::ModelConfig& c, int64_t index) : prefix("h." + std::to_string(index)) {
+  BlockImpl(const config::ModelConfig& c, int64_t index, const SharedBases& sb)
+      : prefix("h." + std::to_string(index)) {
     for (const char* n : {"ln_1", "attn", "ln_2", "mlp"}) names.push_back(prefix + "." + n);
     ln_1 = register_module("ln_1", Norm(c.n_embd, c.bias));
-    attn = register_module("attn", Attention(c));
+    attn = register_module("attn", Attention(c, sb));
     ln_2 = register_module("ln_2", Norm(c.n_embd, c.bias));
-    mlp = register_module("mlp", MlpBlock(c));
+    mlp = register_module("mlp", MlpBlock(c, sb));
   }
   torch::Tensor forward(torch::Tensor x, const torch::Tensor& causal) {
     auto run = [this](size_t i, const torch::Tensor& t, auto&& f) {
@@ -116,6 +144,7 @@ struct GptImpl : nn::Module {
   nn::ModuleList h{nullptr};
   Norm ln_f{nullptr};
   std::vector<Block> blocks;
+  SharedBases shared;
   int64_t block_size;
   double dropout, embedding_noise;
   Islands* isl = nullptr;
@@ -125,9 +154,17 @@ struct GptImpl : nn::Module {
       : block_size(c.block_size), dropout(c.dropout), embedding_noise(c.embedding_noise) {
     wte = register_module("wte", nn::Embedding(vocab, c.n_embd));
     wpe = register_module("wpe", nn::Embedding(c.block_size, c.n_embd));
+    if (c.share == "gated") {
+      auto bases = register_module("share", std::make_shared<nn::Module>());
+      const int64_t C = c.n_embd;
+      shared = {bases->register_parameter("c_attn", torch::empty({3 * C, C})),
+                bases->register_parameter("attn_proj", torch::empty({C, C})),
+                bases->register_parameter("c_fc", torch::empty({4 * C, C})),
+                bases->register_parameter("mlp_proj", torch::empty({C, 4 * C}))};
+    }
     h = register_module("h", nn::ModuleList());
     for (int64_t i = 0; i < c.n_layer; ++i) {
-      blocks.push_back(Block(c, i));
+      blocks.push_back(Block(c, i, shared));
       h->push_back(blocks.back());
     }
     ln_f = register_module("ln_f", Norm(c.n_embd, c.bias));
@@ -139,14 +176,19 @@ struct GptImpl : nn::Module {
     for (auto& item : named_parameters()) {
       const std::string& name = item.key();
       torch::Tensor& p = item.value();
-      const std::string proj = "c_proj.weight";
-      const bool residual_proj = name.size() >= proj.size() &&
-                                 name.compare(name.size() - proj.size(), proj.size(), proj) == 0;
+      auto ends_with = [&](const std::string& end) {
+        return name.size() >= end.size() &&
+               name.compare(name.size() - end.size(), end.size(), end) == 0;
+      };
+      const bool residual_proj =
+          ends_with("c_proj.weight") || name == "share.attn_proj" || name == "share.mlp_proj";
+      // A shared base is scaled by sigmoid(0) = 1/2 at init: twice the std.
+      const double scale = name.rfind("share.", 0) == 0 ? 2.0 : 1.0;
       if (name.find("ln_") != std::string::npos) continue;  // LayerNorm: ones and zeros already
       if (p.dim() >= 2)
-        p.normal_(0.0, residual_proj ? proj_std : 0.02);
+        p.normal_(0.0, scale * (residual_proj ? proj_std : 0.02));
       else
-        p.zero_();
+        p.zero_();  // biases, and the gates' logits (sigmoid 1/2)
     }
   }
   // Pipeline units: 0 the embeddings, 1..n the blocks, n+1 the final norm and the output layer
@@ -169,6 +211,7 @@ struct GptImpl : nn::Module {
   }
   int64_t unit_of(const std::string& name) const {
     if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) return 0;
+    if (name.rfind("share.", 0) == 0) return 1;  // used by every block: see units_using
     if (name.rfind("h.", 0) == 0) return 1 + std::atoll(name.c_str() + 2);
     return num_units() - 1;  // ln_f
   }
@@ -220,6 +263,7 @@ class GptModel : public Model {
       : net_(c, vocab), desc_(describe_of(c, vocab)) {
     net_->isl = islands();
     for (auto& b : net_->blocks) b->isl = islands();
+    if (c.share == "gated") desc_.insert(desc_.size() - 1, share_note(c.n_layer));
   }
   std::vector<std::string> island_names() const override {
     std::vector<std::string> out;
@@ -241,6 +285,11 @@ class GptModel : public Model {
   int64_t unit_of(const std::string& name) const override { return net_->unit_of(name); }
   std::vector<int64_t> units_using(const std::string& name) const override {
     if (name == "wte.weight") return {0, net_->num_units() - 1};  // embedding and output layer
+    if (name.rfind("share.", 0) == 0) {                           // a shared base: every block
+      std::vector<int64_t> all;
+      for (int64_t u = 1; u < net_->num_units() - 1; ++u) all.push_back(u);
+      return all;
+    }
     return {unit_of(name)};
   }
   NamedTensors named_parameters() override {
@@ -258,6 +307,19 @@ class GptModel : public Model {
     return "gpt(n_layer " + std::to_string(c.n_layer) + ", n_head " + std::to_string(c.n_head) +
            ", n_embd " + std::to_string(c.n_embd) + ", block " + std::to_string(c.block_size) +
            ", vocab " + std::to_string(vocab) + ")";
+  }
+  // What sharing saved: the unshared model has n_layer copies of each base and no gates.
+  std::string share_note(int64_t n_layer) {
+    int64_t total = 0, bases = 0, gates = 0;
+    for (auto& p : net_->named_parameters()) {
+      total += p.value().numel();
+      if (p.key().rfind("share.", 0) == 0) bases += p.value().numel();
+      if (p.key().size() > 5 && p.key().compare(p.key().size() - 5, 5, ".gate") == 0)
+        gates += p.value().numel();
+    }
+    const int64_t unshared = total - gates + (n_layer - 1) * bases;
+    return fmt::format("; share gated: {:.1f} % fewer parameters than the {} unshared",
+                       100.0 * double(unshared - total) / double(unshared), unshared);
   }
   Gpt net_;
   std::string desc_;

@@ -339,6 +339,7 @@ struct ModelConfig {
   int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 128;
   bool bias = true;
   double embedding_noise = 0.0;
+  std::string share = "none";
   std::string init_from = "";
   bool init_strict = true;
   std::vector<std::string> init_prefix_map;
@@ -356,6 +357,11 @@ struct ModelConfig {
             "gpt: std of Gaussian noise added to the token embeddings in training (not in "
             "evaluation); 0: none",
             non_negative<double>());
+    v.field("share", share,
+            "gpt: none, or gated (the field guide's SmartShare): each block's four weight "
+            "matrices are sigmoid(gate) x one base weight per shape shared by every block, a "
+            "learned gate per block and matrix; biases and norms stay per block",
+            one_of({"none", "gated"}));
     v.field("init_from", init_from,
             "start from these weights: an mltrain run or checkpoint folder, a .safetensors file, "
             "or a PyTorch torch.save(model.state_dict()) file (empty: fresh init)");
