@@ -17,6 +17,10 @@ Rows:
              changes training)
   oversample the guide's negative oversampling 3x on an imbalanced binary task from Fashion-MNIST
              (make_imbalanced.py): test ROC AUC, uniform against oversampled
+  fuse       conv-BN fusion's inference speed: runs scripts/bench/fuse_speed.sh (not in --quick:
+             ctest test_cli_fuse checks the fold)
+  onebit     1-bit Adam's bytes per step on 2 ranks: runs section 3 of scripts/bench/ddp.sh (not in
+             --quick: ctest test_dist checks its arithmetic)
   share      SmartShare (model.share: gated) on the char-GPT (configs/text_char_gpt.yaml, fortunes
              text): parameters and test loss against the unshared model, and against an unshared
              model with as many parameters (1 block)
@@ -209,22 +213,42 @@ def row_share(m, scratch, seeds, quick):
     return params[1] < 0.5 * params[0] and means[1] != means[0]
 
 
+def bench_row(title, *script):
+    """A row measured by one of the project's benchmarks: runs it and prints its output."""
+    def row(m, scratch, seeds, quick):
+        print(f"## {title}: bash {' '.join(script)}")
+        out = subprocess.run(["bash", *script], cwd=ROOT, capture_output=True, text=True)
+        print(out.stdout.rstrip() + "\n")
+        if out.returncode != 0:
+            sys.exit(f"verdicts: bash {' '.join(script)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        return True
+    return row
+
+
 ROWS = {"init": row_init, "momentum": row_momentum, "smoothing": row_smoothing, "sampler": row_sampler,
-        "augment": row_augment, "oversample": row_oversample, "share": row_share}
+        "augment": row_augment, "oversample": row_oversample, "share": row_share,
+        "fuse": bench_row("conv-BN fusion (the guide: 15-20 % faster inference)", "scripts/bench/fuse_speed.sh"),
+        "onebit": bench_row("1-bit Adam (the guide: 94 % less communication)", "scripts/bench/ddp.sh", "3")}
+QUICK_SKIP = ("fuse", "onebit")  # minutes each; their options have their own ctest tests
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mltrain")
     ap.add_argument("scratch")
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=None, help="comma-separated (default: all; --quick: all but "
+                    + ", ".join(QUICK_SKIP) + ")")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--oversample-epochs", default=OVERSAMPLE_EPOCHS, help="oversample row: training length")
     a = ap.parse_args()
     globals()["OVERSAMPLE_EPOCHS"] = a.oversample_epochs
     seeds = [0] if a.quick else list(range(a.seeds))
-    failed = [r for r in a.rows.split(",") if not ROWS[r](a.mltrain, a.scratch, seeds, a.quick)]
+    rows = a.rows.split(",") if a.rows else [r for r in ROWS if not (a.quick and r in QUICK_SKIP)]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        sys.exit(f"verdicts: unknown row(s) {', '.join(unknown)}; the rows are {', '.join(ROWS)}")
+    failed = [r for r in rows if not ROWS[r](a.mltrain, a.scratch, seeds, a.quick)]
     if failed:
         sys.exit(f"verdicts: option(s) changed nothing: {', '.join(failed)}")
 
