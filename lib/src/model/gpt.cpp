@@ -308,16 +308,15 @@ class GptModel : public Model {
            ", n_embd " + std::to_string(c.n_embd) + ", block " + std::to_string(c.block_size) +
            ", vocab " + std::to_string(vocab) + ")";
   }
-  // What sharing saved: the unshared model has n_layer copies of each base and no gates.
+  // What sharing saved: the unshared model has n_layer copies of each base and no gates (one per
+  // block and base).
   std::string share_note(int64_t n_layer) {
-    int64_t total = 0, bases = 0, gates = 0;
-    for (auto& p : net_->named_parameters()) {
-      total += p.value().numel();
-      if (p.key().rfind("share.", 0) == 0) bases += p.value().numel();
-      if (p.key().size() > 5 && p.key().compare(p.key().size() - 5, 5, ".gate") == 0)
-        gates += p.value().numel();
-    }
-    const int64_t unshared = total - gates + (n_layer - 1) * bases;
+    const auto& b = net_->shared;
+    const int64_t bases =
+        b.c_attn.numel() + b.attn_proj.numel() + b.c_fc.numel() + b.mlp_proj.numel();
+    int64_t total = 0;
+    for (auto& p : net_->parameters()) total += p.numel();
+    const int64_t unshared = total - 4 * n_layer + (n_layer - 1) * bases;
     return fmt::format("; share gated: {:.1f} % fewer parameters than the {} unshared",
                        100.0 * double(unshared - total) / double(unshared), unshared);
   }
