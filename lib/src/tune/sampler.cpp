@@ -324,6 +324,13 @@ double minimize_box(
   std::vector<std::vector<double>> S, Y;
   std::vector<double> rho;
   for (int it = 0; it < iters; ++it) {
+    // Converged when no coordinate can still move downhill by more than 1e-5 per unit (the
+    // projected gradient test of L-BFGS-B, scipy's pgtol): a warm start often begins there.
+    double pg = 0;
+    for (size_t j = 0; j < D; ++j)
+      if (!((x[j] <= lo[j] && g[j] > 0) || (x[j] >= hi[j] && g[j] < 0)))
+        pg = std::max(pg, std::fabs(g[j]));
+    if (pg <= 1e-5) break;
     // two-loop recursion
     d = g;
     std::vector<double> a(S.size());
@@ -344,6 +351,11 @@ double minimize_box(
       for (size_t j = 0; j < D; ++j) d[j] += S[i][j] * (a[i] - b);
     }
     for (auto& v : d) v = -v;
+    if (S.empty()) {  // no curvature known yet: a first step of at most unit length (as L-BFGS-B)
+      const double nd = std::sqrt(std::inner_product(d.begin(), d.end(), d.begin(), 0.0));
+      if (nd > 1.0)
+        for (auto& v : d) v /= nd;
+    }
     // Directions into an active bound are dropped.
     for (size_t j = 0; j < D; ++j)
       if ((x[j] <= lo[j] && d[j] < 0) || (x[j] >= hi[j] && d[j] > 0)) d[j] = 0;
@@ -382,7 +394,9 @@ double minimize_box(
     }
     const double improvement = fx - fn;
     x = xn, g = gn, fx = fn;
-    if (improvement < 1e-10 * std::max(1.0, std::fabs(fx))) break;
+    // L-BFGS-B's relative decrease test at scipy's default (factr 1e7 x machine epsilon): below
+    // it a step moves the log likelihood or log EI by nothing a suggestion can tell apart.
+    if (improvement < 2.2e-9 * std::max(1.0, std::fabs(fx))) break;
   }
   return fx;
 }
@@ -506,7 +520,7 @@ std::vector<double> GpModel::theta() const {
 }
 
 void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector<double>& yin,
-                  uint64_t seed, const std::vector<double>* warm, bool refresh) {
+                  uint64_t seed, const std::vector<double>* warm, Restart restart) {
   X = Xin, y = yin;
   if (X.size() > kFitPoints) {  // the best half and the latest half (Xin is in trial order)
     std::vector<size_t> order(X.size());
@@ -547,24 +561,25 @@ void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector
   std::vector<double> th0(D + 2, std::log(0.3));
   th0[D] = 0.0, th0[D + 1] = std::log(1e-6);
   const bool has_warm = warm && warm->size() == D + 2;
+  auto random_start = [&] {
+    std::vector<double> th(D + 2);
+    for (size_t i = 0; i < D + 2; ++i) th[i] = lo[i] + U(rng) * (hi[i] - lo[i]);
+    th[D + 1] = std::log(1e-6);
+    return th;
+  };
   if (has_warm) {
     starts.push_back(*warm);
     for (size_t i = 0; i < D + 2; ++i)
       starts.back()[i] = std::clamp(starts.back()[i], lo[i], hi[i]);
-  }
-  if (!has_warm || refresh) {
-    starts.push_back(th0);
-    for (int r = has_warm ? 1 : 0; r < 2; ++r) {
-      std::vector<double> th(D + 2);
-      for (size_t i = 0; i < D + 2; ++i) th[i] = lo[i] + U(rng) * (hi[i] - lo[i]);
-      th[D + 1] = std::log(1e-6);
-      starts.push_back(th);
-    }
+    if (restart == Restart::prior) starts.push_back(th0);
+    if (restart == Restart::random) starts.push_back(random_start());
+  } else {
+    starts = {th0, random_start(), random_start()};
   }
   double best = std::numeric_limits<double>::infinity();
   std::vector<double> best_th = starts[0];
   for (auto th : starts) {
-    const double v = minimize_box(objective, th, lo, hi, !has_warm ? 60 : refresh ? 40 : 30);
+    const double v = minimize_box(objective, th, lo, hi, has_warm ? 30 : 60);
     if (v < best) best = v, best_th = th;
   }
   set(best_th);
@@ -711,14 +726,20 @@ class GpSampler : public Sampler {
         std::sqrt(var / double(y.size())) > 0 ? std::sqrt(var / double(y.size())) : 1.0;
     for (auto& v : y) v = (v - mean) / sdv;
     // Hyperparameters: a short fit warm-started from the previous one (as Optuna's GP does), which
-    // keeps a suggestion at 100 trials within ~20 ms; every kRefit model-based suggestions (and
-    // at the first) also from the default and a random start, so a poor optimum is left.
+    // keeps a suggestion at 100 trials within ~20 ms. Every kRestart observations one more start
+    // joins it, the default and a random one in turn, so a poor optimum is left; one start at a
+    // time keeps the slowest suggestion near the typical one (both at once cost up to ~35 ms).
     detail::GpModel gp;
-    const bool fresh = warm_.empty() || int(obs.size()) - warm_n_ >= kRefit;
+    using Restart = detail::GpModel::Restart;
+    Restart restart = Restart::none;
+    if (!warm_.empty() && int(obs.size()) - warm_n_ >= kRestart) {
+      restart = prior_next_ ? Restart::prior : Restart::random;
+      prior_next_ = !prior_next_;
+    }
     gp.fit(X, y, detail::seed_for(seed, number) ^ 0x5bd1e995, warm_.empty() ? nullptr : &warm_,
-           fresh);
+           restart);
+    if (warm_.empty() || restart != Restart::none) warm_n_ = int(obs.size());
     warm_ = gp.theta();
-    if (fresh) warm_n_ = int(obs.size());
     double best = *std::min_element(y.begin(), y.end());
     // Believed values are data like any other: the incumbent includes them, so EI at a running
     // trial predicted to improve is ~0 instead of its predicted improvement.
@@ -873,12 +894,13 @@ class GpSampler : public Sampler {
     return x;
   }
 
-  static constexpr int kRefit = 10;
+  static constexpr int kRestart = 5;
   SamplerOptions o_;
   std::vector<int> offset_;
   size_t width_ = 0;
   std::vector<double> warm_;  // the last fit's hyperparameters
-  int warm_n_ = 0;            // observations at the last fresh fit
+  int warm_n_ = 0;            // observations at the last fit with more than the warm start
+  bool prior_next_ = true;    // which start the next restart adds
 };
 
 }  // namespace

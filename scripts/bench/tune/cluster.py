@@ -145,28 +145,35 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
 
 def part_gpcost(m, scratch, quick):
     print("## GP sampler cost: ms per suggestion (journal's sample_ms), hartmann6 and branin")
-    print(f"{'function':<10} {'trials':>6} {'mean':>8} {'median':>8} {'max':>8}")
+    print("(the 10 suggestions after N trials, at 100 trials for seeds 0-4; each the fastest of 3 runs of the same")
+    print(" study; the bound must hold for every suggestion)")
+    print(f"{'function':<10} {'trials':>6} {'mean':>8} {'median':>8} {'p90':>8} {'max':>8}")
     sizes = (100,) if quick else (100, 500)
     ok = True
     for fn in ("branin", "hartmann6"):
         for n in sizes:
-            # the model-based suggestions from n to n+10 (the first n come from the Latin hypercube
-            # only for the 500 case, to keep the benchmark short; at 100 the study is real)
-            if n == 100:
-                name = f"gpcost_{fn}_{n}"
-                tune(m, scratch, name, f"objective.function={fn}", "sampler.name=gp", f"study.n_trials={n + 10}")
-            else:
-                name = f"gpcost_{fn}_{n}"
-                tune(m, scratch, name, f"objective.function={fn}", "sampler.name=gp", f"sampler.n_startup={n - 20}",
-                     f"study.n_trials={n + 10}")
-            ms = [json.loads(l)["sample_ms"] for l in open(Path(scratch) / name / "journal.jsonl")
-                  if '"create"' in l]
-            tail = ms[n:n + 10]
-            mean = statistics.mean(tail)
-            print(f"{fn:<10} {n:>6} {mean:>8.1f} {statistics.median(tail):>8.1f} {max(tail):>8.1f}")
+            # At 100 the studies are real; at 500 the first 480 come from the Latin hypercube, to keep
+            # the benchmark short.
+            ms = []
+            for seed in (range(5) if n == 100 else range(1)):
+                # Each study three times: a GP study's suggestions are a pure function of its seed, so
+                # the fastest of three timings of one suggestion drops the shared machine's hiccups.
+                runs = []
+                for rep in range(3):
+                    name = f"gpcost_{fn}_{n}_{seed}_{rep}"
+                    extra = [] if n == 100 else [f"sampler.n_startup={n - 20}"]
+                    tune(m, scratch, name, f"objective.function={fn}", "sampler.name=gp", f"study.seed={seed}",
+                         f"study.n_trials={n + 10}", *extra)
+                    runs.append([json.loads(l)["sample_ms"] for l in open(Path(scratch) / name / "journal.jsonl")
+                                 if '"create"' in l][n:n + 10])
+                ms += [min(t) for t in zip(*runs)]
+            p90 = sorted(ms)[int(0.9 * len(ms))]
+            print(f"{fn:<10} {n:>6} {statistics.mean(ms):>8.1f} {statistics.median(ms):>8.1f} {p90:>8.1f} "
+                  f"{max(ms):>8.1f}")
             limit = 20 if n == 100 else 1000
-            ok &= mean <= limit
-            print(f"{'PASS' if mean <= limit else 'FAIL'}  GP at {n} trials ({fn}): mean {mean:.1f} ms <= {limit} ms")
+            ok &= max(ms) <= limit
+            print(f"{'PASS' if max(ms) <= limit else 'FAIL'}  GP at {n} trials ({fn}): "
+                  f"slowest suggestion {max(ms):.1f} ms <= {limit} ms")
     print()
     return ok
 

@@ -86,13 +86,15 @@ struct GpModel {
       std::vector<double>* grad) const;  // at the current hyperparameters
   bool factor();                         // false when K is not positive definite
   // Hyperparameters by marginal likelihood: from `warm` (a previous fit's theta: log length
-  // scales, log amplitude, log noise) when given, with (refresh) a default and a random start
-  // too; without `warm`, from a default and two random starts.
+  // scales, log amplitude, log noise) when given, plus one more start when `restart` says so (the
+  // default theta or a random one), the best of them kept; without `warm`, from the default and
+  // two random starts.
   // Beyond kFitPoints observations they are fitted on a subset (the best half and the latest
   // half), and the model then conditions on every point.
   static constexpr size_t kFitPoints = 64;
+  enum class Restart { none, prior, random };
   void fit(const std::vector<std::vector<double>>& X, const std::vector<double>& y, uint64_t seed,
-           const std::vector<double>* warm = nullptr, bool refresh = false);
+           const std::vector<double>* warm = nullptr, Restart restart = Restart::none);
   std::vector<double> theta() const;
   void predict(const std::vector<double>& x, double& mean, double& sd) const;
   double scaled_r2(const std::vector<double>& x, const double* xi) const;
