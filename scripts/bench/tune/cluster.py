@@ -77,6 +77,24 @@ def optuna_parallel(fn, seed, trials, concurrent, liar):
     return values, near
 
 
+def ratio_ci(par_rows, seq_rows, fmin, trials, n=2000):
+    """90 % interval of median(parallel regret) / median(sequential regret) by a paired bootstrap
+    over seeds (the same seed index in both)."""
+    par = np.array([min(v[:trials]) - fmin for v, _ in par_rows])
+    seq = np.array([min(v[:trials]) - fmin for v, _ in seq_rows])
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, len(par), size=(n, len(par)))
+    r = np.median(par[idx], axis=1) / np.maximum(np.median(seq[idx], axis=1), 1e-300)
+    return float(np.percentile(r, 5)), float(np.percentile(r, 95))
+
+
+def lag_ratio(seq_rows, fmin, trials, lag=3):
+    """The sequential study's median regret `lag` trials before the end over its final one: what
+    it had with the results the parallel study's last suggestions saw (3 fewer, 4 running)."""
+    at = lambda k: statistics.median(min(v[:k]) - fmin for v, _ in seq_rows)
+    return at(trials - lag) / at(trials) if at(trials) > 0 else math.nan
+
+
 def trials_to_match(rows, fmin, regret):
     """The fewest trials after which the median regret of `rows` (a study per seed) is at most
     `regret`, or None if it never is."""
@@ -111,7 +129,7 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
                 continue
             if quick and sampler == "gp" and fn != "branin":
                 continue
-            res, seq_rows = {}, None
+            res, seq_rows, all_rows = {}, None, {}
             for mode, conc, pend in (("sequential", 1, "liar"), ("4 running, liar", 4, "liar"), ("4 running, ignore", 4, "ignore")):
                 def study(s, conc=conc, pend=pend, sampler=sampler, trials=trials):
                     name = f"par_{fn}_{sampler}_{conc}_{pend}_{s}"
@@ -120,6 +138,7 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
                     return journal_trials(Path(scratch) / name / "journal.jsonl", bounds)
                 rows = list(pool.map(study, range(seeds)))
                 seq_rows = seq_rows or rows
+                all_rows[mode] = rows
                 res[mode] = summarise(rows, fmin, trials, len(bounds))
             seq = res["sequential"][0]
             for mode, (reg, dup, near) in res.items():
@@ -127,7 +146,8 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
                 k = trials_to_match(seq_rows, fmin, reg)
                 at = "" if mode == "sequential" else f">{trials}" if k is None else str(k)
                 print(f"{fn:<17} {'mltrain':<8} {sampler:<5} {mode:<16} {reg:>10.4g} {rel:>7.2f} {at:>5} {dup:>6.1%} {near:>6.3f}")
-            verdicts.append((fn, sampler, res["4 running, liar"][0], seq, res["4 running, liar"][1], res["4 running, ignore"][1]))
+            verdicts.append((fn, sampler, res["4 running, liar"][0], seq, res["4 running, liar"][1], res["4 running, ignore"][1],
+                             ratio_ci(all_rows["4 running, liar"], seq_rows, fmin, trials), lag_ratio(seq_rows, fmin, trials)))
         if quick or "tpe" not in samplers:
             continue
         oseeds = max(1, min(seeds // 2, 5))  # context only: Optuna has no bound to meet here
@@ -136,10 +156,13 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
             reg, dup, near = summarise(rows, fmin, 100, len(bounds))
             print(f"{fn:<17} {'optuna':<8} {'tpe':<5} {mode:<16} {reg:>10.4g} {'':>7} {'':>5} {dup:>6.1%} {near:>6.3f}  ({oseeds} seeds)")
     print()
-    for fn, sampler, par, seq, dup_liar, dup_naive in verdicts:
+    print("(CI: 90 % paired bootstrap over seeds; 'sequential 3 earlier': the sequential study's own regret 3 trials\n"
+          " before the end over its final one, i.e. with the results the parallel study's last suggestions saw)")
+    for fn, sampler, par, seq, dup_liar, dup_naive, (lo, hi), lag in verdicts:
         ok = par <= 1.10 * seq
         print(f"{'PASS' if ok else 'FAIL'}  {fn} {sampler}: regret with 4 running {par:.4g} <= 1.10 x sequential {seq:.4g}"
-              f" ({par / seq if seq > 0 else math.nan:.2f}x); duplicates {dup_liar:.1%} vs naive {dup_naive:.1%}")
+              f" ({par / seq if seq > 0 else math.nan:.2f}x, CI {lo:.2f}-{hi:.2f}; sequential 3 earlier {lag:.2f}x);"
+              f" duplicates {dup_liar:.1%} vs naive {dup_naive:.1%}")
     print()
 
 
