@@ -139,9 +139,8 @@ def run(m, scratch, seeds, quick, trials=100):
             sa, sb = statistics.median(x for _, x in a), statistics.median(x for _, x in b)
             print(f"{conc:>7} {p:<10} {ma:>12.4f} {mb:>12.4f} {sa:>13.0f} {sb:>12.0f}")
             if p != "none":
-                verdicts.append((conc, p, ma, mb, sa, sb))
+                verdicts.append((f"real curves x{conc} {p}", a, b))
     print()
-    for conc, p, ma, mb, sa, sb in verdicts:
-        ok = ma <= mb and sa <= sb
-        print(f"{'PASS' if ok else 'FAIL'}  real curves x{conc} {p}: best {ma:.4f} vs optuna {mb:.4f}, steps {sa:.0f} vs {sb:.0f}")
+    for label, a, b in verdicts:
+        curves.verdict(label, a, b)
     print()
