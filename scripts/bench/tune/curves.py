@@ -50,7 +50,10 @@ PRUNERS = {
 def optuna_round_robin(pruner, seed, trials, concurrent, start):
     """Optuna's TPE and `pruner`; start(trial) suggests the parameters and returns the trial's
     curve (step 1.. -> value). Running trials take a step in turn. (best final value, total steps)"""
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=concurrent > 1),
+    # A fixed study name: Optuna's Hyperband puts trial n in the bracket crc32("<study name>_<n>")
+    # picks, and the default name is a fresh UUID, so its rows changed from run to run.
+    study = optuna.create_study(study_name=f"bench-{seed}",
+                                sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=concurrent > 1),
                                 pruner=PRUNERS[pruner][1]())
     running, started, steps, best = [], 0, 0, math.inf
     while running or started < trials:
