@@ -726,9 +726,9 @@ class GpSampler : public Sampler {
         std::sqrt(var / double(y.size())) > 0 ? std::sqrt(var / double(y.size())) : 1.0;
     for (auto& v : y) v = (v - mean) / sdv;
     // Hyperparameters: a short fit warm-started from the previous one (as Optuna's GP does), which
-    // keeps a suggestion at 100 trials within ~20 ms. Every kRestart observations one more start
-    // joins it, the default and a random one in turn, so a poor optimum is left; one start at a
-    // time keeps the slowest suggestion near the typical one (both at once cost up to ~35 ms).
+    // keeps a suggestion at 100 trials under 20 ms (8-16 ms here). Every kRestart observations one
+    // more start joins it, the default and a random one in turn, so a poor optimum is left; one
+    // start at a time keeps the slowest suggestion near the typical one (both at once: ~35 ms).
     detail::GpModel gp;
     using Restart = detail::GpModel::Restart;
     Restart restart = Restart::none;

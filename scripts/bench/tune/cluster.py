@@ -91,7 +91,8 @@ def ratio_ci(par_rows, seq_rows, fmin, trials, n=2000):
 def lag_ratio(seq_rows, fmin, trials, lag=3):
     """The sequential study's median regret `lag` trials before the end over its final one: what
     it had with the results the parallel study's last suggestions saw (3 fewer, 4 running)."""
-    at = lambda k: statistics.median(min(v[:k]) - fmin for v, _ in seq_rows)
+    def at(k):
+        return statistics.median(min(v[:k]) - fmin for v, _ in seq_rows)
     return at(trials - lag) / at(trials) if at(trials) > 0 else math.nan
 
 

@@ -6,7 +6,7 @@
 #   bash scripts/bench/tune/fashion_mnist_study.sh [OUT_DIR]
 set -euo pipefail
 source "$(dirname "$0")/../prelude.sh"
-# A copy of the binary: a rebuild during the (20-minute) study cannot swap it under the trials.
+# A copy of the binary: a rebuild during the study (5-20 min) cannot swap it under the trials.
 cp "$M" "$D/mltrain"
 M=$D/mltrain
 OUT=${1:-runs/tune_study}
