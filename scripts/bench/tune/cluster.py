@@ -7,7 +7,8 @@ Tables:
             once (each suggestion sees 3 pending) against the sequential study, pending=liar vs ignore, and Optuna's TPE
             with and without constant_liar; duplicate rate = share of suggestions closer than
             0.01*sqrt(D) (unit cube) to a running trial
-  gpcost    the GP sampler's milliseconds per suggestion at 100 and 500 trials
+  gpcost    the GP sampler's milliseconds per suggestion at 100 and 500 trials (the slowest one judged), and
+            its median regret on Branin @50 and Hartmann-6 @100 against the first tuning issue's bounds
   pruning   see curves.py
   mo        see mo.py
 """
@@ -198,6 +199,18 @@ def part_gpcost(m, scratch, quick):
             ok &= max(ms) <= limit
             print(f"{'PASS' if max(ms) <= limit else 'FAIL'}  GP at {n} trials ({fn}): "
                   f"slowest suggestion {max(ms):.1f} ms <= {limit} ms")
+    # The cost must not buy regret: the first tuning issue's bounds (scripts/bench/tune/compare.py),
+    # median over 20 seeds (10 with --quick).
+    seeds = range(10 if quick else 20)
+    print(f"GP regret, median of best - minimum over seeds 0-{len(seeds) - 1}")
+    pool = ThreadPoolExecutor(2)
+    for fn, trials, bound in (("branin", 50, 1e-3), ("hartmann6", 100, 0.15)):
+        fmin = FUNCTIONS[fn][2]
+        best = pool.map(lambda s: tune(m, scratch, f"gpregret_{fn}_{s}", f"objective.function={fn}", "sampler.name=gp",
+                                       f"study.seed={s}", f"study.n_trials={trials}")["best"]["value"], seeds)
+        regret = statistics.median(b - fmin for b in best)
+        ok &= regret <= bound
+        print(f"{'PASS' if regret <= bound else 'FAIL'}  GP regret {fn} @{trials}: {regret:.3g} <= {bound:g}")
     print()
     return ok
 
