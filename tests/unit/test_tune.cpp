@@ -35,6 +35,17 @@ static fs::path tmpdir(const std::string& name) {
   return mltrain::testing::fresh_temp_dir("tune_" + name);
 }
 
+// n points uniform in the unit cube (3-D, drawn in order from rng) and f at each.
+template <class F>
+static void unit_cube_data(std::mt19937_64& rng, int n, F f, std::vector<std::vector<double>>& X,
+                           std::vector<double>& y) {
+  std::uniform_real_distribution<double> U(0, 1);
+  for (int i = 0; i < n; ++i) {
+    X.push_back({U(rng), U(rng), U(rng)});
+    y.push_back(f(X.back()));
+  }
+}
+
 static int sh(const std::string& cmd) {
   const int s = std::system(cmd.c_str());
   return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
@@ -200,13 +211,10 @@ TEST_CASE("GP: marginal-likelihood gradient matches finite differences; EI by ha
 
 TEST_CASE("GP fit: a warm start at the optimum stays there; an extra start only adds", "[tune]") {
   std::mt19937_64 rng(11);
-  std::uniform_real_distribution<double> U(0, 1);
   std::vector<std::vector<double>> X;
   std::vector<double> y;
-  for (int i = 0; i < 30; ++i) {
-    X.push_back({U(rng), U(rng), U(rng)});
-    y.push_back(std::sin(6 * X.back()[0]) + X.back()[1] * X.back()[1] - 0.5 * X.back()[2]);
-  }
+  unit_cube_data(
+      rng, 30, [](const auto& x) { return std::sin(6 * x[0]) + x[1] * x[1] - 0.5 * x[2]; }, X, y);
   auto lml = [](const detail::GpModel& m) { return m.log_marginal_likelihood(nullptr); };
   detail::GpModel fresh;  // the default and two random starts, 60 iterations each
   fresh.fit(X, y, 3);
@@ -234,13 +242,11 @@ TEST_CASE("GP fit: a warm start at the optimum stays there; an extra start only 
 TEST_CASE("GP: posterior and log-EI gradients match finite differences", "[tune]") {
   detail::GpModel m;
   std::mt19937_64 rng(5);
-  std::uniform_real_distribution<double> U(0, 1);
+  std::uniform_real_distribution<double> U(0, 1);  // the test points after the data
   std::vector<std::vector<double>> X;
   std::vector<double> y;
-  for (int i = 0; i < 15; ++i) {
-    X.push_back({U(rng), U(rng), U(rng)});
-    y.push_back(std::sin(5 * X.back()[0]) * X.back()[1] - X.back()[2]);
-  }
+  unit_cube_data(
+      rng, 15, [](const auto& x) { return std::sin(5 * x[0]) * x[1] - x[2]; }, X, y);
   m.fit(X, y, 2);
   for (int trial = 0; trial < 5; ++trial) {
     const std::vector<double> x = {U(rng), U(rng), U(rng)};
