@@ -404,13 +404,16 @@ TEST_CASE("pruners: accept/reject tables", "[tune]") {
   o.name = "median";
   o.n_startup_trials = 4;
   auto med = make_pruner(o);
-  // The good finishers: final value within the 25th percentile of finals (half the median's 50):
-  // [0.3, 0.6, 1.2, 1.8] -> 0.525, so D alone. A trial is pruned when its best so far is worse
-  // than every good finisher was at the same report.
+  // The good finishers: final value within the 25th percentile of finals (half the median's 50),
+  // at least two: [0.3, 0.6, 1.2, 1.8] -> 0.525, D alone, so D and A. A trial is pruned when its
+  // best so far is worse than every good finisher was at the same report (three reports are too
+  // few to measure the noise: no margin).
   CHECK_FALSE(med->should_prune({9, false, false, {3.5}}, done));  // <= D's 4.0 (Optuna: > 2.5)
-  CHECK(med->should_prune({9, false, false, {3.5, 1.2}}, done));   // best 1.2 > D's 1.0
+  CHECK(med->should_prune({9, false, false, {3.5, 1.2}}, done));   // best 1.2 > D's 1.0, A's 0.8
   CHECK_FALSE(med->should_prune({9, false, false, {3.5, 0.9}}, done));
-  CHECK_FALSE(med->should_prune({9, false, false, {3.5, 1.0}}, done));  // equal is kept
+  CHECK_FALSE(med->should_prune({9, false, false, {3.5, 1.0}}, done));        // equal is kept
+  CHECK_FALSE(med->should_prune({9, false, false, {3.5, 1.0, 0.55}}, done));  // <= A's 0.6
+  CHECK(med->should_prune({9, false, false, {3.5, 1.0, 0.65}}, done));
   CHECK(med->should_prune({9, false, false, {NAN}}, done));  // a NaN curve never recovers
   // Pruned trials do not form the reference: only complete ones do (as in Optuna).
   auto with_pruned = done;
@@ -419,6 +422,24 @@ TEST_CASE("pruners: accept/reject tables", "[tune]") {
   o.n_startup_trials = 5;
   CHECK_FALSE(make_pruner(o)->should_prune({9, false, false, {3.5, 1.2}},
                                            with_pruned));  // 4 complete trials: not enough yet
+  // The noise margin: half the median residual sd of the complete trials' latter halves around a
+  // quadratic. E and F: +-0.1 alternating (E on a linear trend), sd 0.135224680756 each (numpy
+  // polyfit, degree 2, ddof 3); G is smooth (0). Good finishers F (0.4) and E (0.45); margin
+  // 0.0676.
+  std::vector<TrialCurve> noisy(3);
+  for (int t = 0; t < 10; ++t) {
+    const double alt = t % 2 == 0 ? 0.1 : -0.1;
+    noisy[0].values.push_back(1.0 + alt - 0.05 * t);
+    noisy[1].values.push_back(0.5 + alt);
+    noisy[2].values.push_back(2.0);
+  }
+  for (int i = 0; i < 3; ++i) noisy[size_t(i)].number = i, noisy[size_t(i)].complete = true;
+  o.n_startup_trials = 3;
+  auto noisy_med = make_pruner(o);
+  CHECK_FALSE(noisy_med->should_prune({9, false, false, {1.16}}, noisy));  // E's 1.1 + 0.0676
+  CHECK(noisy_med->should_prune({9, false, false, {1.17}}, noisy));
+  CHECK_FALSE(noisy_med->should_prune({9, false, false, {2.0, 0.9}}, noisy));  // E's 0.85 + margin
+  CHECK(noisy_med->should_prune({9, false, false, {2.0, 0.95}}, noisy));
   // ASHA, eta 3, min_resource 1: rungs at 1, 3, 9 reports past the first (reports 2, 4, 10).
   o = PrunerOptions();
   o.name = "asha", o.reduction_factor = 3, o.min_resource = 1;

@@ -6,9 +6,10 @@
 //   median / percentile P: the reference is the complete trials (pruned ones never: a trial that
 //       was stopped says nothing about how far a good one goes), after n_startup_trials of them
 //       and n_warmup_steps reports. Its "good finishers" are those whose final value lies within
-//       percentile P / 2 of the finals. A trial is pruned when its best value so far is worse
-//       than every good finisher's value at the same report: it can no longer follow any curve
-//       that ended well. Where curves keep their order this prunes about as Optuna's
+//       percentile P / 2 of the finals (at least two). A trial is pruned when its best value so
+//       far is worse than every good finisher's value at the same report by more than half the
+//       reports' noise (the residual sd of the complete curves' latter halves around a
+//       quadratic): it can no longer follow any curve that ended well. Where curves keep their order this prunes about as Optuna's
 //       median/percentile rule does (the percentile of every complete trial at that step);
 //       where they cross (a slow start, the best end) the good finishers' own slow starts set the
 //       bar. Measured against Optuna in scripts/bench/tune/curves.py.
