@@ -9,7 +9,8 @@ Tables:
             0.01*sqrt(D) (unit cube) to a running trial
   gpcost    the GP sampler's milliseconds per suggestion at 100 and 500 trials (the slowest one judged), and
             its median regret on Branin @50 and Hartmann-6 @100 against the first tuning issue's bounds
-  pruning   see curves.py
+  pruning   see curves.py: TPE studies, then (not with --quick) the pruners alone on identical
+            random trial streams
   mo        see mo.py
 """
 import argparse
@@ -235,6 +236,8 @@ def main():
     if "pruning" in parts:
         import curves
         curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)
+        if not a.quick:
+            curves.run_same_stream(a.mltrain, a.scratch, a.seeds, tune)
     if "real" in parts:
         import real_curves
         real_curves.run(a.mltrain, a.scratch, a.seeds, a.quick)

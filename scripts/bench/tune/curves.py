@@ -2,7 +2,10 @@
 curves_parallel and curves_crossing test functions, lib/src/tune/functions.cpp), 100 TPE trials of
 27 steps each, sequential and with 4 trials running at once (every running trial takes a step in
 turn), each pruner against Optuna 3.1's counterpart on the same curves and seeds. Quality = the
-best complete trial's final value (lower is better), cost = total steps (reports) over the study."""
+best complete trial's final value (lower is better), cost = total steps (reports) over the study.
+With TPE the pruned trials steer the sampler; run_same_stream takes the sampler out: the same random
+trials, in the same order, through both pruners."""
+import json
 import math
 import statistics
 from pathlib import Path
@@ -93,24 +96,71 @@ def reports(journal):
     return sum(1 for line in open(journal) if '"report"' in line)
 
 
-def mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent):
-    name = f"prune_{fn}_{pruner}_{concurrent}_{seed}"
-    s = tune(m, scratch, name, f"objective.function={fn}", "sampler.name=tpe", f"study.seed={seed}",
+def mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent, sampler="tpe"):
+    name = f"prune_{fn}_{pruner}_{concurrent}_{seed}_{sampler}"
+    s = tune(m, scratch, name, f"objective.function={fn}", f"sampler.name={sampler}", f"study.seed={seed}",
              f"study.n_trials={trials}", f"study.max_concurrent={concurrent}", *PRUNERS[pruner][0])
     return s["best"]["value"], reports(Path(scratch) / name / "journal.jsonl")
 
 
-def verdict(label, a, b, n=2000):
+def journal_params(journal):
+    """The trials' parameters in trial order."""
+    params = {}
+    for line in open(journal):
+        r = json.loads(line)
+        if r["op"] == "create":
+            params[r["trial"]] = r["params"]
+    return [params[k] for k in sorted(params)]
+
+
+def same_stream(m, scratch, tune, fn, pruner, seed, trials, concurrent):
+    """The pruners alone: mltrain's random-sampler trials, then the same parameters in the same
+    order through Optuna's pruner (the sampler never sees the pruner's decisions, so both prune
+    the same trial stream). ((mltrain best, steps), (optuna best, steps))"""
+    a = mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent, sampler="random")
+    params = journal_params(Path(scratch) / f"prune_{fn}_{pruner}_{concurrent}_{seed}_random" / "journal.jsonl")
+    f, space = CURVES[fn]
+
+    def start(t):
+        x = [params[t.number][n] for n, *_ in space]
+        return lambda k: f(x, k)
+
+    return a, optuna_round_robin(pruner, seed, trials, concurrent, start)
+
+
+def run_same_stream(m, scratch, seeds, tune, trials=100):
+    print(f"## pruning, the pruners alone: the same {trials} random trials through both, median over {seeds} seeds (100..{99 + seeds})")
+    print("(mltrain's random sampler draws the trials; Optuna's pruner sees the same parameters in the same order)")
+    print(f"{'curves':<16} {'running':>7} {'pruner':<10} {'mltrain best':>12} {'optuna best':>12} {'mltrain steps':>13} {'optuna steps':>12}")
+    verdicts = []
+    for fn in CURVES:
+        for conc in (1, 4):
+            for p in PRUNERS:
+                if p == "none":
+                    continue
+                r = [same_stream(m, scratch, tune, fn, p, s, trials, conc) for s in range(100, 100 + seeds)]
+                a, b = [x for x, _ in r], [y for _, y in r]
+                ma, mb = statistics.median(x for x, _ in a), statistics.median(x for x, _ in b)
+                sa, sb = statistics.median(x for _, x in a), statistics.median(x for _, x in b)
+                print(f"{fn:<16} {conc:>7} {p:<10} {ma:>12.4f} {mb:>12.4f} {sa:>13.0f} {sb:>12.0f}")
+                verdicts.append((f"same stream {fn} x{conc} {p}", a, b))
+    print()
+    for label, a, b in verdicts:
+        verdict(label, a, b, paired=True)
+    print()
+
+
+def verdict(label, a, b, n=2000, paired=False):
     """PASS when mltrain's median best is at least Optuna's at no more median steps; a, b: (best,
-    steps) per seed. With 90 % bootstrap intervals (seeds resampled, each side on its own) of the
-    best's difference and the steps' ratio: where the best's interval spans 0, ten seeds cannot
-    tell the two apart."""
+    steps) per seed. With 90 % bootstrap intervals (seeds resampled, each side on its own, or
+    together where both sides ran the same trials: paired) of the best's difference and the steps'
+    ratio: where the best's interval spans 0, ten seeds cannot tell the two apart."""
     ma, mb = statistics.median(x for x, _ in a), statistics.median(x for x, _ in b)
     sa, sb = statistics.median(x for _, x in a), statistics.median(x for _, x in b)
     rng = np.random.default_rng(0)
     A, B = np.array(a, dtype=float), np.array(b, dtype=float)
     ia = rng.integers(0, len(A), size=(n, len(A)))
-    ib = rng.integers(0, len(B), size=(n, len(B)))
+    ib = ia if paired else rng.integers(0, len(B), size=(n, len(B)))
     diff = np.median(A[ia, 0], axis=1) - np.median(B[ib, 0], axis=1)
     ratio = np.median(A[ia, 1], axis=1) / np.median(B[ib, 1], axis=1)
     ok = ma <= mb and sa <= sb
