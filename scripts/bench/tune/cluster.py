@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Issue #20's benchmark: mltrain tune against Debian's Optuna 3.1, both run in this invocation.
     /usr/bin/python3 scripts/bench/tune/cluster.py MLTRAIN SCRATCH [--parts parallel,gpcost,pruning,real,mo] [--quick]
-        [--seeds 10] [--parallel-seeds 30]
+        [--seeds 10] [--parallel-seeds 100]
 Tables:
   parallel  median regret (over --parallel-seeds) after 100 trials (GP: 60) with 4 trials running at
             once (each suggestion sees 3 pending) against the sequential study, pending=liar vs ignore, and Optuna's TPE
@@ -226,7 +226,7 @@ def main():
     ap.add_argument("--samplers", default="tpe,gp", help="parallel part: mltrain samplers to run")
     # Medians of regret over 10 seeds moved by up to 70 % between seed sets (rosenbrock4 TPE, 4
     # running against sequential: 0.76x on seeds 0-9, 1.31x on 0-19), too much to judge a 10 % bound.
-    ap.add_argument("--parallel-seeds", type=int, default=30, help="parallel part: seeds per study")
+    ap.add_argument("--parallel-seeds", type=int, default=100, help="parallel part: seeds per study")
     a = ap.parse_args()
     parts = a.parts.split(",")
     if "gpcost" in parts:  # first, while nothing else runs
