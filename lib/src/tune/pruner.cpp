@@ -27,11 +27,12 @@ class NoPruner : public Pruner {
 double residual_sd(const std::vector<double>& y) {
   const size_t n = y.size();
   if (n < 5) return NAN;
-  // Normal equations for y ~ a + b t + c t^2, t centred (3 x 3, solved by Cramer's rule).
+  // Normal equations for y ~ a + b t + c t^2, t scaled to [-1, 1] so that the moments stay of
+  // the order of n however long the curve (3 x 3, solved by Cramer's rule).
   const double tc = double(n - 1) / 2.0;
   double s[5] = {0, 0, 0, 0, 0}, r[3] = {0, 0, 0};
   for (size_t i = 0; i < n; ++i) {
-    const double t = double(i) - tc;
+    const double t = (double(i) - tc) / tc;
     double p = 1;
     for (int e = 0; e < 5; ++e, p *= t) s[e] += p;
     r[0] += y[i], r[1] += t * y[i], r[2] += t * t * y[i];
@@ -52,7 +53,7 @@ double residual_sd(const std::vector<double>& y) {
   }
   double rss = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double t = double(i) - tc, e = y[i] - (coef[0] + coef[1] * t + coef[2] * t * t);
+    const double t = (double(i) - tc) / tc, e = y[i] - (coef[0] + coef[1] * t + coef[2] * t * t);
     rss += e * e;
   }
   return std::sqrt(rss / double(n - 3));
@@ -113,6 +114,7 @@ class PercentilePruner : public Pruner {
     double best = INFINITY;
     for (double v : me.values) best = std::min(best, v);
     if (!std::isfinite(best)) return true;  // a NaN curve never recovers
+    if (best <= bar) return false;  // the noise costs a pass over every curve: only when needed
     return best > bar + kNoiseMargin * report_noise(complete);
   }
 

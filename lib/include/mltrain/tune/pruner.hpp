@@ -9,8 +9,9 @@
 //       percentile P / 2 of the finals (at least two). A trial is pruned when its best value so
 //       far is worse than every good finisher's value at the same report by more than half the
 //       reports' noise (the residual sd of the complete curves' latter halves around a
-//       quadratic): it can no longer follow any curve that ended well. Where curves keep their order this prunes about as Optuna's
-//       median/percentile rule does (the percentile of every complete trial at that step);
+//       quadratic): it can no longer follow any curve that ended well. Where curves keep their
+//       order this prunes about as Optuna's median/percentile rule does (the percentile of every
+//       complete trial at that step);
 //       where they cross (a slow start, the best end) the good finishers' own slow starts set the
 //       bar. Measured against Optuna in scripts/bench/tune/curves.py.
 //   asha (asynchronous successive halving, Li et al. 2020): rungs at min_resource * eta^j reports
