@@ -440,6 +440,17 @@ TEST_CASE("pruners: accept/reject tables", "[tune]") {
   CHECK(noisy_med->should_prune({9, false, false, {1.17}}, noisy));
   CHECK_FALSE(noisy_med->should_prune({9, false, false, {2.0, 0.9}}, noisy));  // E's 0.85 + margin
   CHECK(noisy_med->should_prune({9, false, false, {2.0, 0.95}}, noisy));
+  // A long curve (2001 reports, a steep quadratic trend): the fit stays well conditioned. numpy:
+  // the latter half's residual sd is 0.10014988796753764, so the margin 0.0500749.
+  std::vector<TrialCurve> long_curves(3);
+  for (int i = 0; i < 3; ++i) {
+    long_curves[size_t(i)].number = i, long_curves[size_t(i)].complete = true;
+    for (int t = 0; t <= 2000; ++t)
+      long_curves[size_t(i)].values.push_back(5.0 - 4e-3 * t + 1e-6 * t * t +
+                                              (t % 2 == 0 ? 0.1 : -0.1));
+  }
+  CHECK_FALSE(noisy_med->should_prune({9, false, false, {5.1500}}, long_curves));  // 5.1 + 0.05007
+  CHECK(noisy_med->should_prune({9, false, false, {5.1502}}, long_curves));
   // ASHA, eta 3, min_resource 1: rungs at 1, 3, 9 reports past the first (reports 2, 4, 10).
   o = PrunerOptions();
   o.name = "asha", o.reduction_factor = 3, o.min_resource = 1;
