@@ -128,10 +128,21 @@ def same_stream(m, scratch, tune, fn, pruner, seed, trials, concurrent):
     return a, optuna_round_robin(pruner, seed, trials, concurrent, start)
 
 
+HEADER = (f"{'curves':<16} {'running':>7} {'pruner':<10} {'mltrain best':>12} {'optuna best':>12} "
+          f"{'mltrain steps':>13} {'optuna steps':>12}")
+
+
+def row(fn, conc, p, a, b):
+    """One table row: the median best and steps of each side; a, b: (best, steps) per seed."""
+    ma, mb = statistics.median(x for x, _ in a), statistics.median(x for x, _ in b)
+    sa, sb = statistics.median(x for _, x in a), statistics.median(x for _, x in b)
+    print(f"{fn:<16} {conc:>7} {p:<10} {ma:>12.4f} {mb:>12.4f} {sa:>13.0f} {sb:>12.0f}")
+
+
 def run_same_stream(m, scratch, seeds, tune, trials=100):
     print(f"## pruning, the pruners alone: the same {trials} random trials through both, median over {seeds} seeds (100..{99 + seeds})")
     print("(mltrain's random sampler draws the trials; Optuna's pruner sees the same parameters in the same order)")
-    print(f"{'curves':<16} {'running':>7} {'pruner':<10} {'mltrain best':>12} {'optuna best':>12} {'mltrain steps':>13} {'optuna steps':>12}")
+    print(HEADER)
     verdicts = []
     for fn in CURVES:
         for conc in (1, 4):
@@ -140,9 +151,7 @@ def run_same_stream(m, scratch, seeds, tune, trials=100):
                     continue
                 r = [same_stream(m, scratch, tune, fn, p, s, trials, conc) for s in range(100, 100 + seeds)]
                 a, b = [x for x, _ in r], [y for _, y in r]
-                ma, mb = statistics.median(x for x, _ in a), statistics.median(x for x, _ in b)
-                sa, sb = statistics.median(x for _, x in a), statistics.median(x for _, x in b)
-                print(f"{fn:<16} {conc:>7} {p:<10} {ma:>12.4f} {mb:>12.4f} {sa:>13.0f} {sb:>12.0f}")
+                row(fn, conc, p, a, b)
                 verdicts.append((f"same stream {fn} x{conc} {p}", a, b))
     print()
     for label, a, b in verdicts:
@@ -172,7 +181,7 @@ def verdict(label, a, b, n=2000, paired=False):
 def run(m, scratch, seeds, quick, tune, trials=100):
     print(f"## pruning: {trials} TPE trials of {STEPS} steps, median over {seeds} seeds (100..{99 + seeds})")
     print("best = the best complete trial's final value (lower is better); steps = reports over the study")
-    print(f"{'curves':<16} {'running':>7} {'pruner':<10} {'mltrain best':>12} {'optuna best':>12} {'mltrain steps':>13} {'optuna steps':>12}")
+    print(HEADER)
     verdicts = []
     for fn in CURVES:
         for conc in (1, 4):
@@ -182,9 +191,7 @@ def run(m, scratch, seeds, quick, tune, trials=100):
                 # Seeds from 100: the pruning rules were designed on seeds 0-19.
                 a = [mltrain_study(m, scratch, tune, fn, p, s, trials, conc) for s in range(100, 100 + seeds)]
                 b = [optuna_study(fn, p, s, trials, conc) for s in range(100, 100 + seeds)]
-                ma, mb = statistics.median(x for x, _ in a), statistics.median(x for x, _ in b)
-                sa, sb = statistics.median(x for _, x in a), statistics.median(x for _, x in b)
-                print(f"{fn:<16} {conc:>7} {p:<10} {ma:>12.4f} {mb:>12.4f} {sa:>13.0f} {sb:>12.0f}")
+                row(fn, conc, p, a, b)
                 if p != "none":
                     verdicts.append((f"{fn} x{conc} {p}", a, b))
     print()
