@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Issue #20's benchmark: mltrain tune against Debian's Optuna 3.1, both run in this invocation.
     /usr/bin/python3 scripts/bench/tune/cluster.py MLTRAIN SCRATCH [--parts parallel,gpcost,pruning,real,mo] [--quick]
-        [--seeds 10] [--parallel-seeds 100]
+        [--seeds 10] [--parallel-seeds 100] [--samplers tpe,gp]
+        [--functions branin,hartmann6,rosenbrock4,styblinski_tang4]
 Tables:
   parallel  median regret (over --parallel-seeds) after 100 trials (GP: 60) with 4 trials running at
             once (each suggestion sees 3 pending) against the sequential study, pending=liar vs ignore, and Optuna's TPE
@@ -115,8 +116,8 @@ def summarise(rows, fmin, trials, dim):
     return statistics.median(regrets), dup, statistics.median(near) if near else math.nan
 
 
-def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp")):
-    fns = ["branin", "hartmann6", "rosenbrock4", "styblinski_tang4"]
+def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp"),
+                  fns=("branin", "hartmann6", "rosenbrock4", "styblinski_tang4")):
     print("## parallel suggestions: 4 trials at once vs sequential")
     print(f"median regret over {seeds} seeds; dup = suggestions within 0.01*sqrt(D) of a running trial;"
           " near = median distance to the nearest running trial (unit cube)")
@@ -224,6 +225,8 @@ def main():
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--samplers", default="tpe,gp", help="parallel part: mltrain samplers to run")
+    ap.add_argument("--functions", default="branin,hartmann6,rosenbrock4,styblinski_tang4",
+                    help="parallel part: test functions to run")
     # Medians of regret over 10 seeds moved by up to 70 % between seed sets (rosenbrock4 TPE, 4
     # running against sequential: 0.76x on seeds 0-9, 1.31x on 0-19), too much to judge a 10 % bound.
     ap.add_argument("--parallel-seeds", type=int, default=100, help="parallel part: seeds per study")
@@ -232,7 +235,8 @@ def main():
     if "gpcost" in parts:  # first, while nothing else runs
         part_gpcost(a.mltrain, a.scratch, a.quick)
     if "parallel" in parts:
-        part_parallel(a.mltrain, a.scratch, a.seeds if a.quick else a.parallel_seeds, a.quick, a.samplers.split(","))
+        part_parallel(a.mltrain, a.scratch, a.seeds if a.quick else a.parallel_seeds, a.quick, a.samplers.split(","),
+                      a.functions.split(","))
     if "pruning" in parts:
         import curves
         curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)
