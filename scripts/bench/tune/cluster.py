@@ -2,7 +2,7 @@
 """Issue #20's benchmark: mltrain tune against Debian's Optuna 3.1, both run in this invocation.
     /usr/bin/python3 scripts/bench/tune/cluster.py MLTRAIN SCRATCH [--parts parallel,gpcost,pruning,real,mo] [--quick]
         [--seeds 10] [--parallel-seeds 100] [--samplers tpe,gp]
-        [--functions branin,hartmann6,rosenbrock4,styblinski_tang4]
+        [--functions branin,hartmann6,rosenbrock4,styblinski_tang4] [--override key=value] [--pruners asha,hyperband]
 Tables:
   parallel  median regret (over --parallel-seeds) after 100 trials (GP: 60) with 4 trials running at
             once (each suggestion sees 3 pending) against the sequential study, pending=liar vs ignore, and Optuna's TPE
@@ -229,6 +229,9 @@ def main():
                     help="parallel part: test functions to run")
     # Medians of regret over 10 seeds moved by up to 70 % between seed sets (rosenbrock4 TPE, 4
     # running against sequential: 0.76x on seeds 0-9, 1.31x on 0-19), too much to judge a 10 % bound.
+    ap.add_argument("--override", action="append", default=[],
+                    help="pruning part: an override for mltrain's TPE studies (repeatable), e.g. sampler.multivariate=false")
+    ap.add_argument("--pruners", default="none,median,percentile,asha,hyperband", help="pruning part: pruners to run")
     ap.add_argument("--parallel-seeds", type=int, default=100, help="parallel part: seeds per study")
     a = ap.parse_args()
     parts = a.parts.split(",")
@@ -239,8 +242,8 @@ def main():
                       a.functions.split(","))
     if "pruning" in parts:
         import curves
-        curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune)
-        if not a.quick:
+        curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune, extra=a.override, pruners=a.pruners.split(","))
+        if not a.quick and not a.override:  # the random sampler's streams: no override changes them
             curves.run_same_stream(a.mltrain, a.scratch, a.seeds, tune)
     if "real" in parts:
         import real_curves

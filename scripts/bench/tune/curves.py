@@ -96,10 +96,10 @@ def reports(journal):
     return sum(1 for line in open(journal) if '"report"' in line)
 
 
-def mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent, sampler="tpe"):
+def mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent, sampler="tpe", extra=()):
     name = f"prune_{fn}_{pruner}_{concurrent}_{seed}_{sampler}"
     s = tune(m, scratch, name, f"objective.function={fn}", f"sampler.name={sampler}", f"study.seed={seed}",
-             f"study.n_trials={trials}", f"study.max_concurrent={concurrent}", *PRUNERS[pruner][0])
+             f"study.n_trials={trials}", f"study.max_concurrent={concurrent}", *PRUNERS[pruner][0], *extra)
     return s["best"]["value"], reports(Path(scratch) / name / "journal.jsonl")
 
 
@@ -178,18 +178,20 @@ def verdict(label, a, b, n=2000, paired=False):
           f"(ratio CI {np.percentile(ratio, 5):.2f}-{np.percentile(ratio, 95):.2f})")
 
 
-def run(m, scratch, seeds, quick, tune, trials=100):
+def run(m, scratch, seeds, quick, tune, trials=100, extra=(), pruners=tuple(PRUNERS)):
+    """extra: overrides for mltrain's studies (e.g. sampler.multivariate=false)."""
     print(f"## pruning: {trials} TPE trials of {STEPS} steps, median over {seeds} seeds (100..{99 + seeds})")
     print("best = the best complete trial's final value (lower is better); steps = reports over the study")
     print(HEADER)
     verdicts = []
     for fn in CURVES:
         for conc in (1, 4):
-            for p in PRUNERS:
+            for p in pruners:
                 if quick and p in ("percentile", "hyperband"):
                     continue
                 # Seeds from 100: the pruning rules were designed on seeds 0-19.
-                a = [mltrain_study(m, scratch, tune, fn, p, s, trials, conc) for s in range(100, 100 + seeds)]
+                a = [mltrain_study(m, scratch, tune, fn, p, s, trials, conc, extra=extra)
+                     for s in range(100, 100 + seeds)]
                 b = [optuna_study(fn, p, s, trials, conc) for s in range(100, 100 + seeds)]
                 row(fn, conc, p, a, b)
                 if p != "none":
