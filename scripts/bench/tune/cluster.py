@@ -227,21 +227,27 @@ def main():
     ap.add_argument("--samplers", default="tpe,gp", help="parallel part: mltrain samplers to run")
     ap.add_argument("--functions", default="branin,hartmann6,rosenbrock4,styblinski_tang4",
                     help="parallel part: test functions to run")
-    # Medians of regret over 10 seeds moved by up to 70 % between seed sets (rosenbrock4 TPE, 4
-    # running against sequential: 0.76x on seeds 0-9, 1.31x on 0-19), too much to judge a 10 % bound.
     ap.add_argument("--override", action="append", default=[],
                     help="pruning part: an override for mltrain's TPE studies (repeatable), e.g. sampler.multivariate=false")
     ap.add_argument("--pruners", default="none,median,percentile,asha,hyperband", help="pruning part: pruners to run")
+    # Medians of regret over 10 seeds moved by up to 70 % between seed sets (rosenbrock4 TPE, 4
+    # running against sequential: 0.76x on seeds 0-9, 1.31x on 0-19), too much to judge a 10 % bound.
     ap.add_argument("--parallel-seeds", type=int, default=100, help="parallel part: seeds per study")
     a = ap.parse_args()
     parts = a.parts.split(",")
+    import curves
+    for flag, given, known in (("--parts", parts, ("parallel", "gpcost", "pruning", "real", "mo")),
+                               ("--samplers", a.samplers.split(","), ("tpe", "gp")),
+                               ("--functions", a.functions.split(","), tuple(FUNCTIONS)),
+                               ("--pruners", a.pruners.split(","), tuple(curves.PRUNERS))):
+        if any(g not in known for g in given):
+            ap.error(f"{flag} {','.join(given)}: use a comma-separated list of {', '.join(known)}")
     if "gpcost" in parts:  # first, while nothing else runs
         part_gpcost(a.mltrain, a.scratch, a.quick)
     if "parallel" in parts:
         part_parallel(a.mltrain, a.scratch, a.seeds if a.quick else a.parallel_seeds, a.quick, a.samplers.split(","),
                       a.functions.split(","))
     if "pruning" in parts:
-        import curves
         curves.run(a.mltrain, a.scratch, a.seeds, a.quick, tune, extra=a.override, pruners=a.pruners.split(","))
         if not a.quick and not a.override:  # the random sampler's streams: no override changes them
             curves.run_same_stream(a.mltrain, a.scratch, a.seeds, tune)

@@ -182,6 +182,8 @@ def run(m, scratch, seeds, quick, tune, trials=100, extra=(), pruners=tuple(PRUN
     """extra: overrides for mltrain's studies (e.g. sampler.multivariate=false)."""
     print(f"## pruning: {trials} TPE trials of {STEPS} steps, median over {seeds} seeds (100..{99 + seeds})")
     print("best = the best complete trial's final value (lower is better); steps = reports over the study")
+    if extra:
+        print("mltrain's studies with " + " ".join(extra))
     print(HEADER)
     verdicts = []
     for fn in CURVES:
