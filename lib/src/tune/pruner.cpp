@@ -101,11 +101,9 @@ class PercentilePruner : public Pruner {
       if (std::isfinite(t.values.back())) finals.push_back(t.values.back());
     }
     if (int(complete.size()) < o_.n_startup_trials || finals.empty()) return false;
-    double cut = percentile_of(finals, o_.percentile * kGoodShare);
-    if (finals.size() >= kMinGood) {
-      std::nth_element(finals.begin(), finals.begin() + (kMinGood - 1), finals.end());
-      cut = std::max(cut, finals[kMinGood - 1]);
-    }
+    std::sort(finals.begin(), finals.end());
+    const double cut = std::max(percentile_of(finals, o_.percentile * kGoodShare),
+                                finals[std::min(kMinGood, finals.size()) - 1]);
     double bar = -INFINITY;
     for (const auto* t : complete)
       if (t->values.back() <= cut && t->values.size() >= k && std::isfinite(t->values[k - 1]))

@@ -96,8 +96,12 @@ def reports(journal):
     return sum(1 for line in open(journal) if '"report"' in line)
 
 
+def study_name(fn, pruner, concurrent, seed, sampler):
+    return f"prune_{fn}_{pruner}_{concurrent}_{seed}_{sampler}"
+
+
 def mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent, sampler="tpe", extra=()):
-    name = f"prune_{fn}_{pruner}_{concurrent}_{seed}_{sampler}"
+    name = study_name(fn, pruner, concurrent, seed, sampler)
     s = tune(m, scratch, name, f"objective.function={fn}", f"sampler.name={sampler}", f"study.seed={seed}",
              f"study.n_trials={trials}", f"study.max_concurrent={concurrent}", *PRUNERS[pruner][0], *extra)
     return s["best"]["value"], reports(Path(scratch) / name / "journal.jsonl")
@@ -118,7 +122,7 @@ def same_stream(m, scratch, tune, fn, pruner, seed, trials, concurrent):
     order through Optuna's pruner (the sampler never sees the pruner's decisions, so both prune
     the same trial stream). ((mltrain best, steps), (optuna best, steps))"""
     a = mltrain_study(m, scratch, tune, fn, pruner, seed, trials, concurrent, sampler="random")
-    params = journal_params(Path(scratch) / f"prune_{fn}_{pruner}_{concurrent}_{seed}_random" / "journal.jsonl")
+    params = journal_params(Path(scratch) / study_name(fn, pruner, concurrent, seed, "random") / "journal.jsonl")
     f, space = CURVES[fn]
 
     def start(t):
