@@ -99,6 +99,22 @@ def lag_ratio(seq_rows, fmin, trials, lag=3):
     return at(trials - lag) / at(trials) if at(trials) > 0 else math.nan
 
 
+def trials_behind(par_rows, seq_rows, fmin, trials, points=(0.25, 0.5, 0.75, 1.0)):
+    """How many trials the parallel study is behind the sequential one after each fraction of
+    the study: k minus the fewest trials after which the sequential median regret is at most the
+    parallel one's after k ('ahead' if the sequential study never gets there). Where the gap opens
+    tells a lag of the last suggestions (a constant 3) from progress lost all along."""
+    def med(rows, k):
+        return statistics.median(min(v[:k]) - fmin for v, _ in rows)
+    out = []
+    for f in points:
+        k = max(1, round(f * trials))
+        target = med(par_rows, k)
+        j = next((j for j in range(1, trials + 1) if med(seq_rows, j) <= target), None)
+        out.append("ahead" if j is None else str(k - j))
+    return "/".join(out)
+
+
 def trials_to_match(rows, fmin, regret):
     """The fewest trials after which the median regret of `rows` (a study per seed) is at most
     `regret`, or None if it never is."""
@@ -151,7 +167,8 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp"),
                 at = "" if mode == "sequential" else f">{trials}" if k is None else str(k)
                 print(f"{fn:<17} {'mltrain':<8} {sampler:<5} {mode:<16} {reg:>10.4g} {rel:>7.2f} {at:>5} {dup:>6.1%} {near:>6.3f}")
             verdicts.append((fn, sampler, res["4 running, liar"][0], seq, res["4 running, liar"][1], res["4 running, ignore"][1],
-                             ratio_ci(all_rows["4 running, liar"], seq_rows, fmin, trials), lag_ratio(seq_rows, fmin, trials)))
+                             ratio_ci(all_rows["4 running, liar"], seq_rows, fmin, trials), lag_ratio(seq_rows, fmin, trials),
+                             trials_behind(all_rows["4 running, liar"], seq_rows, fmin, trials)))
         if quick or "tpe" not in samplers:
             continue
         oseeds = max(1, min(seeds // 2, 5))  # context only: Optuna has no bound to meet here
@@ -161,11 +178,13 @@ def part_parallel(m, scratch, seeds, quick, samplers=("tpe", "gp"),
             print(f"{fn:<17} {'optuna':<8} {'tpe':<5} {mode:<16} {reg:>10.4g} {'':>7} {'':>5} {dup:>6.1%} {near:>6.3f}  ({oseeds} seeds)")
     print()
     print("(CI: 90 % paired bootstrap over seeds; 'sequential 3 earlier': the sequential study's own regret 3 trials\n"
-          " before the end over its final one, i.e. with the results the parallel study's last suggestions saw)")
-    for fn, sampler, par, seq, dup_liar, dup_naive, (lo, hi), lag in verdicts:
+          " before the end over its final one, i.e. with the results the parallel study's last suggestions saw;\n"
+          " 'behind': trials the parallel study is behind the sequential one after 25/50/75/100 % of the trials)")
+    for fn, sampler, par, seq, dup_liar, dup_naive, (lo, hi), lag, behind in verdicts:
         ok = par <= 1.10 * seq
         print(f"{'PASS' if ok else 'FAIL'}  {fn} {sampler}: regret with 4 running {par:.4g} <= 1.10 x sequential {seq:.4g}"
-              f" ({par / seq if seq > 0 else math.nan:.2f}x, CI {lo:.2f}-{hi:.2f}; sequential 3 earlier {lag:.2f}x);"
+              f" ({par / seq if seq > 0 else math.nan:.2f}x, CI {lo:.2f}-{hi:.2f}; sequential 3 earlier {lag:.2f}x;"
+              f" behind {behind});"
               f" duplicates {dup_liar:.1%} vs naive {dup_naive:.1%}")
     print()
 
