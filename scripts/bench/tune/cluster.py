@@ -102,15 +102,17 @@ def lag_ratio(seq_rows, fmin, trials, lag=3):
 def trials_behind(par_rows, seq_rows, fmin, trials, points=(0.25, 0.5, 0.75, 1.0)):
     """How many trials the parallel study is behind the sequential one after each fraction of
     the study: k minus the fewest trials after which the sequential median regret is at most the
-    parallel one's after k ('ahead' if the sequential study never gets there). Where the gap opens
-    tells a lag of the last suggestions (a constant 3) from progress lost all along."""
+    parallel one's after k: negative where the parallel study leads, 'ahead' where the sequential
+    study never gets there). Where the gap opens tells a lag of the last suggestions (a constant 3)
+    from progress lost all along."""
     def med(rows, k):
         return statistics.median(min(v[:k]) - fmin for v, _ in rows)
+    seq_curve = [med(seq_rows, j) for j in range(1, trials + 1)]  # index j - 1: after j trials
     out = []
     for f in points:
         k = max(1, round(f * trials))
         target = med(par_rows, k)
-        j = next((j for j in range(1, trials + 1) if med(seq_rows, j) <= target), None)
+        j = next((j for j, r in enumerate(seq_curve, start=1) if r <= target), None)
         out.append("ahead" if j is None else str(k - j))
     return "/".join(out)
 
