@@ -91,28 +91,28 @@ def ratio_ci(par_rows, seq_rows, fmin, trials, n=2000):
     return float(np.percentile(r, 5)), float(np.percentile(r, 95))
 
 
+def median_regret(rows, fmin, k):
+    """The median over seeds of the best regret within the first k trials (a study per seed)."""
+    return statistics.median(min(v[:k]) - fmin for v, _ in rows)
+
+
 def lag_ratio(seq_rows, fmin, trials, lag=3):
     """The sequential study's median regret `lag` trials before the end over its final one: what
     it had with the results the parallel study's last suggestions saw (3 fewer, 4 running)."""
-    def at(k):
-        return statistics.median(min(v[:k]) - fmin for v, _ in seq_rows)
-    return at(trials - lag) / at(trials) if at(trials) > 0 else math.nan
+    end = median_regret(seq_rows, fmin, trials)
+    return median_regret(seq_rows, fmin, trials - lag) / end if end > 0 else math.nan
 
 
 def trials_behind(par_rows, seq_rows, fmin, trials, points=(0.25, 0.5, 0.75, 1.0)):
     """How many trials the parallel study is behind the sequential one after each fraction of
     the study: k minus the fewest trials after which the sequential median regret is at most the
-    parallel one's after k: negative where the parallel study leads, 'ahead' where the sequential
-    study never gets there). Where the gap opens tells a lag of the last suggestions (a constant 3)
+    parallel one's after k; negative where the parallel study leads, 'ahead' where the sequential
+    study never gets there. Where the gap opens tells a lag of the last suggestions (a constant 3)
     from progress lost all along."""
-    def med(rows, k):
-        return statistics.median(min(v[:k]) - fmin for v, _ in rows)
-    seq_curve = [med(seq_rows, j) for j in range(1, trials + 1)]  # index j - 1: after j trials
     out = []
     for f in points:
         k = max(1, round(f * trials))
-        target = med(par_rows, k)
-        j = next((j for j, r in enumerate(seq_curve, start=1) if r <= target), None)
+        j = trials_to_match(seq_rows, fmin, median_regret(par_rows, fmin, k))
         out.append("ahead" if j is None else str(k - j))
     return "/".join(out)
 
@@ -121,7 +121,7 @@ def trials_to_match(rows, fmin, regret):
     """The fewest trials after which the median regret of `rows` (a study per seed) is at most
     `regret`, or None if it never is."""
     for k in range(1, min(len(v) for v, _ in rows) + 1):
-        if statistics.median(min(v[:k]) - fmin for v, _ in rows) <= regret:
+        if median_regret(rows, fmin, k) <= regret:
             return k
     return None
 
