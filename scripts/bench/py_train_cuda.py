@@ -27,9 +27,10 @@ p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
 p.add_argument("--data", required=True, help="folder with the Fashion-MNIST .gz IDX files")
 p.add_argument("--steps", type=int, default=400)
 p.add_argument("--warmup", type=int, default=50)
+p.add_argument("--batch", type=int, default=128)
 args = p.parse_args()
 torch.manual_seed(0)
-MEAN, STD, B = 0.2860, 0.3530, 128
+MEAN, STD, B = 0.2860, 0.3530, args.batch
 dev = torch.device("cuda")
 torch.backends.cudnn.benchmark = True
 
@@ -101,6 +102,6 @@ for step in range(args.steps):
         opt.step()
 torch.cuda.synchronize()
 dt = time.perf_counter() - t0
-print(json.dumps({"impl": "pytorch", "mode": args.mode, "model": args.model, "amp": args.amp,
+print(json.dumps({"impl": "pytorch", "mode": args.mode, "model": args.model, "amp": args.amp, "batch": B,
                   "samples_per_s": round((args.steps - args.warmup) * B / dt, 1), "torch": torch.__version__,
                   "gpu": torch.cuda.get_device_name(0)}))

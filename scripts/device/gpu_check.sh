@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check for issue #9, run on a machine with an NVIDIA GPU and a CUDA PyTorch (pip):
-#   OUT=/tmp/gpu bash scripts/device/gpu_check.sh [--quick]
+#   OUT=/tmp/gpu [DEADLINE=SECONDS] [STEP_TIMEOUT=SECONDS] [BUILD_TIMEOUT=SECONDS] bash scripts/device/gpu_check.sh [--quick]
 # Needs .devdeps/ beside the sources (scripts/device/make_devdeps.sh fills it on a Debian 12
 # machine: the Debian packages' headers/libraries mltrain builds against, and Fashion-MNIST),
 # because such machines usually have no package registry. Builds mltrain against the machine's
@@ -18,11 +18,18 @@ DATA=$DEPS/fashion-mnist
 LOG=$OUT/log.txt
 : >"$LOG"
 say() { echo "== $*" | tee -a "$LOG"; }
-step() {  # step NAME CMD...: runs, logs, records the exit status
+T_START=$(date +%s)
+DEADLINE=${DEADLINE:-0}  # seconds after the start past which no new step begins (0: none)
+step() {  # step NAME CMD...: runs, logs, records the exit status ("skip" past DEADLINE)
   local name=$1; shift
+  if [ "$DEADLINE" -gt 0 ] && [ $(( $(date +%s) - T_START )) -ge "$DEADLINE" ]; then
+    printf '%s\tskip\t0\n' "$name" >>"$OUT/steps.tsv"; say "$name: skipped (DEADLINE)"; return 125
+  fi
   say "$name: $*"
   local t0=$(date +%s%N)
-  timeout 150 "$@" >>"$LOG" 2>&1
+  local limit=${STEP_TIMEOUT:-150}
+  case $name in configure*|build*) limit=${BUILD_TIMEOUT:-600} ;; esac
+  timeout "$limit" "$@" >>"$LOG" 2>&1
   local rc=$?
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%s\t%s\t%d.%03d\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) >>"$OUT/steps.tsv"
@@ -56,51 +63,65 @@ fi
 M=$ROOT/build-cuda/apps/mltrain/mltrain
 $M --version >>"$LOG" 2>&1
 
-step golden_grad_scaler python3 tests/golden/make_grad_scaler_golden.py "$OUT/grad_scaler_golden.json"
-
 RUNS=/tmp/mltrain_runs
 rm -rf "$RUNS"
 common=(runtime.device=cuda "data.root=$DATA" "run.dir=$RUNS" train.duration=3ep checkpoint.every=1ep train.log_every=50u)
-if [ "${1:-}" = "--quick" ]; then  # build check plus one run of each kind
-  step cnn_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16 amp.enabled=true amp.dtype=fp16 train.duration=2ep
-  step py_cnn_fp16_expert python3 scripts/bench/py_train_cuda.py --model cnn --mode expert --amp fp16 --data "$DATA"
-  python3 scripts/device/summarize.py "$RUNS" "$LOG" "$OUT/steps.tsv" >"$OUT/summary.json" 2>>"$LOG"
-  cat "$OUT/summary.json"
-  exit 0
-fi
-step cnn_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp32
-step cnn_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_bf16 amp.enabled=true amp.dtype=bf16
-step cnn_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16 amp.enabled=true amp.dtype=fp16
-step cnn_fp16_pageable "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16_pageable amp.enabled=true amp.dtype=fp16 data.pin_memory=false
 resnet=(model.name=resnet "model.widths=[32,64,128]" "model.depths=[1,1,1]")
-step resnet_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp32
-step resnet_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_bf16 amp.enabled=true amp.dtype=bf16
-step resnet_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp16 amp.enabled=true amp.dtype=fp16
-# Data parallel over NCCL needs a GPU per rank (NCCL refuses two ranks on one device).
-if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
-  step ddp_nccl "$M" launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=ddp_nccl \
-    distributed.backend=nccl train.duration=2ep
-else
-  say "ddp_nccl: skipped, one GPU (a 2-rank NCCL group needs two)"
-fi
-[ -n "${EXTRA:-}" ] && eval "$EXTRA"
-
 cfgs=(runtime.device=cuda "data.root=$DATA" "run.dir=$RUNS")
+py() { step "py_$1_$2_$3_b$4" python3 scripts/bench/py_train_cuda.py --model $1 --mode $2 --amp $3 --batch $4 --data "$DATA"; }
+# The crash after training (exit 139, 2026-12-04, LibTorch 2.11): every 3-epoch run with
+# checkpoint.keep_last=2 crashed after its last step and before the summary, while 1-epoch and
+# 600-step runs (two checkpoints, nothing pruned) exited 0. Isolate it in ~5 s per run: with and
+# without pruning, then a backtrace under cuda-gdb.
+crash=(train configs/fashion_mnist_cnn.yaml "${common[@]}" data.batch_size=1024 train.log_every=20u)
+step crash_pruned "$M" "${crash[@]}" run.name=crash_pruned
+step crash_unpruned "$M" "${crash[@]}" run.name=crash_unpruned checkpoint.keep_last=5
+step crash_no_ckpt "$M" "${crash[@]}" run.name=crash_no_ckpt checkpoint.every=never
+if command -v cuda-gdb >/dev/null; then
+  step crash_backtrace cuda-gdb -batch -ex run -ex bt -ex "info threads" -ex "thread apply all bt 12" \
+    --args "$M" "${crash[@]}" run.name=crash_bt
+fi
+# Ordered by what matters most, each mltrain run next to its Python baseline, so that a run cut
+# short by DEADLINE still has pairs to compare.
+step cnn_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp32
+py cnn expert none 128
+step cnn_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16 amp.enabled=true amp.dtype=fp16
+py cnn expert fp16 128
+step resnet_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_bf16 amp.enabled=true amp.dtype=bf16
+py resnet expert bf16 128
+step cnn_fp32_b1024 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp32_b1024 data.batch_size=1024 train.log_every=10u
+py cnn expert none 1024
+step gpt_bf16 "$M" train configs/text_char_gpt.yaml runtime.device=cuda "data.root=$DEPS/fortunes" "run.dir=$RUNS" \
+  run.name=gpt_bf16 amp.enabled=true amp.dtype=bf16 train.duration=600u
+# NCCL in a world of one GPU (one rank through the launcher): the group is created and used.
+step ddp_nccl_1 "$M" launch --nproc-per-node 1 -- mltrain train configs/fashion_mnist_cnn.yaml "${common[@]}" \
+  run.name=ddp_nccl_1 distributed.backend=nccl train.duration=1ep
+step golden_grad_scaler python3 tests/golden/make_grad_scaler_golden.py "$OUT/grad_scaler_golden.json"
 step checklist_quick "$M" checklist configs/fashion_mnist_cnn.yaml "${cfgs[@]}"
-"$M" checklist configs/fashion_mnist_cnn.yaml "${cfgs[@]}" --level full --json >"$OUT/checklist_full.json" 2>>"$LOG"
-echo "checklist --level full exit $?" >>"$LOG"
 step profile_cnn "$M" profile configs/fashion_mnist_cnn.yaml "${cfgs[@]}" --out /tmp/prof_cnn
 cp /tmp/prof_cnn/profile.json "$OUT/profile_cnn.json" 2>/dev/null
-step profile_resnet_bf16 "$M" profile configs/fashion_mnist_cnn.yaml "${cfgs[@]}" "${resnet[@]}" amp.enabled=true amp.dtype=bf16 --out /tmp/prof_resnet
-cp /tmp/prof_resnet/profile.json "$OUT/profile_resnet_bf16.json" 2>/dev/null
-step profile_sweep_workers "$M" profile configs/fashion_mnist_cnn.yaml "${cfgs[@]}" --no-ops --sweep data.workers=1,2,4,8
-
-for model in cnn resnet; do
-  for amp in none bf16 fp16; do
-    step "py_${model}_${amp}_expert" python3 scripts/bench/py_train_cuda.py --model $model --mode expert --amp $amp --data "$DATA"
-  done
-  step "py_${model}_none_idiomatic" python3 scripts/bench/py_train_cuda.py --model $model --mode idiomatic --data "$DATA"
-done
+if [ "${1:-}" != "--quick" ]; then
+  step cnn_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_bf16 amp.enabled=true amp.dtype=bf16
+  py cnn expert bf16 128
+  step resnet_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp32
+  py resnet expert none 128
+  step resnet_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp16 amp.enabled=true amp.dtype=fp16
+  py resnet expert fp16 128
+  py cnn idiomatic none 128
+  step cnn_fp16_pageable "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16_pageable amp.enabled=true amp.dtype=fp16 data.pin_memory=false
+  # Data parallel over NCCL needs a GPU per rank (NCCL refuses two ranks on one device).
+  if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    step ddp_nccl "$M" launch --nproc-per-node 2 -- mltrain train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=ddp_nccl \
+      distributed.backend=nccl train.duration=2ep
+  else
+    say "ddp_nccl: skipped, one GPU (a 2-rank NCCL group needs two)"
+  fi
+  [ -n "${EXTRA:-}" ] && eval "$EXTRA"
+  step checklist_full sh -c "\"$M\" checklist configs/fashion_mnist_cnn.yaml ${cfgs[*]} --level full --json >\"$OUT/checklist_full.json\""
+  step profile_resnet_bf16 "$M" profile configs/fashion_mnist_cnn.yaml "${cfgs[@]}" "${resnet[@]}" amp.enabled=true amp.dtype=bf16 --out /tmp/prof_resnet
+  cp /tmp/prof_resnet/profile.json "$OUT/profile_resnet_bf16.json" 2>/dev/null
+  step profile_sweep_workers "$M" profile configs/fashion_mnist_cnn.yaml "${cfgs[@]}" --no-ops --sweep data.workers=1,2,4,8
+fi
 
 python3 scripts/device/summarize.py "$RUNS" "$LOG" "$OUT/steps.tsv" >"$OUT/summary.json" 2>>"$LOG"
 cat "$OUT/summary.json"

@@ -9,14 +9,16 @@ runs, log, steps = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 out = {"mltrain": {}, "pytorch": [], "steps": {}}
 for line in steps.read_text().splitlines():
     name, rc, secs = line.split("\t")
-    out["steps"][name] = {"exit": int(rc), "seconds": float(secs)}
+    out["steps"][name] = {"exit": rc if rc == "skip" else int(rc), "seconds": float(secs)}
 for m in sorted(runs.glob("*/v*/metrics.jsonl")):
     ev = [json.loads(l) for l in m.read_text().splitlines() if l.strip()]
     train = [e for e in ev if e.get("event") == "train"]
-    later = [e for e in train if e.get("epoch", 0) > 1.0] or train
+    later = [e for e in train if e.get("epoch", 0) > 1.0] or train[len(train) // 3:]
     summ = next((e for e in ev if e.get("event") == "summary"), {})
     out["mltrain"][m.parent.parent.name] = {
         "samples_per_s": round(statistics.median(e["samples_per_s"] for e in later), 1) if later else None,
+        "tokens_per_s": round(statistics.median(e["tokens_per_s"] for e in later), 1)
+        if later and "tokens_per_s" in later[0] else None,
         "data_wait_share": round(statistics.mean(e.get("data_wait", 0) for e in later), 4) if later else None,
         "test_accuracy": summ.get("test_accuracy"),
         "train_seconds": summ.get("train_seconds"),

@@ -32,6 +32,16 @@ using C10dGroup = c10d::Backend;
 using C10dGroup = c10d::ProcessGroup;
 #endif
 
+// c10::Allocator::allocate lost its const and gained a pure virtual copy_data in LibTorch 2.3
+// (found by the first CUDA build against pip LibTorch 2.11).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define MLTRAIN_ALLOCATOR_CONST
+#define MLTRAIN_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define MLTRAIN_ALLOCATOR_CONST const
+#define MLTRAIN_ALLOCATOR_HAS_COPY_DATA 0
+#endif
+
 inline std::string torch_version() { return TORCH_VERSION; }
 inline int torch_major() { return TORCH_VERSION_MAJOR; }
 
