@@ -77,6 +77,8 @@ crash=(train configs/fashion_mnist_cnn.yaml "${common[@]}" data.batch_size=1024 
 step crash_pruned "$M" "${crash[@]}" run.name=crash_pruned
 step crash_unpruned "$M" "${crash[@]}" run.name=crash_unpruned checkpoint.keep_last=5
 step crash_no_ckpt "$M" "${crash[@]}" run.name=crash_no_ckpt checkpoint.every=never
+step crash_1ep "$M" "${crash[@]}" run.name=crash_1ep train.duration=1ep
+step crash_2ep "$M" "${crash[@]}" run.name=crash_2ep train.duration=2ep
 if command -v cuda-gdb >/dev/null; then
   step crash_backtrace cuda-gdb -batch -ex run -ex bt -ex "info threads" -ex "thread apply all bt 12" \
     --args "$M" "${crash[@]}" run.name=crash_bt
