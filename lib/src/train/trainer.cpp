@@ -349,7 +349,7 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
     for (const auto& [n, p] : params)
       if (p.grad().defined()) p.mutable_grad().mul_(full_window / window_samples);
   }
-  if (scaler_) {  // sampled before unscaling: the gradients still carry the scale
+  if (scaler_ && underflow_due()) {  // sampled before unscaling: the gradients still carry the scale
     info.grad_underflow = underflow_share(params, scaler_->value(), /*scaled=*/true);
     if (info.grad_underflow > cfg_.amp.underflow_warn && !underflow_warned_) {
       spdlog::warn(
@@ -384,6 +384,17 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
   info.lr = lr;
   info.loss_scale = scaler_ ? scaler_->value() : 0;
   return step_now;
+}
+
+// fp16's underflow share is sampled on the step the metrics log, the first and every 16th: it
+// reads a strided sample of every gradient (about eight small kernels per parameter, a cost the
+// GPU's host-bound steps pay in full), and what it watches, the loss scale against the
+// gradients' range, moves over many steps.
+bool Trainer::underflow_due() const {
+  const int64_t next = progress_.step + 1;  // the step this update completes
+  const int64_t log_every = cfg_.train.log_every.to_steps(steps_per_epoch());
+  return next == 1 || next % 16 == 0 || next == total_steps_ ||
+         (log_every > 0 && next % log_every == 0);
 }
 
 // The window's last batch is done: progress moves past it, into the next epoch at its end.

@@ -199,6 +199,7 @@ class Trainer {
                            std::chrono::steady_clock::time_point fit_start);
   void check_stop_signal();
   void advance_progress(int64_t last_batch_index, int64_t batches_per_epoch);
+  bool underflow_due() const;  // fp16: sample the underflow share at this update
   double rewarm_factor(int64_t optimizer_step) const;
   void replan(int64_t total_steps);
 
