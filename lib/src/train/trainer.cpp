@@ -349,7 +349,8 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
     for (const auto& [n, p] : params)
       if (p.grad().defined()) p.mutable_grad().mul_(full_window / window_samples);
   }
-  if (scaler_ && underflow_due()) {  // sampled before unscaling: the gradients still carry the scale
+  if (scaler_ &&
+      underflow_due()) {  // sampled before unscaling: the gradients still carry the scale
     info.grad_underflow = underflow_share(params, scaler_->value(), /*scaled=*/true);
     if (info.grad_underflow > cfg_.amp.underflow_warn && !underflow_warned_) {
       spdlog::warn(
