@@ -95,9 +95,10 @@ step cnn_fp32_b1024 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run
 py cnn expert none 1024
 step gpt_bf16 "$M" train configs/text_char_gpt.yaml runtime.device=cuda "data.root=$DEPS/fortunes" "run.dir=$RUNS" \
   run.name=gpt_bf16 amp.enabled=true amp.dtype=bf16 train.duration=600u
-# NCCL in a world of one GPU (one rank through the launcher): the group is created and used.
-step ddp_nccl_1 "$M" launch --nproc-per-node 1 -- mltrain train configs/fashion_mnist_cnn.yaml "${common[@]}" \
-  run.name=ddp_nccl_1 distributed.backend=nccl train.duration=1ep
+# The launcher on a GPU with one rank. A world of one makes no process group, so this does not
+# exercise NCCL (a group needs a GPU per rank: ddp_nccl below, on machines with two).
+step launch_1rank "$M" launch --nproc-per-node 1 -- mltrain train configs/fashion_mnist_cnn.yaml "${common[@]}" \
+  run.name=launch_1rank distributed.backend=nccl train.duration=1ep
 step golden_grad_scaler python3 tests/golden/make_grad_scaler_golden.py "$OUT/grad_scaler_golden.json"
 step checklist_quick "$M" checklist configs/fashion_mnist_cnn.yaml "${cfgs[@]}"
 step profile_cnn "$M" profile configs/fashion_mnist_cnn.yaml "${cfgs[@]}" --out /tmp/prof_cnn
