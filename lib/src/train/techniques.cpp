@@ -60,15 +60,20 @@ void LossScaler::load(const nlohmann::json& j) {
   skipped_ = j.at("skipped");
 }
 
-double grad_norm(const model::NamedTensors& params) {
+torch::Tensor grad_norm_tensor(const model::NamedTensors& params) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& [name, p] : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return 0;
-  // One fused pass and a single host sync, instead of one norm and item() per parameter.
+  if (grads.empty()) return {};
+  // One fused pass, left on the device (the caller reads it with whatever else it needs).
   auto norms = at::_foreach_norm(grads, 2);
-  return torch::stack(norms).to(torch::kDouble).norm(2).item<double>();
+  return torch::stack(norms).to(torch::kDouble).norm(2);
+}
+
+double grad_norm(const model::NamedTensors& params) {
+  const torch::Tensor n = grad_norm_tensor(params);
+  return n.defined() ? n.item<double>() : 0.0;
 }
 
 std::vector<std::string> offenders(const model::NamedTensors& params) {

@@ -213,7 +213,7 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
       if (dp_) dp_->begin_backward(final_micro && opt_.wants_gradient_sync());
     });
     lap(Phase::kBackward);
-    return {s.loss, s.correct, s.units, s.counted};
+    return {s.loss, s.correct, s.units, s.counted, {}, {}};
   }
   const int64_t n = batch.y.size(0);
   const int64_t m = micro_ > 0 ? micro_ : n;
@@ -230,10 +230,13 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
     if (dp_) dp_->begin_backward(final_micro && last && opt_.wants_gradient_sync());
     (scaler_ ? scaler_->scale(loss) : loss).backward();
     lap(Phase::kBackward);
-    sums.loss += out.loss.item<double>() * len;
+    // The same double arithmetic as item<double>() * len, on the device (see BatchSums).
+    const auto part_loss = out.loss.detach().to(torch::kDouble) * static_cast<double>(len);
+    sums.loss_t = sums.loss_t.defined() ? sums.loss_t + part_loss : part_loss;
     if (out.correct.defined()) {  // train accuracy (tasks that count argmax hits)
       sums.counted = true;
-      sums.correct += out.correct.item<int64_t>();
+      const auto hits = out.correct.detach().to(torch::kLong);
+      sums.correct_t = sums.correct_t.defined() ? sums.correct_t + hits : hits;
       sums.units += out.units;
     }
   }
@@ -341,8 +344,38 @@ bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors&
 // the full one, fp16 unscaled, the pre-clip norm measured, an overflow or an unhealthy gradient
 // handled, then clip, step, EMA and rollback snapshots. Returns whether the update was applied
 // (and records it, the LR and the loss scale in info).
+// Adds a loader batch's sums to the window's (device tensors where the batch kept them).
+void Trainer::add_sums(BatchSums& window, const BatchSums& b) {
+  window.loss += b.loss;
+  window.correct += b.correct;
+  window.units += b.units;
+  window.counted = window.counted || b.counted;
+  if (b.loss_t.defined())
+    window.loss_t = window.loss_t.defined() ? window.loss_t + b.loss_t : b.loss_t;
+  if (b.correct_t.defined())
+    window.correct_t = window.correct_t.defined() ? window.correct_t + b.correct_t : b.correct_t;
+}
+
+// The gradient norm, and the window's device-side loss and hits folded into their host sums, in
+// one transfer (on a GPU one synchronisation per step).
+double Trainer::read_step_sums(const model::NamedTensors& params, BatchSums& w) {
+  const torch::Tensor norm = grad_norm_tensor(params);
+  std::vector<torch::Tensor> parts;  // all on the model's device, as doubles
+  for (const torch::Tensor& t : {norm, w.loss_t, w.correct_t})
+    if (t.defined()) parts.push_back(t.reshape({1}).to(torch::kDouble));
+  if (parts.empty()) return 0.0;
+  const torch::Tensor host = torch::cat(parts).to(torch::kCPU);
+  const double* v = host.data_ptr<double>();
+  size_t i = 0;
+  const double n = norm.defined() ? v[i++] : 0.0;
+  if (w.loss_t.defined()) w.loss += v[i++];
+  if (w.correct_t.defined()) w.correct += static_cast<int64_t>(v[i++]);  // exact below 2^53
+  w.loss_t = w.correct_t = torch::Tensor();
+  return n;
+}
+
 bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_samples,
-                             double full_window, double lr, StepInfo& info) {
+                             double full_window, double lr, StepInfo& info, BatchSums& pending) {
   if (pipe_) pipe_->sum_shared_gradients();
   if (window_samples != static_cast<int64_t>(full_window)) {
     torch::NoGradGuard no_grad;
@@ -362,7 +395,14 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
     }
   }
   const bool found_inf = scaler_ ? scaler_->unscale(params) : false;
-  info.grad_norm = pipe_ ? pipe_->global_norm() : grad_norm(params);
+  info.grad_norm = pipe_ ? pipe_->global_norm() : read_step_sums(params, pending);
+  info.loss += pending.loss;
+  if (pending.counted) {
+    info.correct += pending.correct;
+    info.units += pending.units;
+    since_eval_correct_ += pending.correct;
+    since_eval_count_ += pending.units;
+  }
   bool step_now = true;
   if (scaler_ && found_inf) {  // fp16 overflow: normal for a loss scaler, skip and back off
     step_now = false;
@@ -518,6 +558,7 @@ void Trainer::fit() {
     }
     data::Batch batch;
     StepInfo info;
+    BatchSums pending;  // the window's loss and hits so far, read at its optimizer step
     int64_t micro = 0, window_samples = 0;
     double data_s = 0;
     auto t_step = Clock::now(), t_data = Clock::now();
@@ -539,13 +580,7 @@ void Trainer::fit() {
         dp_->finish_backward();
         lap(Phase::kAllreduce);
       }
-      info.loss += sums.loss;
-      if (sums.counted) {
-        info.correct += sums.correct;
-        info.units += sums.units;
-        since_eval_correct_ += sums.correct;
-        since_eval_count_ += sums.units;
-      }
+      add_sums(pending, sums);
       window_samples += b;
       const bool epoch_end = batch.index + 1 >= bpe;
       if (++micro < accumulate_ && !epoch_end) {
@@ -555,7 +590,7 @@ void Trainer::fit() {
 
       // The optimizer step for the window.
       const double lr = lr_at(opt_.steps());
-      optimizer_step(params, window_samples, full_window, lr, info);
+      optimizer_step(params, window_samples, full_window, lr, info, pending);
       lap(Phase::kOptimizer);
 
       info.count = window_samples;
@@ -574,6 +609,7 @@ void Trainer::fit() {
       check_stop_signal();
       if (!stop_reason_.empty() || !failure_.empty()) break;
       info = StepInfo{};
+      pending = BatchSums{};
       micro = window_samples = 0;
       data_s = 0;
       t_step = t_data = Clock::now();

@@ -54,6 +54,8 @@ double underflow_share(const model::NamedTensors& params, double scale, bool sca
 
 // Global L2 norm of all gradients (torch.nn.utils.clip_grad_norm_'s total_norm).
 double grad_norm(const model::NamedTensors& params);
+// The same as a double scalar tensor on the gradients' device (undefined without gradients).
+torch::Tensor grad_norm_tensor(const model::NamedTensors& params);
 
 // Per-parameter report for a non-finite or exploding step: "fc1.weight: 3 NaN, 0 Inf, norm nan".
 std::vector<std::string> offenders(const model::NamedTensors& params);

@@ -187,6 +187,10 @@ class Trainer {
     double loss = 0;  // sum of per-sample losses
     int64_t correct = 0, units = 0;
     bool counted = false;
+    // Without pipeline stages the sums stay on the device (double loss, int64 hits) until the
+    // optimizer step reads them with the gradient norm: one host sync per step, not two per
+    // micro-batch and one more for the norm.
+    torch::Tensor loss_t, correct_t;
   };
   BatchSums forward_backward(const data::Batch& batch, double eps, double full_window,
                              bool final_micro);
@@ -194,12 +198,16 @@ class Trainer {
                                   bool final_micro);
   void take_snapshot();
   bool optimizer_step(const model::NamedTensors& params, int64_t window_samples, double full_window,
-                      double lr, StepInfo& info);
+                      double lr, StepInfo& info, BatchSums& pending);
   void evaluate_during_fit(double train_loss, double seconds_before,
                            std::chrono::steady_clock::time_point fit_start);
   void check_stop_signal();
   void advance_progress(int64_t last_batch_index, int64_t batches_per_epoch);
-  bool underflow_due() const;  // fp16: sample the underflow share at this update
+  bool underflow_due() const;
+  static void add_sums(BatchSums& window, const BatchSums& b);
+  static double read_step_sums(
+      const model::NamedTensors& params,
+      BatchSums& window);  // fp16: sample the underflow share at this update
   double rewarm_factor(int64_t optimizer_step) const;
   void replan(int64_t total_steps);
 
