@@ -4,8 +4,8 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "mltrain/core/compat.hpp"

@@ -340,10 +340,6 @@ bool Trainer::handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors&
   return false;
 }
 
-// Gradients of the window -> one optimizer update: a short window (the epoch's end) rescaled to
-// the full one, fp16 unscaled, the pre-clip norm measured, an overflow or an unhealthy gradient
-// handled, then clip, step, EMA and rollback snapshots. Returns whether the update was applied
-// (and records it, the LR and the loss scale in info).
 // Adds a loader batch's sums to the window's (device tensors where the batch kept them).
 void Trainer::add_sums(BatchSums& window, const BatchSums& b) {
   window.loss += b.loss;
@@ -374,6 +370,10 @@ double Trainer::read_step_sums(const model::NamedTensors& params, BatchSums& w) 
   return n;
 }
 
+// Gradients of the window -> one optimizer update: a short window (the epoch's end) rescaled to
+// the full one, fp16 unscaled, the pre-clip norm measured, an overflow or an unhealthy gradient
+// handled, then clip, step, EMA and rollback snapshots. Returns whether the update was applied
+// (and records it, the LR and the loss scale in info).
 bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_samples,
                              double full_window, double lr, StepInfo& info, BatchSums& pending) {
   if (pipe_) pipe_->sum_shared_gradients();
@@ -382,8 +382,8 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
     for (const auto& [n, p] : params)
       if (p.grad().defined()) p.mutable_grad().mul_(full_window / window_samples);
   }
-  if (scaler_ &&
-      underflow_due()) {  // sampled before unscaling: the gradients still carry the scale
+  // Sampled before unscaling: the gradients still carry the scale.
+  if (scaler_ && underflow_due()) {
     info.grad_underflow = underflow_share(params, scaler_->value(), /*scaled=*/true);
     if (info.grad_underflow > cfg_.amp.underflow_warn && !underflow_warned_) {
       spdlog::warn(

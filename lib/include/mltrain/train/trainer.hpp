@@ -203,11 +203,9 @@ class Trainer {
                            std::chrono::steady_clock::time_point fit_start);
   void check_stop_signal();
   void advance_progress(int64_t last_batch_index, int64_t batches_per_epoch);
-  bool underflow_due() const;
+  bool underflow_due() const;  // fp16: sample the underflow share at this update
   static void add_sums(BatchSums& window, const BatchSums& b);
-  static double read_step_sums(
-      const model::NamedTensors& params,
-      BatchSums& window);  // fp16: sample the underflow share at this update
+  static double read_step_sums(const model::NamedTensors& params, BatchSums& window);
   double rewarm_factor(int64_t optimizer_step) const;
   void replan(int64_t total_steps);
 
