@@ -198,6 +198,12 @@ void Trainer::set_micro_batch(int64_t samples, bool recover) {
   oom_recover_ = recover && !(comm_ && comm_->size() > 1);
 }
 
+// acc += x for running sums kept on the device; an undefined acc starts at x, an undefined x adds
+// nothing.
+static void add_on_device(torch::Tensor& acc, const torch::Tensor& x) {
+  if (x.defined()) acc = acc.defined() ? acc + x : x;
+}
+
 // The loader batch's micro-batches: forward under autocast, loss in fp32 normalised by the
 // samples of the whole accumulation window (so micro-batches of any size add up to the batch's
 // gradient), backward. Only the last backward of the window's last batch all-reduces.
@@ -232,11 +238,10 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
     lap(Phase::kBackward);
     // The same double arithmetic as item<double>() * len, on the device (see BatchSums).
     const auto part_loss = out.loss.detach().to(torch::kDouble) * static_cast<double>(len);
-    sums.loss_t = sums.loss_t.defined() ? sums.loss_t + part_loss : part_loss;
+    add_on_device(sums.loss_t, part_loss);
     if (out.correct.defined()) {  // train accuracy (tasks that count argmax hits)
       sums.counted = true;
-      const auto hits = out.correct.detach().to(torch::kLong);
-      sums.correct_t = sums.correct_t.defined() ? sums.correct_t + hits : hits;
+      add_on_device(sums.correct_t, out.correct.detach().to(torch::kLong));
       sums.units += out.units;
     }
   }
@@ -346,10 +351,8 @@ void Trainer::add_sums(BatchSums& window, const BatchSums& b) {
   window.correct += b.correct;
   window.units += b.units;
   window.counted = window.counted || b.counted;
-  if (b.loss_t.defined())
-    window.loss_t = window.loss_t.defined() ? window.loss_t + b.loss_t : b.loss_t;
-  if (b.correct_t.defined())
-    window.correct_t = window.correct_t.defined() ? window.correct_t + b.correct_t : b.correct_t;
+  add_on_device(window.loss_t, b.loss_t);
+  add_on_device(window.correct_t, b.correct_t);
 }
 
 // The gradient norm, and the window's device-side loss and hits folded into their host sums, in
