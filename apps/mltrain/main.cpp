@@ -14,6 +14,7 @@
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/runtime.hpp"
+#include "mltrain/core/signals.hpp"
 
 #ifndef MLTRAIN_VERSION
 #define MLTRAIN_VERSION "0.1.0"
@@ -46,6 +47,7 @@ static int fail(const std::string& message, int code) {
 }
 
 int main(int argc, char** argv) {
+  mltrain::install_crash_reporter();
   // Logs go to stderr, so stdout carries only results (`--json` reports, `config schema`, ...).
   // (The default logger keeps its identity and lifetime; only its sink changes.)
   spdlog::default_logger()->sinks() = {std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check for issue #9, run on a machine with an NVIDIA GPU and a CUDA PyTorch (pip):
-#   OUT=/tmp/gpu [DEADLINE=SECONDS] [STEP_TIMEOUT=SECONDS] [BUILD_TIMEOUT=SECONDS] bash scripts/device/gpu_check.sh [--quick]
+#   OUT=/tmp/gpu [DEADLINE=SECONDS] [STEP_TIMEOUT=SECONDS] [BUILD_TIMEOUT=SECONDS] bash scripts/device/gpu_check.sh [--quick|--crash-only]
 # Needs .devdeps/ beside the sources (scripts/device/make_devdeps.sh fills it on a Debian 12
 # machine: the Debian packages' headers/libraries mltrain builds against, and Fashion-MNIST),
 # because such machines usually have no package registry. Builds mltrain against the machine's
@@ -72,16 +72,29 @@ py() { step "py_$1_$2_$3_b$4" python3 scripts/bench/py_train_cuda.py --model $1 
 # The crash after training (exit 139, 2026-12-04, LibTorch 2.11): every 3-epoch run with
 # checkpoint.keep_last=2 crashed after its last step and before the summary, while 1-epoch and
 # 600-step runs (two checkpoints, nothing pruned) exited 0. Isolate it in ~5 s per run: with and
-# without pruning, then a backtrace under cuda-gdb.
+# without pruning, checkpoints and the retaining allocator; mltrain's crash reporter prints the
+# crashing thread's backtrace into the log, and cuda-gdb (where installed) every thread's.
 crash=(train configs/fashion_mnist_cnn.yaml "${common[@]}" data.batch_size=1024 train.log_every=20u)
 step crash_pruned "$M" "${crash[@]}" run.name=crash_pruned
 step crash_unpruned "$M" "${crash[@]}" run.name=crash_unpruned checkpoint.keep_last=5
 step crash_no_ckpt "$M" "${crash[@]}" run.name=crash_no_ckpt checkpoint.every=never
+step crash_system_alloc "$M" "${crash[@]}" run.name=crash_system_alloc runtime.allocator=system
 step crash_1ep "$M" "${crash[@]}" run.name=crash_1ep train.duration=1ep
 step crash_2ep "$M" "${crash[@]}" run.name=crash_2ep train.duration=2ep
+# The same pruned run on the CPU, with this machine's compiler and LibTorch: CUDA's part or not.
+step crash_pruned_cpu "$M" "${crash[@]}" run.name=crash_pruned_cpu runtime.device=cpu data.limit_train=4096
+grep -n -B3 -A40 "fatal signal" "$LOG" | head -200 >"$OUT/crash_backtraces.txt"
+# A call through a null pointer leaves the caller's return address on top of the stack: print it.
+gdb_cmds=(-batch -ex run -ex bt -ex 'x/8a $sp' -ex 'info symbol *(void**)$sp' -ex "thread apply all bt 8")
 if command -v cuda-gdb >/dev/null; then
-  step crash_backtrace cuda-gdb -batch -ex run -ex bt -ex "info threads" -ex "thread apply all bt 12" \
-    --args "$M" "${crash[@]}" run.name=crash_bt
+  step crash_backtrace cuda-gdb "${gdb_cmds[@]}" --args "$M" "${crash[@]}" run.name=crash_bt
+elif command -v gdb >/dev/null; then
+  step crash_backtrace gdb "${gdb_cmds[@]}" --args "$M" "${crash[@]}" run.name=crash_bt
+fi
+cp "$M" "$OUT/mltrain.bin" 2>/dev/null  # for nm/objdump of the reported addresses
+if [ "${1:-}" = "--crash-only" ]; then
+  python3 scripts/device/summarize.py "$RUNS" "$LOG" "$OUT/steps.tsv" >"$OUT/summary.json" 2>>"$LOG"
+  exit 0
 fi
 # Ordered by what matters most, each mltrain run next to its Python baseline, so that a run cut
 # short by DEADLINE still has pairs to compare.
@@ -89,6 +102,8 @@ step cnn_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=
 py cnn expert none 128
 step cnn_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16 amp.enabled=true amp.dtype=fp16
 py cnn expert fp16 128
+step resnet_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp16 amp.enabled=true amp.dtype=fp16
+py resnet expert fp16 128
 step resnet_bf16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_bf16 amp.enabled=true amp.dtype=bf16
 py resnet expert bf16 128
 step cnn_fp32_b1024 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp32_b1024 data.batch_size=1024 train.log_every=10u
@@ -108,8 +123,6 @@ if [ "${1:-}" != "--quick" ]; then
   py cnn expert bf16 128
   step resnet_fp32 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp32
   py resnet expert none 128
-  step resnet_fp16 "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" "${resnet[@]}" run.name=resnet_fp16 amp.enabled=true amp.dtype=fp16
-  py resnet expert fp16 128
   py cnn idiomatic none 128
   step cnn_fp16_pageable "$M" train configs/fashion_mnist_cnn.yaml "${common[@]}" run.name=cnn_fp16_pageable amp.enabled=true amp.dtype=fp16 data.pin_memory=false
   # Data parallel over NCCL needs a GPU per rank (NCCL refuses two ranks on one device).

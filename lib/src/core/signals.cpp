@@ -1,11 +1,14 @@
 #include "mltrain/core/signals.hpp"
 
+#include <execinfo.h>
 #include <pthread.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstring>
 #include <initializer_list>
+#include <vector>
 #include <thread>
 
 namespace mltrain {
@@ -54,6 +57,71 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   for (int s : {SIGTERM, SIGINT, SIGUSR1}) sigaction(s, &sa, nullptr);
 }
+namespace {
+void write_str(const char* s) {
+  for (size_t n = std::strlen(s); n > 0;) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void on_fatal(int sig, siginfo_t*, void* context) {  // async-signal-safe apart from backtrace()
+  write_str("\nmltrain: fatal signal ");
+  char num[8];
+  int i = sizeof num - 1;
+  num[i] = '\0';
+  for (int v = sig; v > 0 && i > 0; v /= 10) num[--i] = static_cast<char>('0' + v % 10);
+  write_str(num + i);
+  write_str(" (");
+  write_str(sig == SIGSEGV  ? "SIGSEGV, invalid memory access"
+            : sig == SIGBUS ? "SIGBUS, bus error"
+            : sig == SIGFPE ? "SIGFPE, arithmetic fault"
+            : sig == SIGILL ? "SIGILL, illegal instruction"
+                            : "SIGABRT, aborted");
+  write_str(
+      "). This is a bug in mltrain or a library below it; please report it with this\n"
+      "backtrace, the command line and the run folder's config.yaml and env.json:\n");
+#if defined(__x86_64__) && defined(REG_RIP)
+  // The faulting instruction and the word on top of the stack. After a call through a null or
+  // freed function pointer the unwinder stops at address 0, and that word is the return address
+  // into the caller: the one frame that names the culprit.
+  if (context) {
+    const auto& gregs = static_cast<ucontext_t*>(context)->uc_mcontext.gregs;
+    void* at[2] = {reinterpret_cast<void*>(gregs[REG_RIP]),
+                   *reinterpret_cast<void**>(gregs[REG_RSP])};
+    write_str("faulting instruction, then the return address on top of the stack:\n");
+    backtrace_symbols_fd(at, 2, STDERR_FILENO);
+    write_str("backtrace:\n");
+  }
+#else
+  (void)context;
+#endif
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  // SA_RESETHAND restored the default action: re-raise it, for the usual status and core dump.
+  std::raise(sig);
+}
+}  // namespace
+
+void install_crash_reporter() {
+  static std::vector<char> alt_stack(1 << 16);
+  stack_t ss{};
+  ss.ss_sp = alt_stack.data();
+  ss.ss_size = alt_stack.size();
+  sigaltstack(&ss, nullptr);
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fatal;
+  sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_ONSTACK | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(s, &sa, nullptr);
+}
+
 int stop_signal() { return g_signal; }
 void clear_stop_signal() { g_signal = 0; }
 }  // namespace mltrain
