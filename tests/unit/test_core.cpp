@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/fs.hpp"
 #include "mltrain/core/runtime.hpp"
 #include "mltrain/core/sha256.hpp"
 
@@ -112,4 +113,33 @@ TEST_CASE("SHA-256 matches FIPS 180-4 test vectors", "[sha256]") {
   for (size_t i = 0; i < million.size(); i += 333)
     h.update(million.data() + i, std::min<size_t>(333, million.size() - i));
   CHECK(h.hex() == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_CASE("remove_tree removes a folder tree like rm -r, links as links, and reports errors",
+          "[fs]") {
+  namespace fs = std::filesystem;
+  const auto d = mltrain::testing::fresh_temp_dir("remove_tree");
+  const fs::path outside = d / "outside.txt";
+  std::ofstream(outside) << "keep me";
+  const fs::path tree = d / "step_12";
+  fs::create_directories(tree / "a" / "b");
+  std::ofstream(tree / "model.safetensors") << "x";
+  std::ofstream(tree / "a" / "b" / "deep.bin") << "y";
+  fs::create_symlink(outside, tree / "link_to_file");
+  fs::create_directory_symlink(d, tree / "a" / "link_to_parent");  // must not be followed
+  // 7 entries: model.safetensors, a, a/b, a/b/deep.bin, two links, and the folder itself
+  CHECK(mltrain::remove_tree(tree) == 7);
+  CHECK(!fs::exists(tree));
+  CHECK(fs::exists(outside));  // a link's target is left alone
+  CHECK(fs::exists(d));
+
+  std::error_code ec;
+  CHECK(mltrain::remove_tree(d / "missing", ec) == 0);  // nothing there: not an error
+  CHECK(!ec);
+  CHECK(mltrain::remove_tree(outside) == 1);  // a plain file
+  CHECK(!fs::exists(outside));
+  std::ofstream(d / "file") << "z";
+  CHECK(mltrain::remove_tree(d / "file" / "below", ec) == 0);  // a file is not a folder
+  CHECK(ec == std::errc::not_a_directory);
+  CHECK_THROWS_AS(mltrain::remove_tree(d / "file" / "below"), fs::filesystem_error);
 }

@@ -1,5 +1,6 @@
 #include "mltrain/core/fs.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -77,6 +78,79 @@ void fsync_dir(const std::string& dir) {
     ::fsync(fd);
     ::close(fd);
   }
+}
+
+namespace {
+// Removes the entries of the open folder `dir_fd` (then closed), depth first; errno-style result.
+int remove_below(int dir_fd, std::uintmax_t& count) {
+  DIR* d = ::fdopendir(dir_fd);
+  if (!d) {
+    const int e = errno;
+    ::close(dir_fd);
+    return e;
+  }
+  int err = 0;
+  while (err == 0) {
+    errno = 0;
+    const dirent* ent = ::readdir(d);
+    if (!ent) {
+      err = errno;
+      break;
+    }
+    const char* name = ent->d_name;
+    if (std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0) continue;
+    struct stat st;
+    if (::fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) err = errno;  // gone meanwhile: fine
+      continue;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      const int sub = ::openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0) {
+        err = errno;
+        break;
+      }
+      if ((err = remove_below(sub, count)) != 0) break;
+    }
+    if (::unlinkat(dirfd(d), name, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0) {
+      if (errno != ENOENT) err = errno;
+      continue;
+    }
+    ++count;
+  }
+  ::closedir(d);
+  return err;
+}
+}  // namespace
+
+std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) {
+  ec.clear();
+  std::uintmax_t count = 0;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) ec.assign(errno, std::generic_category());
+    return 0;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int err = fd < 0 ? errno : remove_below(fd, count);
+    if (err != 0) {
+      ec.assign(err, std::generic_category());
+      return count;
+    }
+  }
+  if ((S_ISDIR(st.st_mode) ? ::rmdir(path.c_str()) : ::unlink(path.c_str())) != 0) {
+    if (errno != ENOENT) ec.assign(errno, std::generic_category());
+    return count;
+  }
+  return count + 1;
+}
+
+std::uintmax_t remove_tree(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::uintmax_t n = remove_tree(path, ec);
+  if (ec) throw std::filesystem::filesystem_error("cannot remove", path, ec);
+  return n;
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {

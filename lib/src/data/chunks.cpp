@@ -122,7 +122,7 @@ ConvertReport write_chunks(const Dataset& ds, const std::string& dir,
   // Written into DIR.partial and renamed at the end: a killed convert leaves no half set behind
   // under the final name.
   const fs::path tmp = dir + ".partial";
-  fs::remove_all(tmp);
+  remove_tree(tmp);
   fs::create_directories(tmp);
   const int64_t per = samples_per_chunk(ds, opt);
   json chunks = json::array();

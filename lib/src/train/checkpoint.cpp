@@ -72,7 +72,7 @@ fs::path CheckpointStore::save_unchecked(int64_t step,
                                          std::optional<double> monitor) {
   const fs::path final_dir = root_ / ("step_" + std::to_string(step));
   const fs::path tmp = root_ / ("step_" + std::to_string(step) + ".partial");
-  fs::remove_all(tmp);
+  remove_tree(tmp);
   fs::create_directories(tmp);
   write_files(tmp);
   nlohmann::json ts = trainer_state;
@@ -90,7 +90,7 @@ fs::path CheckpointStore::save_unchecked(int64_t step,
   }
   write_file_atomic((tmp / "manifest.json").string(),
                     manifest.dump(2) + "\n");  // completeness marker
-  fs::remove_all(final_dir);
+  remove_tree(final_dir);
   fault::at("ckpt.folder_rename");
   fs::rename(tmp, final_dir);
   fault::at("ckpt.folder_renamed");
@@ -183,7 +183,7 @@ std::vector<fs::path> CheckpointStore::remove_leftovers(const fs::path& run_dir)
         doomed.push_back(e.path());
     }
     for (const auto& p : doomed)
-      if (fs::remove_all(p, ec) > 0) removed.push_back(p);
+      if (remove_tree(p, ec) > 0) removed.push_back(p);
   }
   return removed;
 }
@@ -243,7 +243,7 @@ void CheckpointStore::prune() const {
     fs::remove(d / "manifest.json");
     fsync_dir(d.string());
     fault::at("ckpt.prune");
-    fs::remove_all(d);
+    remove_tree(d);
   }
 }
 

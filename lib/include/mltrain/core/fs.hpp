@@ -6,10 +6,14 @@
 //   f.commit();        // fsync(file), rename over <path>, fsync(dir): all or nothing
 //
 //   MappedFile m("data/train.shard");   // PROT_READ mmap; m.data(), m.size()
+//
+//   remove_tree("runs/x/checkpoints/step_400");   // rm -r, without std::filesystem::remove_all
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 
 namespace mltrain {
 
@@ -32,6 +36,15 @@ class AtomicFile {
 void write_file_atomic(const std::string& path, const std::string& content);
 void fsync_dir(const std::string& dir);
 std::string read_file(const std::string& path);  // throws DataError when unreadable
+
+// Removes `path` and everything below it, symlinks as links (never followed); a missing path is
+// not an error. Returns how many entries went. Throws std::filesystem::filesystem_error, or with
+// `ec` sets it and stops. Use this, never std::filesystem::remove_all: pip LibTorch 2.x's
+// libtorch.so exports a copy of remove_all of its own, the dynamic linker binds mltrain's calls to
+// it, and on a non-empty folder it calls address 0 (LibTorch 2.11 + GCC 13, measured 2026-12-04:
+// every run that pruned a checkpoint died with SIGSEGV).
+std::uintmax_t remove_tree(const std::filesystem::path& path);
+std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec);
 
 class MappedFile {
  public:
