@@ -4,7 +4,8 @@
 The rooms and what each may include are the table below (docs/ARCHITECTURE.md, "Rooms", draws the
 same order). The command rooms above the trainer reach the training room only through its seam:
 train/pipeline.hpp (build_pipeline, load_trained_model), and `report` through train/checkpoint.hpp
-(it reads run folders). Exits 1 naming every include that breaks the rule.
+(it reads run folders). Also refuses calls that break under some LibTorch builds (FORBIDDEN).
+Exits 1 naming every include or call that breaks a rule.
 
   python3 scripts/dev/check_layers.py [REPO_ROOT]
 """
@@ -35,6 +36,11 @@ SEAM = {
     "landscape": {"train/pipeline.hpp"},
     "checklist": {"train/pipeline.hpp"},
     "report": {"train/checkpoint.hpp"},
+}
+# Calls the product must not make, with the replacement (core/fs.hpp says why for remove_all).
+FORBIDDEN = {
+    re.compile(r"\bremove_all\s*\("): "std::filesystem::remove_all binds to pip LibTorch 2.x's own "
+    "copy, which calls address 0; use mltrain::remove_tree (core/fs.hpp)",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"mltrain/([a-z_]+)/([a-z_0-9]+\.hpp)"', re.M)
 
@@ -69,9 +75,15 @@ def main():
             elif target == "train" and room in SEAM and f"train/{header}" not in SEAM[room]:
                 problems.append(f"{where}: room '{room}' includes mltrain/train/{header}; "
                                 f"it may reach the training room only through {sorted(SEAM[room])}")
+    for path in sorted(list(lib.rglob("*.[ch]pp")) + list((root / "apps").rglob("*.[ch]pp"))):
+        text = path.read_text()
+        for pattern, why in FORBIDDEN.items():
+            for m in pattern.finditer(text):
+                line = text[: m.start()].count("\n") + 1
+                problems.append(f"{path.relative_to(root)}:{line}: {why}")
     for p in problems:
         print(p)
-    print(f"{checked} includes checked, {len(problems)} against the room order")
+    print(f"{checked} includes checked; {len(problems)} against the room order or FORBIDDEN")
     return 1 if problems else 0
 
 

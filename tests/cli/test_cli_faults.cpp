@@ -2,6 +2,8 @@
 // protocol resumes from a complete checkpoint and ends bitwise equal to a run never killed; a full
 // disk and a read-only run folder stop the run with a clear error, the previous checkpoint intact.
 #include <sys/mount.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <map>
 
@@ -178,4 +180,25 @@ TEST_CASE("read-only run folder: clear error, exit 1, checkpoints untouched",
   auto again = run(join(args, 1));
   CHECK(again.code == 0);
   CHECK(fs::exists(m.dir / "ro/v0/checkpoints/step_30/manifest.json"));
+}
+
+TEST_CASE("a crash (SIGSEGV) prints a report with a backtrace and still exits 139",
+          "[cli][fault][crash]") {
+  auto d = tmpdir("crash_report");
+  auto args = small_run(d, "crash");
+  args.push_back("train.duration=40ep");  // long enough to be running when the signal lands
+  const pid_t pid = spawn(args, d / "crash.log");
+  // Mid-training: once the first step's metrics are on disk.
+  REQUIRE(wait_for(
+      [&] { return slurp(d / "crash/v0/metrics.jsonl").find("\"train\"") != std::string::npos; },
+      120));
+  ::syscall(SYS_tgkill, pid, pid, SIGSEGV);  // to the main thread (its tid is the pid)
+  const int code = wait_exit(pid);
+  const std::string log = slurp(d / "crash.log");
+  INFO(log);
+  CHECK(code == 128 + SIGSEGV);  // the default action still ends it: shells and Slurm see 139
+  CHECK_THAT(log, Catch::Contains("mltrain: fatal signal 11 (SIGSEGV"));
+  CHECK_THAT(log, Catch::Contains("please report it"));
+  CHECK_THAT(log, Catch::Contains("backtrace:"));
+  CHECK_THAT(log, Catch::Contains("mltrain(main+"));  // frames named (the executable exports them)
 }
