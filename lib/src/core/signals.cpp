@@ -6,10 +6,11 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#include <vector>
 #include <thread>
+#include <vector>
 
 namespace mltrain {
 namespace {
@@ -67,7 +68,9 @@ void write_str(const char* s) {
   }
 }
 
-void on_fatal(int sig, siginfo_t*, void* context) {  // async-signal-safe apart from backtrace()
+// Async-signal-safe apart from backtrace(), whose first call (the unwinder's loading) is done at
+// install time.
+void on_fatal(int sig, siginfo_t* info, void* context) {
   write_str("\nmltrain: fatal signal ");
   char num[8];
   int i = sizeof num - 1;
@@ -89,13 +92,18 @@ void on_fatal(int sig, siginfo_t*, void* context) {  // async-signal-safe apart 
   // into the caller: the one frame that names the culprit.
   if (context) {
     const auto& gregs = static_cast<ucontext_t*>(context)->uc_mcontext.gregs;
+    const auto sp = static_cast<uintptr_t>(gregs[REG_RSP]);
+    const auto fault = reinterpret_cast<uintptr_t>(info ? info->si_addr : nullptr);
+    // A fault at the stack pointer (an overflow into the guard page): its top is unreadable.
+    const bool stack_ok = sig != SIGSEGV || fault + 65536 < sp || fault > sp + 65536;
     void* at[2] = {reinterpret_cast<void*>(gregs[REG_RIP]),
-                   *reinterpret_cast<void**>(gregs[REG_RSP])};
+                   stack_ok ? *reinterpret_cast<void**>(sp) : nullptr};
     write_str("faulting instruction, then the return address on top of the stack:\n");
-    backtrace_symbols_fd(at, 2, STDERR_FILENO);
+    backtrace_symbols_fd(at, stack_ok ? 2 : 1, STDERR_FILENO);
     write_str("backtrace:\n");
   }
 #else
+  (void)info;
   (void)context;
 #endif
   void* frames[64];

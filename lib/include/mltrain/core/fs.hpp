@@ -42,7 +42,8 @@ std::string read_file(const std::string& path);  // throws DataError when unread
 // `ec` sets it and stops. Use this, never std::filesystem::remove_all: pip LibTorch 2.x's
 // libtorch.so exports a copy of remove_all of its own, the dynamic linker binds mltrain's calls to
 // it, and on a non-empty folder it calls address 0 (LibTorch 2.11 + GCC 13, measured 2026-12-04:
-// every run that pruned a checkpoint died with SIGSEGV).
+// every run that pruned a checkpoint died with SIGSEGV). The wheel links libstdc++'s
+// std::filesystem statically and exports it (pytorch/pytorch#133437); the rest of it has worked.
 std::uintmax_t remove_tree(const std::filesystem::path& path);
 std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec);
 

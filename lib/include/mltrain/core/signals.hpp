@@ -17,6 +17,7 @@ void clear_stop_signal();
 // Fatal signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT): a one-line reason and the crashing
 // thread's backtrace on stderr, so a crash in a batch job leaves more in its log than "exit 139";
 // then the signal's default action, so the exit status (128+N) and core dumps stay as they were.
-// Runs on an alternate stack, so a stack overflow reports too. Call once, early in main.
+// Runs on an alternate stack, so a stack overflow of the main thread reports too. Call once,
+// early in main, before other threads exist.
 void install_crash_reporter();
 }  // namespace mltrain
