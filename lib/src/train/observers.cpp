@@ -124,9 +124,7 @@ void MetricsWriter::on_step_end(Trainer& t, const StepInfo& s) {
           std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel()));
     }
   }
-  const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
-  if (every <= 0 || (t.progress().step % every != 0 && t.progress().step != t.total_steps()))
-    return;
+  if (!t.logs_step(t.progress().step)) return;
   nlohmann::json j = {{"event", "train"},
                       {"step", t.progress().step},
                       {"epoch", epoch_float(t)},
@@ -202,8 +200,7 @@ void ConsoleReporter::on_step_end(Trainer& t, const StepInfo& s) {
     if (w_.steps >= 50) w_ = Window{};
     return;
   }
-  const int64_t every = t.cfg().train.log_every.to_steps(t.steps_per_epoch());
-  if (every <= 0 || (p.step % every != 0 && p.step != t.total_steps())) return;
+  if (!t.logs_step(p.step)) return;
   spdlog::info("[train] step {}/{} epoch {:.2f} loss {:.4f}{} {} data-wait {:.1f}%", p.step,
                t.total_steps(), epoch_float(t), w_.loss / w_.steps, acc, rate,
                100.0 * w_.data_s / w_.step_s);

@@ -11,11 +11,17 @@ namespace mltrain::train {
 
 LossScaler::LossScaler(const config::AmpConfig& cfg) : cfg_(cfg), scale_(cfg.init_scale) {}
 
-bool LossScaler::unscale(const model::NamedTensors& params) const {
-  torch::NoGradGuard no_grad;
+// The parameters' gradients that exist (handles to them: in-place ops change the gradients).
+static std::vector<torch::Tensor> defined_grads(const model::NamedTensors& params) {
   std::vector<torch::Tensor> grads;
   for (const auto& [name, p] : params)
-    if (p.grad().defined()) grads.push_back(p.mutable_grad());
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+bool LossScaler::unscale(const model::NamedTensors& params) const {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads = defined_grads(params);
   if (grads.empty()) return false;
   if (grads.front().is_cuda()) {
     // GradScaler's fused multi-tensor kernel: every gradient unscaled and checked in one pass per
@@ -62,9 +68,7 @@ void LossScaler::load(const nlohmann::json& j) {
 
 torch::Tensor grad_norm_tensor(const model::NamedTensors& params) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (const auto& [name, p] : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
+  const std::vector<torch::Tensor> grads = defined_grads(params);
   if (grads.empty()) return {};
   // One fused pass, left on the device (the caller reads it with whatever else it needs).
   auto norms = at::_foreach_norm(grads, 2);

@@ -436,9 +436,12 @@ bool Trainer::optimizer_step(const model::NamedTensors& params, int64_t window_s
 // gradients' range, moves over many steps.
 bool Trainer::underflow_due() const {
   const int64_t next = progress_.step + 1;  // the step this update completes
-  const int64_t log_every = cfg_.train.log_every.to_steps(steps_per_epoch());
-  return next == 1 || next % 16 == 0 || next == total_steps_ ||
-         (log_every > 0 && next % log_every == 0);
+  return next == 1 || next % 16 == 0 || next == total_steps_ || logs_step(next);
+}
+
+bool Trainer::logs_step(int64_t step) const {
+  const int64_t every = cfg_.train.log_every.to_steps(steps_per_epoch());
+  return every > 0 && (step % every == 0 || step == total_steps_);
 }
 
 // The window's last batch is done: progress moves past it, into the next epoch at its end.

@@ -149,6 +149,8 @@ class Trainer {
   Progress& progress() { return progress_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
+  // Whether train.log_every logs the step (the last step always, unless logging is off).
+  bool logs_step(int64_t step) const;
   int64_t accumulate() const { return accumulate_; }
   double lr_at(int64_t optimizer_step) const {
     return schedule_->lr(optimizer_step) * progress_.lr_scale * rewarm_factor(optimizer_step);
