@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f build-san/build.ninja ]; then
   CC=clang CXX=clang++ cmake -S . -B build-san -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DMLTRAIN_FUZZ=ON -DMLTRAIN_BUILD_BENCH=OFF > /dev/null
+    -DMLTRAIN_FUZZ=ON -DMLTRAIN_BUILD_BENCH=OFF -DMLTRAIN_WITH_CUDA=OFF > /dev/null
 fi
 [ "${1:-}" = "--configure-only" ] && exit 0
 tests=(test_config test_data test_dist)

@@ -19,18 +19,31 @@
 #ifndef MLTRAIN_VERSION
 #define MLTRAIN_VERSION "0.1.0"
 #endif
+#ifndef MLTRAIN_CUDA_BUILD
+#define MLTRAIN_CUDA_BUILD ""
+#endif
 #ifndef MLTRAIN_BUILD_OPTIONS
 #define MLTRAIN_BUILD_OPTIONS ""
 #endif
 
 static void print_version() {
+  namespace compat = mltrain::compat;
+  const auto k = mltrain::runtime::kernels();
+  const int gpus = compat::cuda_device_count();
   std::cout << "mltrain " << MLTRAIN_VERSION << "\n"
-            << "LibTorch " << mltrain::compat::torch_version() << " (mkldnn "
-            << (mltrain::compat::mkldnn_available() ? "yes" : "no") << ", cuda "
-            << (mltrain::compat::cuda_available() ? "yes" : "no") << ")\n"
+            << "LibTorch " << compat::torch_version() << "\n"
+            << "CUDA compiled in: "
+            << (compat::cuda_built() ? std::string("yes (") + MLTRAIN_CUDA_BUILD + ")" : "no")
+            << "; GPUs visible: " << gpus
+            << (gpus == 0 ? " (runtime.device=auto trains on the CPU)" : "") << "\n"
+            << "kernels: BLAS " << k["blas"].get<std::string>() << ", oneDNN "
+            << k["onednn"].get<std::string>() << ", CPU capability "
+            << k["cpu_capability"].get<std::string>() << ", native bf16 "
+            << (k["bf16"].get<bool>() ? "yes" : "no (bf16 autocast would be slower than fp32)")
+            << "\n"
             << "build: " << MLTRAIN_BUILD_OPTIONS << "\n"
             << "runtime defaults: threads=auto (" << mltrain::runtime::usable_cores()
-            << " usable cores), kernel_route=onednn, allocator=retain\n";
+            << " usable cores), allocator=retain\n";
 }
 
 // Prints the failure and, under torchrun, leaves it in TORCHELASTIC_ERROR_FILE as well: torchrun's

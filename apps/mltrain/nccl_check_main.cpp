@@ -53,9 +53,7 @@ int main(int argc, char** argv) {
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
     if (t[0][0].item<float>() != 1.0f)
       throw std::runtime_error("all-reduce over one rank changed the values");
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-    pg->shutdown();  // 2.3+: without it the destructor warns and can block on the watchdog
-#endif
+    pg->shutdown();  // without it the destructor warns and can block on the watchdog
     std::remove(path.c_str());
     ok = true;
   } catch (const std::exception& e) {

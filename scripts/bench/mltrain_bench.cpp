@@ -47,9 +47,9 @@ int main(int argc, char** argv) {
   }
 }
 
-// mltrain_bench gemm native|onednn THREADS: fp32 GEMM throughput per route.
+// mltrain_bench gemm [THREADS]: fp32 GEMM throughput of LibTorch's BLAS (MKL in the wheel).
 static int bench_gemm(int argc, char** argv) {
-  runtime::apply({std::stoi(argc > 3 ? argv[3] : "0"), argv[2], "retain"});
+  runtime::apply({std::stoi(argc > 2 ? argv[2] : "0"), "retain"});
   for (auto [m, k, n] :
        std::vector<std::array<int64_t, 3>>{{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}}) {
     auto a = torch::randn({m, k}), b = torch::randn({k, n});
@@ -58,7 +58,7 @@ static int bench_gemm(int argc, char** argv) {
     auto t0 = Clock::now();
     while (secs(t0) < 0.5 || iters < 3) torch::mm(a, b), ++iters;
     std::cout << nlohmann::json{{"mode", "gemm"},
-                                {"route", argv[2]},
+                                {"blas", runtime::kernels()["blas"]},
                                 {"threads", at::get_num_threads()},
                                 {"m", m},
                                 {"k", k},
@@ -208,7 +208,7 @@ static int bench_main(int argc, char** argv) {
                         {"model", cfg.model.name},
                         {"batch", lo.batch_size},
                         {"threads", at::get_num_threads()},
-                        {"route", runtime::kernel_route()},
+                        {"blas", runtime::kernels()["blas"]},
                         {"allocator", cfg.runtime.allocator}};
 
   if (mode == "loader") {

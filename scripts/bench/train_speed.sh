@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x build/mltrain_bench ] || bash scripts/build.sh >/dev/null
 BENCH=build/mltrain_bench
-PY=/usr/bin/python3   # Debian's python3-torch, whatever pyenv says
+PY=.venv/bin/python   # the venv's torch 2.15 (scripts/venv.sh), whatever pyenv says
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 Q=${QUICK:-0}
@@ -54,8 +54,8 @@ ratio() { $PY -c "print(f'{$1/$2:.2f}')"; }
 declare -A R
 
 if [ "$MEM" != 1 ]; then
-  echo "== kernel route: fp32 GEMM GFLOP/s (LibTorch's BLAS call vs oneDNN sgemm)"
-  for route in native onednn; do $BENCH gemm $route 0; done | tee "$TMP/gemm.jsonl"
+  echo "== fp32 GEMM GFLOP/s (LibTorch's BLAS)"
+  $BENCH gemm 0 | tee "$TMP/gemm.jsonl"
 fi
 
 # pytorch/examples' MNIST CNN, trained by mltrain as TorchScript (model.name=torchscript).
@@ -100,7 +100,7 @@ if [ "$MEM" = 1 ]; then
 fi
 
 echo "== allocator and threads (CNN, bare step): each fix alone"
-for a in "runtime.allocator=system" "runtime.allocator=retain" "runtime.threads=1" "runtime.kernel_route=native train.duration=40u"; do
+for a in "runtime.allocator=system" "runtime.allocator=retain" "runtime.threads=1"; do
   echo -n "$a: "; $BENCH bare configs/fashion_mnist_cnn.yaml train.duration=120u $a
 done
 

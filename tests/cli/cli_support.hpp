@@ -31,6 +31,8 @@ namespace fs = std::filesystem;
 
 inline const std::string kBin = MLTRAIN_BIN;
 inline const std::string kSrc = MLTRAIN_SOURCE_DIR;
+// The project venv's Python (torch 2.15, numpy, scikit-learn: scripts/venv.sh).
+inline const std::string kPython = kSrc + "/.venv/bin/python";
 inline const std::string kFmnist = "/usr/share/datasets/fashion-mnist";
 
 // The first of n consecutive loopback TCP ports that were free when asked (the kernel's pick for

@@ -22,16 +22,26 @@ TEST_CASE("checklist: every item has a status, SKIPs say why, FAIL exits 4", "[c
   }
   for (const char* id :
        {"data.read_bandwidth", "data.loader_rate", "data.augmentation_cost", "data.pinned_copy",
-        "compute.gemm_route", "compute.cudnn_benchmark", "compute.autocast_coverage",
-        "compute.fusion", "system.swappiness", "system.transparent_hugepages",
-        "system.cpu_governor", "system.threads", "system.allocator", "system.numa",
-        "system.open_files", "system.disk_space", "gpu.versions", "gpu.nccl_allreduce"})
+        "compute.gemm", "compute.cudnn_benchmark", "compute.autocast_coverage", "compute.fusion",
+        "system.swappiness", "system.transparent_hugepages", "system.cpu_governor",
+        "system.threads", "system.allocator", "system.numa", "system.open_files",
+        "system.disk_space", "gpu.versions", "gpu.nccl_allreduce"})
     CHECK(ids.count(id) == 1);
   for (const auto& it : j["items"]) {
     if (it["id"] == "compute.fusion")
       CHECK(it["value"]["conv_bn_pairs"] == 2);  // conv1/bn1, conv2/bn2
-    if (it["id"] == "compute.autocast_coverage")
+    if (it["id"] == "compute.autocast_coverage") {
       CHECK(it["measured"].get<std::string>().find("aten::conv2d") != std::string::npos);
+      // Whether bf16 pays on this CPU, read from /proc/cpuinfo as the item must.
+      std::ifstream cpuinfo("/proc/cpuinfo");
+      const std::string info((std::istreambuf_iterator<char>(cpuinfo)), {});
+      const bool native = info.find(" avx512_bf16") != std::string::npos ||
+                          info.find(" amx_bf16") != std::string::npos;
+      CHECK(it["value"]["native_bf16"] == native);
+      CHECK(it["measured"].get<std::string>().find(native ? "this CPU has native bf16"
+                                                          : "this CPU has no native bf16") !=
+            std::string::npos);
+    }
   }
 
   // Over-subscribed threads and a checkpoint budget no disk holds: FAIL, exit 4, named in the text.

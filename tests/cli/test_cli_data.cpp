@@ -27,8 +27,8 @@ static nlohmann::json summary_of(const std::string& out) {
 
 // Real Fashion-MNIST images exported as PNG and JPEG folders (scripts/data/fmnist_images.py).
 static fs::path image_folders(const fs::path& d) {
-  const auto r = sh("/usr/bin/python3 " + kSrc + "/scripts/data/fmnist_images.py --out " +
-                    d.string() + " --limit 400");
+  const auto r = sh(kPython + " " + kSrc + "/scripts/data/fmnist_images.py --out " + d.string() +
+                    " --limit 400");
   REQUIRE(r.code == 0);
   return d;
 }
@@ -138,8 +138,7 @@ TEST_CASE("bad images, tables and chunks: exit 3 naming the file, or skipped and
 TEST_CASE("a CSV table trains, and profile --sweep --apply writes the fastest value into a copy",
           "[cli][csv][profile]") {
   const auto d = tmpdir("csv_train");
-  REQUIRE(sh("/usr/bin/python3 " + kSrc + "/scripts/data/export_tabular.py " + d.string()).code ==
-          0);
+  REQUIRE(sh(kPython + " " + kSrc + "/scripts/data/export_tabular.py " + d.string()).code == 0);
   const std::string args = kSrc + "/configs/breast_cancer_csv.yaml run.dir=" + d.string() +
                            " data.train_images=" + (d / "breast_cancer/train.csv").string() +
                            " data.test_images=" + (d / "breast_cancer/test.csv").string();

@@ -21,11 +21,11 @@ TEST_CASE(
   CHECK(j["speedup_batch128"].get<double>() > 0);
   CHECK(fs::exists(d / "cnn" / "v0" / "fused" / "model.pt"));
   // The fused model.pt is what users deploy from Python: PyTorch loads and runs it.
-  const auto py =
-      sh("/usr/bin/python3 -c \"import torch, sys; m = torch.jit.load(sys.argv[1]); "
-         "m.eval(); y = m(torch.rand(3, 1, 28, 28)); "
-         "print('logits', tuple(y.shape), bool(torch.isfinite(y).all()))\" " +
-         (d / "cnn" / "v0" / "fused" / "model.pt").string());
+  const auto py = sh(kPython +
+                     " -c \"import torch, sys; m = torch.jit.load(sys.argv[1]); "
+                     "m.eval(); y = m(torch.rand(3, 1, 28, 28)); "
+                     "print('logits', tuple(y.shape), bool(torch.isfinite(y).all()))\" " +
+                     (d / "cnn" / "v0" / "fused" / "model.pt").string());
   INFO(py.out);
   CHECK(py.code == 0);
   CHECK_THAT(py.out, Catch::Contains("logits (3, 10) True"));

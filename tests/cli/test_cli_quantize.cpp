@@ -36,7 +36,7 @@ TEST_CASE("quantize: int8 CNN on LibTorch's quantized kernels keeps accuracy and
     const auto j = report();
     CHECK(j["script"]["bytes"].get<int64_t>() <
           fs::file_size(fs::path(j["checkpoint"].get<std::string>()) / "model.safetensors") / 3);
-    auto py = sh("/usr/bin/python3 " + kSrc + "/tests/golden/check_int8_script.py " +
+    auto py = sh(kPython + " " + kSrc + "/tests/golden/check_int8_script.py " +
                  (d / "cnn" / "v0" / "quantized" / "quantize.json").string() + " " + kFmnist);
     INFO(py.out);
     REQUIRE(py.code == 0);

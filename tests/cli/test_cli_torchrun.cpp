@@ -16,8 +16,10 @@ TEST_CASE(
   auto digest = [&](const std::string& tag) {
     ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / tag).c_str(), 1);
   };
-  // Debian's torchrun (torch 1.13 on Python 3.11) crashes on its default --redirects/--tee: -r 1 -t 1.
-  const std::string torchrun = "cd " + d.string() + " && torchrun -r 1 -t 1 ";
+  // The venv's torchrun (torch 2.15), the one a user of this checkout has. -r 1 -t 1: redirect and
+  // tee each worker's output, as with torch 1.13 (whose defaults crashed on Python 3.11).
+  const std::string torchrun =
+      "cd " + d.string() + " && " + kSrc + "/.venv/bin/torchrun -r 1 -t 1 ";
   const std::string in_dir = "cd " + d.string() + " && ";
 
   digest("launch");

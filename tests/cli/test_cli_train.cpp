@@ -8,8 +8,12 @@ TEST_CASE("--version, --help and usage errors", "[cli]") {
   auto v = run("--version");
   CHECK(v.code == 0);
   CHECK_THAT(v.out, Catch::Contains("mltrain 0.1.0"));
-  CHECK_THAT(v.out, Catch::Contains("LibTorch 1.13"));
-  CHECK_THAT(v.out, Catch::Contains("kernel_route=onednn"));
+  CHECK_THAT(v.out, Catch::Contains("LibTorch 2.15"));
+  CHECK_THAT(v.out, Catch::Contains("kernels: BLAS MKL"));
+  CHECK_THAT(v.out, Catch::Contains("CPU capability AVX"));
+  // The build says whether CUDA was compiled in (scripts/build.sh turns it on where nvcc is).
+  CHECK_THAT(v.out, Catch::Contains(MLTRAIN_EXPECT_CUDA ? "CUDA compiled in: yes (wheel CUDA 13."
+                                                        : "CUDA compiled in: no"));
   auto h = run("--help");
   CHECK(h.code == 0);
   for (const char* sub : {"train", "config", "data", "Exit codes"})
@@ -218,6 +222,25 @@ TEST_CASE("damaged checkpoints: fall back with a warning; an explicit damaged on
              Catch::Contains("fc1.weight' has shape [32, 784], the model expects [64, 784]"));
 }
 
+// The CUDA binary on a machine without a GPU (this one, CI's): it loads, says so, trains on the
+// CPU under runtime.device=auto, and refuses runtime.device=cuda as a config error (exit 2).
+TEST_CASE("no GPU: device auto trains on the CPU, device cuda is a config error", "[cli][cuda]") {
+  auto d = tmpdir("nogpu");
+  auto args = small_run(d, "auto");
+  args.push_back("train.duration=5u");
+  REQUIRE(run(join(args, 1)).code == 0);
+  const std::string env = slurp(d / "auto/v0/env.json");
+  CHECK_THAT(
+      env, Catch::Contains(MLTRAIN_EXPECT_CUDA ? "\"cuda_built\": true" : "\"cuda_built\": false"));
+  CHECK_THAT(env, Catch::Contains("\"cuda\": false"));
+  args.back() = "train.duration=5u runtime.device=cuda run.name=cuda";
+  const auto r = run(join(args, 1));
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("runtime.device: cuda asked for, but"));
+  CHECK_THAT(r.out, Catch::Contains(MLTRAIN_EXPECT_CUDA ? "no CUDA device is visible"
+                                                        : "this mltrain was built without CUDA"));
+}
+
 TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]") {
   auto d = tmpdir("runfolder");
   auto args = small_run(d, "rf");
@@ -230,7 +253,7 @@ TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]")
   for (const char* f : {"config.yaml", "env.json", "metrics.jsonl", "metrics.csv", "status.json",
                         "checkpoints/latest"})
     CHECK(fs::exists(v0 / f));
-  CHECK_THAT(slurp(v0 / "env.json"), Catch::Contains("\"kernel_route\": \"onednn\""));
+  CHECK_THAT(slurp(v0 / "env.json"), Catch::Contains("\"blas\": \"MKL "));
   const auto csv = slurp(v0 / "metrics.csv");
   CHECK(csv.rfind("event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,grad_norm,time_s\n",
                   0) == 0);
@@ -251,7 +274,8 @@ TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]")
   CHECK(rerun.code == 0);
   CHECK_THAT(rerun.out, Catch::Contains("test accuracy: "));
   const std::string py =
-      "/usr/bin/python3 -c \"import json,struct,numpy as np,sys; b=open(sys.argv[1],'rb').read(); "
+      kPython +
+      " -c \"import json,struct,numpy as np,sys; b=open(sys.argv[1],'rb').read(); "
       "n=struct.unpack('<Q',b[:8])[0]; "
       "h=json.loads(b[8:8+n]); e=h['conv1.weight']; s,t=e['data_offsets']; "
       "a=np.frombuffer(b[8+n+s:8+n+t],dtype=np.float32).reshape(e['shape']); "

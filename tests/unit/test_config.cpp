@@ -277,7 +277,7 @@ TEST_CASE("print-config round-trips byte for byte", "[config]") {
 
 TEST_CASE("schema lists every key with type, default and doc", "[config]") {
   const std::string s = schema_text();
-  for (const char* key : {"run.seed", "runtime.kernel_route", "data.workers", "model.init",
+  for (const char* key : {"run.seed", "runtime.allocator", "data.workers", "model.init",
                           "optim.param_groups[].lr_mult", "train.duration", "checkpoint.resume"})
     CHECK_THAT(s, Catch::Contains(key));
   CHECK_THAT(s, Catch::Contains("optim.lr"));

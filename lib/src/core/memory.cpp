@@ -29,7 +29,7 @@ constexpr size_t kHeader = 64;
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) MLTRAIN_ALLOCATOR_CONST override {
+  c10::DataPtr allocate(size_t n) override {
     const int64_t bytes = static_cast<int64_t>(n);
     const int64_t limit = g_limit.load(std::memory_order_relaxed);
     if (limit > 0 && g_live.load(std::memory_order_relaxed) + bytes > limit)
@@ -43,11 +43,9 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &CountingAllocator::release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
-#if MLTRAIN_ALLOCATOR_HAS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
-#endif
 
  private:
   static void release(void* data) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <mutex>
 
+#include <ATen/Version.h>
 #include <torch/torch.h>
 
 #include "mltrain/core/compat.hpp"
@@ -46,7 +47,6 @@ void apply(const RuntimeOptions& opt) {
   set_allocator_policy(opt.allocator);
   g_threads = opt.threads > 0 ? opt.threads : usable_cores();
   at::set_num_threads(g_threads);
-  set_kernel_route(opt.kernel_route);
 }
 
 int64_t minor_faults() {
@@ -71,7 +71,8 @@ static std::string cpu_flags_of_interest() {
   std::string line, out;
   while (std::getline(in, line)) {
     if (line.rfind("flags", 0) == 0) {
-      for (const char* f : {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile"})
+      for (const char* f :
+           {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"})
         if (line.find(std::string(" ") + f) != std::string::npos)
           out += std::string(out.empty() ? "" : " ") + f;
       break;
@@ -80,13 +81,33 @@ static std::string cpu_flags_of_interest() {
   return out;
 }
 
+bool cpu_has_native_bf16() {
+  const std::string f = " " + cpu_flags_of_interest() + " ";
+  return f.find(" avx512_bf16 ") != std::string::npos || f.find(" amx_bf16 ") != std::string::npos;
+}
+
+nlohmann::json kernels() {
+  // "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build ..." -> "MKL 2024.2"
+  std::string blas = at::hasMKL() ? at::get_mkl_version() : "LibTorch's own (no MKL)";
+  if (const auto at = blas.find("Version "); at::hasMKL() && at != std::string::npos)
+    blas = "MKL " + blas.substr(at + 8, blas.find_first_of("- ", at + 8) - (at + 8));
+  std::string dnnl = at::hasMKLDNN() ? at::get_mkldnn_version() : "none";
+  if (const auto v = dnnl.find(" v"); v != std::string::npos)
+    dnnl = dnnl.substr(v + 1, dnnl.find(' ', v + 1) - (v + 1));
+  return {{"blas", blas},
+          {"onednn", dnnl},
+          {"cpu_capability", at::get_cpu_capability()},
+          {"bf16", cpu_has_native_bf16()}};
+}
+
 nlohmann::json describe() {
   return {{"threads", at::get_num_threads()},
           {"usable_cores", usable_cores()},
-          {"kernel_route", kernel_route()},
+          {"kernels", kernels()},
           {"allocator", g_allocator},
           {"libtorch", compat::torch_version()},
           {"mkldnn", compat::mkldnn_available()},
+          {"cuda_built", compat::cuda_built()},
           {"cuda", compat::cuda_available()},
           {"cuda_device", compat::cuda_device_name()},
           {"cudnn_benchmark", compat::cuda_available() && compat::cudnn_benchmark()},

@@ -19,11 +19,7 @@ c10::intrusive_ptr<compat::C10dGroup> make_nccl_group(const c10::intrusive_ptr<c
 }
 
 void shutdown_nccl_group(const c10::intrusive_ptr<compat::C10dGroup>& group) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   if (auto* nccl = dynamic_cast<c10d::ProcessGroupNCCL*>(group.get())) nccl->shutdown();
-#else
-  (void)group;
-#endif
 }
 
 std::string nccl_version() { return c10d::getNcclVersion(); }

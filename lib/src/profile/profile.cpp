@@ -295,7 +295,7 @@ Diagnosis diagnose(const Measure& m) {
                          format_fixed(supply / std::max(1.0, consume), 1) +
                          "x what the model consumes");
     advice.push_back(
-        "bf16 autocast (amp.enabled=true), channels_last, and the oneDNN kernel route cut compute; "
+        "bf16 autocast (amp.enabled=true) on CPUs with native bf16, and channels_last cut compute; "
         "see the operator table");
   }
   if (m.grad_underflow > 0.01)
@@ -405,8 +405,6 @@ std::vector<FixProposal> propose_fixes(const config::ExperimentConfig& cfg, cons
       add("amp.enabled", "true", "bf16 autocast: this machine runs bf16 matmuls natively");
     if ((cfg.model.name == "cnn" || cfg.model.name == "resnet") && !cfg.model.channels_last)
       add("model.channels_last", "true", "NHWC convolutions (oneDNN's native layout)");
-    if (cfg.runtime.kernel_route == "native")
-      add("runtime.kernel_route", "onednn", "oneDNN sgemm for fp32 Linear/matmul");
   } else if (d.verdict == "host-overhead-bound" && !cfg.data.batch_size.is_auto()) {
     add("data.batch_size", std::to_string(2 * cfg.data.batch_size),
         "amortise per-step overhead (changes the optimisation: revisit optim.lr)");
@@ -461,10 +459,7 @@ double measure_with(const train::Splits& splits, const ProfileOptions& o,
 ProfileReport::Fix prove_fixes(const train::Splits& splits, const ProfileOptions& o,
                                const ProfileReport& r, const config::ExperimentConfig& cfg) {
   ProfileReport::Fix f;
-  const std::string flags = r.runtime.value("cpu_flags", "");
-  const bool bf16 = r.device.rfind("cuda", 0) == 0 ||
-                    flags.find("avx512_bf16") != std::string::npos ||
-                    flags.find("amx_tile") != std::string::npos;
+  const bool bf16 = r.device.rfind("cuda", 0) == 0 || runtime::cpu_has_native_bf16();
   for (auto& p : propose_fixes(cfg, r.measure, r.diagnosis, runtime::usable_cores(), bf16))
     f.rows.push_back({p, {}, 0, 0, false});
   bool in_child = false;

@@ -189,8 +189,8 @@ torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu) {
                       "cuda asked for, but " +
                           std::string(compat::cuda_built() ? "no CUDA device is visible"
                                                            : "this mltrain was built without CUDA"),
-                      "use runtime.device=auto or cpu, or build with -DMLTRAIN_WITH_CUDA=ON "
-                      "against a CUDA LibTorch");
+                      "use runtime.device=auto or cpu, or build where nvcc of the wheel's CUDA "
+                      "major version is on PATH (scripts/build.sh)");
   const torch::Device device = compat::resolve_device(cfg.runtime.device, gpu);
   if (device.is_cuda()) {
     if (gpu >= compat::cuda_device_count())
@@ -351,7 +351,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   const int64_t budget = config::memory_budget_bytes(cfg.runtime.memory_budget);
   if (budget > 0) memory::track_cpu();  // before the model, so its weights count
   memory::set_cpu_limit(0);             // a previous pipeline's budget binds nothing here
-  runtime::apply({resolve_threads(cfg, world), cfg.runtime.kernel_route, cfg.runtime.allocator});
+  runtime::apply({resolve_threads(cfg, world), cfg.runtime.allocator});
   p->device = prepare_device(cfg, distributed ? world.local_rank : 0);
   // Data, model and optimizer before anything is written: bad input fails first.
   p->splits = opt.splits ? *opt.splits : load_splits(cfg);

@@ -1,6 +1,8 @@
 #pragma once
-// Every LibTorch-version-specific call lives here, so the same sources build against Debian's
-// LibTorch 1.13 (CPU, what CI uses) and the LibTorch 2.x + CUDA that users run.
+// LibTorch's CUDA and version-specific calls live here, behind MLTRAIN_WITH_CUDA, so the CPU-only
+// binary (no nvcc) compiles the same sources as the CUDA one. mltrain builds against LibTorch 2.15
+// from PyPI only: the shims for Debian's 1.13 (pre-2.3 allocator, pre-2.4 autocast setters,
+// c10d's ProcessGroup base) are gone (docs/ARCHITECTURE.md, "Engine version").
 //
 //   mltrain::compat::cuda_available();      // false on a CPU-only build
 //   auto ver = mltrain::compat::torch_version();
@@ -24,26 +26,11 @@ class Backend;
 
 namespace mltrain::compat {
 
-// c10d's ProcessGroupGloo and ProcessGroupNCCL derive from ProcessGroup in 1.x and from Backend
-// in 2.x (ProcessGroup became a dispatcher over backends); both bases have the same collectives.
-#if TORCH_VERSION_MAJOR >= 2
+// The c10d backend a data-parallel group holds: ProcessGroupGloo and ProcessGroupNCCL derive from
+// Backend (ProcessGroup is a dispatcher over backends).
 using C10dGroup = c10d::Backend;
-#else
-using C10dGroup = c10d::ProcessGroup;
-#endif
-
-// c10::Allocator::allocate lost its const and gained a pure virtual copy_data in LibTorch 2.3
-// (found by the first CUDA build against pip LibTorch 2.11).
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define MLTRAIN_ALLOCATOR_CONST
-#define MLTRAIN_ALLOCATOR_HAS_COPY_DATA 1
-#else
-#define MLTRAIN_ALLOCATOR_CONST const
-#define MLTRAIN_ALLOCATOR_HAS_COPY_DATA 0
-#endif
 
 inline std::string torch_version() { return TORCH_VERSION; }
-inline int torch_major() { return TORCH_VERSION_MAJOR; }
 
 inline constexpr bool cuda_built() {
 #ifdef MLTRAIN_WITH_CUDA
@@ -229,24 +216,11 @@ struct AutocastState {
   at::ScalarType dtype = at::kBFloat16;
 };
 inline AutocastState autocast_state(bool cuda) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   const auto dev = cuda ? at::kCUDA : at::kCPU;
   return {at::autocast::is_autocast_enabled(dev), at::autocast::get_autocast_dtype(dev)};
-#else
-  return cuda ? AutocastState{at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()}
-              : AutocastState{at::autocast::is_cpu_enabled(),
-                              at::autocast::get_autocast_cpu_dtype()};
-#endif
 }
 inline void set_autocast_enabled(bool cuda, bool on) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   at::autocast::set_autocast_enabled(cuda ? at::kCUDA : at::kCPU, on);
-#else
-  if (cuda)
-    at::autocast::set_enabled(on);
-  else
-    at::autocast::set_cpu_enabled(on);
-#endif
 }
 
 // Autocast off for one region on both devices (amp.fp32_modules: a module that must run in fp32).
@@ -267,46 +241,22 @@ class AutocastOff {
   bool cpu_, cuda_;
 };
 
-// Autocast for one region (the forward pass). LibTorch 2.4 replaced the per-device setters with
-// set_autocast_enabled(device, on) / set_autocast_dtype(device, dtype).
+// Autocast for one region (the forward pass), on the CPU or CUDA.
 class AutocastGuard {
  public:
   AutocastGuard(bool enabled, at::ScalarType dtype, bool cuda) : enabled_(enabled), cuda_(cuda) {
     if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     const auto dev = cuda ? at::kCUDA : at::kCPU;
     prev_on_ = at::autocast::is_autocast_enabled(dev);
     prev_dtype_ = at::autocast::get_autocast_dtype(dev);
     at::autocast::set_autocast_dtype(dev, dtype);
     at::autocast::set_autocast_enabled(dev, true);
-#else
-    prev_on_ = cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-    prev_dtype_ =
-        cuda ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
-    if (cuda) {
-      at::autocast::set_autocast_gpu_dtype(dtype);
-      at::autocast::set_enabled(true);
-    } else {
-      at::autocast::set_autocast_cpu_dtype(dtype);
-      at::autocast::set_cpu_enabled(true);
-    }
-#endif
   }
   ~AutocastGuard() {
     if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     const auto dev = cuda_ ? at::kCUDA : at::kCPU;
     at::autocast::set_autocast_enabled(dev, prev_on_);
     at::autocast::set_autocast_dtype(dev, prev_dtype_);
-#else
-    if (cuda_) {
-      at::autocast::set_enabled(prev_on_);
-      at::autocast::set_autocast_gpu_dtype(prev_dtype_);
-    } else {
-      at::autocast::set_cpu_enabled(prev_on_);
-      at::autocast::set_autocast_cpu_dtype(prev_dtype_);
-    }
-#endif
     if (!prev_on_) at::autocast::clear_cache();  // drop the casted-weight cache with the region
   }
   AutocastGuard(const AutocastGuard&) = delete;
