@@ -14,7 +14,6 @@
 #include "gpt.hpp"
 
 #include <cmath>
-#include <limits>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -74,20 +73,22 @@ struct AttentionImpl : nn::Module {
     c_attn = register_module("c_attn", Dense(c.n_embd, 3 * c.n_embd, c.bias, sb.c_attn));
     c_proj = register_module("c_proj", Dense(c.n_embd, c.n_embd, c.bias, sb.attn_proj));
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal) {
+  torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), hs = width / heads;
     auto qkv = c_attn->forward(x).split(width, 2);
     auto heads_of = [&](const torch::Tensor& t) {
       return t.view({B, T, heads, hs}).transpose(1, 2);  // [B, heads, T, hs]
     };
-    // The causal mask is added (0 / -inf) rather than applied with masked_fill, which LibTorch
-    // 1.13 runs unvectorised on the CPU: same values.
     const auto q = heads_of(qkv[0]), k = heads_of(qkv[1]), v = heads_of(qkv[2]);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-    auto att = torch::softmax(torch::matmul(q, k.transpose(-2, -1)) * scale + causal, -1);
-    if (dropout > 0)
-      att = F::dropout(att, F::DropoutFuncOptions().p(dropout).training(is_training()));
-    auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, width});
+    // softmax(q k^T / sqrt(hs) + causal mask) v with dropout on the weights, as nn.functional's
+    // scaled_dot_product_attention: on the CPU its flash kernel, which never materialises the
+    // T x T weights (fp32, bf16 under autocast); on CUDA flash or memory-efficient attention.
+    auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt,
+                                              /*dropout_p=*/is_training() ? dropout : 0.0,
+                                              /*is_causal=*/true)
+                 .transpose(1, 2)
+                 .contiguous()
+                 .view({B, T, width});
     y = c_proj->forward(y);
     if (dropout > 0) y = F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training()));
     return y;
@@ -125,12 +126,12 @@ struct BlockImpl : nn::Module {
     ln_2 = register_module("ln_2", Norm(c.n_embd, c.bias));
     mlp = register_module("mlp", MlpBlock(c, sb));
   }
-  torch::Tensor forward(torch::Tensor x, const torch::Tensor& causal) {
+  torch::Tensor forward(torch::Tensor x) {
     auto run = [this](size_t i, const torch::Tensor& t, auto&& f) {
       return isl->call(names[i], t, f);
     };
     auto a = run(1, run(0, x, [&](const torch::Tensor& t) { return ln_1->forward(t); }),
-                 [&](const torch::Tensor& t) { return attn->forward(t, causal); });
+                 [&](const torch::Tensor& t) { return attn->forward(t); });
     x = x + a;
     auto m = run(3, run(2, x, [&](const torch::Tensor& t) { return ln_2->forward(t); }),
                  [&](const torch::Tensor& t) { return mlp->forward(t); });
@@ -202,9 +203,7 @@ struct GptImpl : nn::Module {
         x = head(x);
       } else {
         Block& b = blocks[size_t(u - 1)];
-        const auto causal = causal_mask(x.size(1), x.options().dtype(torch::kFloat32));
-        x = b->isl->call(b->prefix, x,
-                         [&](const torch::Tensor& in) { return b->forward(in, causal); });
+        x = b->isl->call(b->prefix, x, [&](const torch::Tensor& in) { return b->forward(in); });
       }
     }
     return x;
@@ -214,10 +213,6 @@ struct GptImpl : nn::Module {
     if (name.rfind("share.", 0) == 0) return 1;  // used by every block: see units_using
     if (name.rfind("h.", 0) == 0) return 1 + std::atoll(name.c_str() + 2);
     return num_units() - 1;  // ln_f
-  }
-  // -inf above the diagonal: position t attends to positions <= t only.
-  static torch::Tensor causal_mask(int64_t T, const torch::TensorOptions& o) {
-    return torch::full({T, T}, -std::numeric_limits<float>::infinity(), o).triu(1);
   }
   torch::Tensor embed(const torch::Tensor& idx) {
     const int64_t T = idx.size(1);
@@ -243,13 +238,11 @@ struct GptImpl : nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& idx) {
     auto x = embed(idx);
-    const auto causal = causal_mask(idx.size(1), idx.options().dtype(torch::kFloat32));
-    // causal by value: a checkpointed segment runs this again in backward.
     x = run_segments(
         blocks, checkpoint_every, x,
-        [causal](Block& b, const torch::Tensor& t) {
+        [](Block& b, const torch::Tensor& t) {
           return b->isl->call(b->prefix, t,
-                              [&](const torch::Tensor& in) { return b->forward(in, causal); });
+                              [&](const torch::Tensor& in) { return b->forward(in); });
         },
         [](Block&) { return std::vector<torch::Tensor>{}; });
     return head(x);
