@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x build/apps/mltrain/mltrain ] || bash scripts/build.sh >/dev/null
 ML=build/apps/mltrain/mltrain
-PY=/usr/bin/python3
+PY=.venv/bin/python
 TMP=${CHUNK_DIR:-$(mktemp -d)}
 [ -n "${CHUNK_DIR:-}" ] || trap 'rm -rf "$TMP"' EXIT
 BUDGET=${BUDGET_MB:-64}

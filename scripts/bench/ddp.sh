@@ -9,7 +9,7 @@ set -euo pipefail
 source "$(dirname "$0")/prelude.sh"
 # Python with launched() at hand: the final JSON summary that rank 0 printed in a launch log.
 py() {
-  /usr/bin/python3 -c "import json
+  .venv/bin/python -c "import json
 def launched(path):
     return [json.loads(l.split('] ', 1)[1]) for l in open(path) if '\"event\":\"summary\"' in l][-1]
 $1"

@@ -9,7 +9,7 @@ common="data.limit_train=8192 train.duration=1ep checkpoint.every=1ep run.dir=$D
 $M train configs/fashion_mnist_cnn.yaml $common run.name=cnn >/dev/null 2>&1
 $M train configs/fashion_mnist_resnet_recipe.yaml $common run.name=resnet amp.enabled=false >/dev/null 2>&1
 for m in cnn resnet; do
-  $M fuse "$D/$m/v0" --json 2>/dev/null | /usr/bin/python3 -c "
+  $M fuse "$D/$m/v0" --json 2>/dev/null | .venv/bin/python -c "
 import json, sys
 r = json.load(sys.stdin)
 print(f\"$m: {r['folded_batchnorms']} BN folded; max |diff| {r['max_abs_diff']:.2e} (allowed {r['tolerance']:.1e}); \"

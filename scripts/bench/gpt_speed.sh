@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x build/apps/mltrain/mltrain ] || bash scripts/build.sh >/dev/null
 MLTRAIN=$PWD/build/apps/mltrain/mltrain
-PY=/usr/bin/python3   # Debian's python3-torch, whatever pyenv says
+PY=.venv/bin/python   # the venv's torch 2.15 (scripts/venv.sh), whatever pyenv says
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 STEPS=${STEPS:-200}

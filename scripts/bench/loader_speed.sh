@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x build/mltrain_bench ] || bash scripts/build.sh >/dev/null
-PY=/usr/bin/python3
+PY=.venv/bin/python
 $PY scripts/data/fmnist_images.py >/dev/null
 jget() { $PY -c "import json,sys; print(json.loads(sys.stdin.readlines()[-1])['$1'])"; }
 ratio() { $PY -c "print(f'{$1/$2:.2f}')"; }

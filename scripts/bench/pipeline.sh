@@ -12,7 +12,7 @@ COMMON=(configs/fashion_mnist_mlp.yaml model.hidden=[1024,2048,1400] model.dropo
   data.batch_size=512 data.limit_train=16384 train.duration=${STEPS}u train.eval_every=1000u
   checkpoint.every=never run.dir="$D")
 rate() {  # samples/s of the run whose --jsonl summary is the last JSON line of $1
-  /usr/bin/python3 -c "import json
+  .venv/bin/python -c "import json
 rows = [json.loads(l.split('] ', 1)[-1]) for l in open('$1') if '\"event\":\"summary\"' in l]
 print(f'{rows[-1][\"step\"] * 512 / rows[-1][\"train_seconds\"]:.0f}')"
 }

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 [ -x build/apps/mltrain/mltrain ] || bash scripts/build.sh >/dev/null
 M=build/apps/mltrain/mltrain
 OUT=$(mktemp -d)
-py() { /usr/bin/python3 -c "$@"; }
+py() { .venv/bin/python -c "$@"; }
 
 $M profile configs/starved_loader.yaml --no-ops --sweep OMP_WAIT_POLICY=active,passive --out "$OUT/omp" >/dev/null 2>&1
 $M profile configs/starved_loader.yaml --no-ops --sweep data.workers=0,1,2 --out "$OUT/workers" >/dev/null 2>&1

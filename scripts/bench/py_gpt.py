@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The registry's GPT in PyTorch, for scripts/bench/gpt_speed.sh and the logits golden
 (tests/golden/make_gpt_golden.py). Same layers, parameter names and init as
 lib/src/model/gpt.cpp; the same window order as mltrain's loader (SplitMix64 Fisher-Yates,
@@ -6,12 +6,12 @@ data::epoch_order); weights exchanged as safetensors.
 
   py_gpt.py init  --out init.safetensors [--n-layer 4 ...]            fresh weights (seed 0)
   py_gpt.py train --mode idiomatic|expert --tokens train.bin --init init.safetensors --steps N
-  py_gpt.py eval  --weights model.safetensors --tokens val.bin         loss per token (expert Linear)
+  py_gpt.py eval  --weights model.safetensors --tokens val.bin         loss per token
 
---mode idiomatic: what nanoGPT-style code does on Debian's PyTorch 1.13: nn.Linear (reference
-    BLAS here), masked_fill for the causal mask, torch.optim.AdamW, default threads.
---mode expert: Linear through oneDNN's sgemm (py_dnnl.py), an additive causal mask, glibc told to
-    keep memory (the bench sets MALLOC_* for this process), torch.set_num_threads(cores).
+--mode idiomatic: what nanoGPT-style code does: nn.Linear, masked_fill for the causal mask,
+    torch.optim.AdamW, default threads.
+--mode expert: an additive causal mask, glibc told to keep memory (the bench sets MALLOC_* for
+    this process), torch.set_num_threads(cores). Both run the venv's PyTorch 2.15 (MKL, oneDNN).
 Prints one JSON line.
 """
 import argparse
@@ -190,11 +190,10 @@ def batch(tokens, ids, block):
 
 
 def cmd_train(a):
-    from py_dnnl import DnnlLinear
     expert = a.mode == "expert"
     if expert:
         torch.set_num_threads(os.cpu_count())
-    model = GPT(a, DnnlLinear if expert else nn.Linear, additive_mask=expert)
+    model = GPT(a, nn.Linear, additive_mask=expert)
     model.load_state_dict(load_safetensors(a.init), strict=True)
     # AdamW with no weight decay on norms, biases and embeddings (configs/text_char_gpt.yaml).
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("w")]
@@ -227,9 +226,8 @@ def cmd_train(a):
 
 
 def cmd_eval(a):
-    from py_dnnl import DnnlLinear
     torch.set_num_threads(os.cpu_count())
-    model = GPT(a, DnnlLinear, additive_mask=True)
+    model = GPT(a, nn.Linear, additive_mask=True)
     model.load_state_dict(load_safetensors(a.weights), strict=True)
     model.eval()
     tokens, count = windows(a.tokens, a.block_size)

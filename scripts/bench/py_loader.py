@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The Python side of scripts/bench/loader_speed.sh: torchvision's ImageFolder + DataLoader over
 the same image folder, with the same work per sample as the mltrain side: decode (PIL), grayscale,
 RandomResizedCrop(28, scale=(0.7, 1.0)), RandomHorizontalFlip, ToTensor, Normalize, batches of 128.

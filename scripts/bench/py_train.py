@@ -1,11 +1,10 @@
-#!/usr/bin/python3
-"""Python baselines for scripts/bench/train_speed.sh (Debian python3-torch 1.13).
+#!/usr/bin/env python3
+"""Python baselines for scripts/bench/train_speed.sh (the venv's PyTorch 2.15: MKL, oneDNN).
 
 --mode idiomatic: what a PyTorch tutorial writes. nn.Linear/nn.Conv2d, a Dataset over a numpy
     memmap with per-sample normalisation, DataLoader(batch_size=128, shuffle=True), Adam.
---mode expert: the same model given mltrain's three fixes: Linear through oneDNN's sgemm (a
-    custom autograd Function calling libdnnl's dnnl_sgemm, as mltrain's kernel route does),
-    glibc's allocator told to keep memory (the bench sets MALLOC_*_ env vars for this process),
+--mode expert: the same model given mltrain's runtime fixes: glibc's allocator told to keep
+    memory (the bench sets MALLOC_*_ env vars for this process),
     and torch.set_num_threads(cores); plus a preloaded, pre-normalised tensor with index_select
     batches instead of a DataLoader.
 Prints one JSON line: samples/s over the timed steps and peak RSS.
@@ -16,7 +15,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from py_dnnl import DnnlLinear  # Linear through oneDNN sgemm (expert mode)
 from py_models import CNN, MLP, ExamplesCNN  # the same models and op order as mltrain
 
 p = argparse.ArgumentParser()
@@ -31,7 +29,7 @@ args = p.parse_args()
 torch.manual_seed(0)
 MEAN, STD = 0.2860, 0.3530
 
-Linear = DnnlLinear if args.mode == "expert" else nn.Linear
+Linear = nn.Linear
 
 
 model = {"mlp": MLP, "cnn": CNN, "examples_cnn": ExamplesCNN}[args.model](Linear)

@@ -14,7 +14,7 @@ if [ ${#runs[@]} -eq 0 ]; then
     run.dir="$D" run.name=resnet >/dev/null 2>&1
   runs=("$D/cnn/v0" "$D/resnet/v0")
 fi
-summary="/usr/bin/python3 scripts/bench/quantize_summary.py"
+summary=".venv/bin/python scripts/bench/quantize_summary.py"
 for run in "${runs[@]}"; do
   echo "== $run"
   for obs in minmax moving_average_minmax percentile entropy; do

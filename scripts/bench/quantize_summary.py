@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """One line per `mltrain quantize --json` report (stdin); used by quantize_speed.sh."""
 import json
 import sys

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Real small data sets for the regression and multi-label jobs, exported once to .npy.
 
-  /usr/bin/python3 scripts/data/export_tabular.py [OUT_DIR]      (default: data/)
+  .venv/bin/python scripts/data/export_tabular.py [OUT_DIR]      (default: data/)
 
 - diabetes/: scikit-learn's bundled diabetes data (Efron et al. 2004; 442 patients, 10 baseline
   features already centred and scaled, target: disease progression one year later), split 80/20

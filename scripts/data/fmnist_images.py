@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Exports Fashion-MNIST's real images (Debian's dataset-fashion-mnist) to image folders in
 torchvision ImageFolder's layout, once: data/fmnist_png/{train,test}/<id>_<class>/<index>.png and
 the same as JPEG (quality 95) under data/fmnist_jpg/. Class folders are prefixed with the label id
 so their sorted order is the IDX label order.
 
-  /usr/bin/python3 scripts/data/fmnist_images.py [--root /usr/share/datasets/fashion-mnist] [--out data]
+  .venv/bin/python scripts/data/fmnist_images.py [--root /usr/share/datasets/fashion-mnist] [--out data]
       [--limit N] [--formats png,jpg]
 """
 import argparse

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """An imbalanced binary task from Fashion-MNIST for the oversampling row of scripts/guide/verdicts.py:
 T-shirt/top (class 0 of Fashion-MNIST) against shirt (class 6), the pair its classifiers confuse
 most. Label 0 (the negatives) = shirt, the minority: every 10th shirt of the training set (600)
 against all 6000 T-shirts; the test set keeps both classes whole (1000 each).
-    /usr/bin/python3 scripts/guide/make_imbalanced.py OUT_DIR
+    .venv/bin/python scripts/guide/make_imbalanced.py OUT_DIR
 writes OUT_DIR/{train,test}_{images,labels}.npy (uint8 [N, 28, 28], int64 [N])."""
 import gzip
 import sys

@@ -8,4 +8,4 @@ set -euo pipefail
 source "$(dirname "$0")/../bench/prelude.sh"
 # ctest passes the binary it built; a copy, so a rebuild during a long run cannot swap it
 cp "${MLTRAIN_BIN:-$M}" "$D/mltrain"
-/usr/bin/python3 scripts/guide/verdicts.py "$D/mltrain" "$D" "$@"
+.venv/bin/python scripts/guide/verdicts.py "$D/mltrain" "$D" "$@"

@@ -1,6 +1,6 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Measures the field guide's claims on real Fashion-MNIST trainings here (docs/FIELD_GUIDE.md).
-    /usr/bin/python3 scripts/guide/verdicts.py MLTRAIN SCRATCH [--rows init,momentum,smoothing] [--quick]
+    .venv/bin/python scripts/guide/verdicts.py MLTRAIN SCRATCH [--rows init,momentum,smoothing] [--quick]
 Each row prints the guide's number, what was measured (mean and standard deviation over seeds) and
 the command behind it. --quick (CI): one seed, tiny runs; checks that each option runs and changes
 what it should, and exits 1 when one does not.
@@ -171,7 +171,7 @@ OVERSAMPLE_EPOCHS = "5ep"
 
 def row_oversample(m, scratch, seeds, quick):
     data = Path(scratch) / "imbalanced"
-    subprocess.run(["/usr/bin/python3", str(ROOT / "scripts/guide/make_imbalanced.py"), str(data)], check=True,
+    subprocess.run([sys.executable, str(ROOT / "scripts/guide/make_imbalanced.py"), str(data)], check=True,
                    capture_output=True)
     files = ["data.dataset=files", "data.num_classes=2"] + [
         f"data.{split}_{kind}={data}/{split}_{kind}.npy" for split in ("train", "test") for kind in ("images", "labels")]

@@ -33,7 +33,7 @@ cp tests/golden/gpt_tiny_nobias.safetensors "$out/safetensors/"
 cp "$ck/manifest.json" "$out/manifest/real_manifest.json"
 cp "$tmp"/runs/s/v0/events.out.tfevents.* "$out/tensorboard/run.tfevents"
 
-/usr/bin/python3 - "$out" <<'PY'
+.venv/bin/python - "$out" <<'PY'
 import gzip, hashlib, json, struct, sys
 import numpy as np
 out = sys.argv[1]
@@ -66,7 +66,7 @@ open(f"{out}/chunk_index/raw_u8.json", "w").write(json.dumps(idx, indent=1) + "\
 PY
 
 # shard and a real chunk index from `mltrain data convert`
-/usr/bin/python3 -c "
+.venv/bin/python -c "
 import numpy as np
 np.save('$tmp/img.npy', (np.arange(4*28*28) % 251).astype(np.uint8).reshape(4, 28, 28))
 np.save('$tmp/lab.npy', np.array([0, 1, 2, 1], dtype=np.int64))"

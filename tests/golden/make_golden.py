@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Regenerates the golden reference values the C++ tests compare against.
 
 Uses Debian's python3-torch (1.13). Run from the repository root:
-    /usr/bin/python3 tests/golden/make_golden.py
+    .venv/bin/python tests/golden/make_golden.py
 Writes tests/golden/optim.json and tests/golden/tiny_script.pt.
 """
 import json

@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Regenerates tests/golden/images.json: what PIL (Debian python3-pil, libjpeg-turbo inside) and
 torchvision's transforms make of small images, for the C++ decoder and resize tests.
 
-    /usr/bin/python3 tests/golden/make_image_golden.py
+    .venv/bin/python tests/golden/make_image_golden.py
 
 Cases: JPEG (gray and RGB) decoded by PIL, bytes stored hex; an RGB PNG converted to "L"; and
 torchvision's Resize(S) + CenterCrop(S) (PIL bilinear) of an RGB image, upscaled and downscaled.

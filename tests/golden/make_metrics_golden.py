@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Regenerates tests/golden/metrics.json: the task metrics and losses the C++ tests compare against.
 
 Metrics from scikit-learn (Debian python3-sklearn), losses from PyTorch (python3-torch). Run from
 the repository root:
-    /usr/bin/python3 tests/golden/make_metrics_golden.py
+    .venv/bin/python tests/golden/make_metrics_golden.py
 The arrays are seeded and stored in the file, so the test reads inputs and expected values together.
 """
 import json

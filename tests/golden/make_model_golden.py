@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Goldens for models that arrive from Python (tests/unit/test_init_from.cpp): written with Debian's
 python3-torch 1.13, run from the repository root:
-    /usr/bin/python3 tests/golden/make_model_golden.py
+    .venv/bin/python tests/golden/make_model_golden.py
 
 - gpt_tiny.safetensors, gpt_tiny_nobias.safetensors: scripts/bench/py_gpt.py's GPT (the registry's
   layout) with random weights, LayerNorms included; gpt_tiny.json: input tokens and the logits

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Reference values for mltrain's quantization observers from torch.ao.quantization (Debian's
 python3-torch 1.13). Writes tests/golden/quant.json; tests/unit/test_quant.cpp replays it.
-    /usr/bin/python3 tests/golden/make_quant_golden.py
+    .venv/bin/python tests/golden/make_quant_golden.py
 """
 import json
 import numpy as np

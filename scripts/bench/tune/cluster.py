@@ -1,6 +1,6 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Issue #20's benchmark: mltrain tune against Debian's Optuna 3.1, both run in this invocation.
-    /usr/bin/python3 scripts/bench/tune/cluster.py MLTRAIN SCRATCH [--parts parallel,gpcost,pruning,real,mo] [--quick]
+    .venv/bin/python scripts/bench/tune/cluster.py MLTRAIN SCRATCH [--parts parallel,gpcost,pruning,real,mo] [--quick]
         [--seeds 10] [--parallel-seeds 100] [--samplers tpe,gp]
         [--functions branin,hartmann6,rosenbrock4,styblinski_tang4] [--override key=value] [--pruners asha,hyperband]
 Tables:

@@ -6,4 +6,4 @@ set -euo pipefail
 source "$(dirname "$0")/../prelude.sh"
 # A copy of the binary: a rebuild during the (long) run cannot swap it under the studies.
 cp "$M" "$D/mltrain"
-/usr/bin/python3 scripts/bench/tune/cluster.py "$D/mltrain" "$D" "$@"
+.venv/bin/python scripts/bench/tune/cluster.py "$D/mltrain" "$D" "$@"

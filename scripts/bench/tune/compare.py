@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Table of scripts/bench/tune/run.sh: median regret (20 seeds) per function, tuner and sampler after
 25/50/100 trials, and sampler milliseconds per trial; then the issue's pass/fail lines."""
 import json

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Optuna (Debian's python3-optuna 3.1) on the tuner benchmark's functions and seeds, the side-by-side
 baseline of scripts/bench/tune/run.sh. Prints one JSON line per (function, sampler, seed): the best
 value after 25/50/100 trials and the sampler's time per trial (study.ask(), which samples every
 parameter of the define-and-run space, as a tuner driver does).
-    /usr/bin/python3 scripts/bench/tune/optuna_baseline.py --seeds 20 --trials 100 [--samplers tpe,random]
+    .venv/bin/python scripts/bench/tune/optuna_baseline.py --seeds 20 --trials 100 [--samplers tpe,random]
 """
 import argparse
 import json

@@ -18,5 +18,5 @@ for fn in branin hartmann6 rosenbrock4; do
   done
 done
 echo "optuna: tpe, random ($SEEDS seeds)" >&2
-/usr/bin/python3 scripts/bench/tune/optuna_baseline.py --seeds "$SEEDS" --trials "$TRIALS" --samplers tpe,random >"$D/optuna.jsonl"
-/usr/bin/python3 scripts/bench/tune/compare.py "$D" "$SEEDS" "$TRIALS"
+.venv/bin/python scripts/bench/tune/optuna_baseline.py --seeds "$SEEDS" --trials "$TRIALS" --samplers tpe,random >"$D/optuna.jsonl"
+.venv/bin/python scripts/bench/tune/compare.py "$D" "$SEEDS" "$TRIALS"
