@@ -44,8 +44,8 @@ TEST_CASE(
   // 2. Two "nodes" on this host (two agents, --nnodes 2): the multi-node path, one worker each.
   digest("two");
   const std::string agent =
-      "torchrun -r 1 -t 1 --nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " +
-      std::to_string(free_ports()) + " ";
+      kSrc + "/.venv/bin/torchrun -r 1 -t 1 --nnodes 2 --nproc_per_node 1 --master_addr " +
+      "127.0.0.1 --master_port " + std::to_string(free_ports()) + " ";
   auto two = sh(in_dir + "{ " + agent + "--node_rank 1 --no_python " + train +
                 " run.name=two > node1.log 2>&1 & " + agent + "--node_rank 0 --no_python " + train +
                 " run.name=two; rc=$?; wait; exit $rc; }");

@@ -233,7 +233,8 @@ TEST_CASE("no GPU: device auto trains on the CPU, device cuda is a config error"
   CHECK_THAT(
       env, Catch::Contains(MLTRAIN_EXPECT_CUDA ? "\"cuda_built\": true" : "\"cuda_built\": false"));
   CHECK_THAT(env, Catch::Contains("\"cuda\": false"));
-  args.back() = "train.duration=5u runtime.device=cuda run.name=cuda";
+  args.push_back("runtime.device=cuda");
+  args.push_back("run.name=cuda");
   const auto r = run(join(args, 1));
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Catch::Contains("runtime.device: cuda asked for, but"));
