@@ -9,6 +9,7 @@ pkgs=(
   clang-format python3 python3-venv   # scripts/check-format.sh (CI fails on unformatted C++); scripts/dev/ checks; .venv
   clang libclang-rt-14-dev            # the ASan + UBSan build and the libFuzzer targets (scripts/sanitize.sh, fuzz.sh)
   libgloo-dev                         # gloo's headers, which c10d's ProcessGroupGloo.hpp includes (the wheel ships c10d's only)
+  libdnnl2                            # oneDNN's sgemm for the kernel route (runtime.kernel_route: onednn), loaded at run time
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 zlib1g-dev
   libturbojpeg0-dev libspng-dev       # JPEG and PNG decoding for image folders (data.format: image_folder)
 

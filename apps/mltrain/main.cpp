@@ -43,7 +43,7 @@ static void print_version() {
             << "\n"
             << "build: " << MLTRAIN_BUILD_OPTIONS << "\n"
             << "runtime defaults: threads=auto (" << mltrain::runtime::usable_cores()
-            << " usable cores), allocator=retain\n";
+            << " usable cores), allocator=retain, kernel_route=onednn\n";
 }
 
 // Prints the failure and, under torchrun, leaves it in TORCHELASTIC_ERROR_FILE as well: torchrun's

@@ -16,7 +16,7 @@ rounds=${3:-5}
 cd "$(dirname "$0")/../.."
 A_ROOT=${A_ROOT:-$(dirname "$(dirname "$A")")}
 B_ROOT=${B_ROOT:-$(dirname "$(dirname "$B")")}
-PY=.venv/bin/python
+PY=$PWD/.venv/bin/python
 declare -A args=(
   [mlp]="configs/fashion_mnist_mlp.yaml train.duration=600u"
   [cnn]="configs/fashion_mnist_cnn.yaml train.duration=200u"

@@ -47,9 +47,10 @@ int main(int argc, char** argv) {
   }
 }
 
-// mltrain_bench gemm [THREADS]: fp32 GEMM throughput of LibTorch's BLAS (MKL in the wheel).
+// mltrain_bench gemm native|onednn [THREADS]: fp32 GEMM throughput per kernel route (native:
+// LibTorch's BLAS, MKL in the wheel; onednn: oneDNN's sgemm).
 static int bench_gemm(int argc, char** argv) {
-  runtime::apply({std::stoi(argc > 2 ? argv[2] : "0"), "retain"});
+  runtime::apply({std::stoi(argc > 3 ? argv[3] : "0"), "retain", argv[2]});
   for (auto [m, k, n] :
        std::vector<std::array<int64_t, 3>>{{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}}) {
     auto a = torch::randn({m, k}), b = torch::randn({k, n});
@@ -58,7 +59,7 @@ static int bench_gemm(int argc, char** argv) {
     auto t0 = Clock::now();
     while (secs(t0) < 0.5 || iters < 3) torch::mm(a, b), ++iters;
     std::cout << nlohmann::json{{"mode", "gemm"},
-                                {"blas", runtime::kernels()["blas"]},
+                                {"route", runtime::kernel_route()},
                                 {"threads", at::get_num_threads()},
                                 {"m", m},
                                 {"k", k},
@@ -208,7 +209,7 @@ static int bench_main(int argc, char** argv) {
                         {"model", cfg.model.name},
                         {"batch", lo.batch_size},
                         {"threads", at::get_num_threads()},
-                        {"blas", runtime::kernels()["blas"]},
+                        {"route", runtime::kernel_route()},
                         {"allocator", cfg.runtime.allocator}};
 
   if (mode == "loader") {

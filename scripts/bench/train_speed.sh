@@ -54,8 +54,8 @@ ratio() { $PY -c "print(f'{$1/$2:.2f}')"; }
 declare -A R
 
 if [ "$MEM" != 1 ]; then
-  echo "== fp32 GEMM GFLOP/s (LibTorch's BLAS)"
-  $BENCH gemm 0 | tee "$TMP/gemm.jsonl"
+  echo "== kernel route: fp32 GEMM GFLOP/s (LibTorch's MKL call vs oneDNN sgemm)"
+  for route in native onednn; do $BENCH gemm $route 0; done | tee "$TMP/gemm.jsonl"
 fi
 
 # pytorch/examples' MNIST CNN, trained by mltrain as TorchScript (model.name=torchscript).
@@ -100,7 +100,7 @@ if [ "$MEM" = 1 ]; then
 fi
 
 echo "== allocator and threads (CNN, bare step): each fix alone"
-for a in "runtime.allocator=system" "runtime.allocator=retain" "runtime.threads=1"; do
+for a in "runtime.allocator=system" "runtime.allocator=retain" "runtime.threads=1" "runtime.kernel_route=native"; do
   echo -n "$a: "; $BENCH bare configs/fashion_mnist_cnn.yaml train.duration=120u $a
 done
 

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.devdeps/' .git/info/exclude 2>/dev/null || echo '/.devdeps/' >>.git/info/exclude
 rm -rf .devdeps && mkdir -p .devdeps/debs .devdeps/root .devdeps/fashion-mnist
-(cd .devdeps/debs && apt-get download catch2 libcli11-dev libfmt-dev libfmt9 libgloo-dev libspdlog-dev libspdlog1.10 \
+(cd .devdeps/debs && apt-get download catch2 libcli11-dev libdnnl2 libfmt-dev libfmt9 libgloo-dev libspdlog-dev libspdlog1.10 \
   libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev zlib1g-dev)
 for f in .devdeps/debs/*.deb; do dpkg -x "$f" .devdeps/root; done
 rm -rf .devdeps/debs

@@ -10,6 +10,7 @@ TEST_CASE("--version, --help and usage errors", "[cli]") {
   CHECK_THAT(v.out, Catch::Contains("mltrain 0.1.0"));
   CHECK_THAT(v.out, Catch::Contains("LibTorch 2.15"));
   CHECK_THAT(v.out, Catch::Contains("kernels: BLAS MKL"));
+  CHECK_THAT(v.out, Catch::Contains("kernel_route=onednn"));
   CHECK_THAT(v.out, Catch::Contains("CPU capability AVX"));
   // The build says whether CUDA was compiled in (scripts/build.sh turns it on where nvcc is).
   CHECK_THAT(v.out, Catch::Contains(MLTRAIN_EXPECT_CUDA ? "CUDA compiled in: yes (wheel CUDA 13."
@@ -255,6 +256,7 @@ TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]")
                         "checkpoints/latest"})
     CHECK(fs::exists(v0 / f));
   CHECK_THAT(slurp(v0 / "env.json"), Catch::Contains("\"blas\": \"MKL "));
+  CHECK_THAT(slurp(v0 / "env.json"), Catch::Contains("\"kernel_route\": \"onednn\""));
   const auto csv = slurp(v0 / "metrics.csv");
   CHECK(csv.rfind("event,step,epoch,loss,accuracy,samples_per_s,data_wait,lr,grad_norm,time_s\n",
                   0) == 0);

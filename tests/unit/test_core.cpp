@@ -1,4 +1,4 @@
-// core: SHA-256 against FIPS 180-4, files, the runtime report.
+// core: the oneDNN kernel route against LibTorch's kernels, SHA-256 against FIPS 180-4, files.
 #include <catch2/catch.hpp>
 
 #include "temp_dir.hpp"
@@ -14,6 +14,94 @@
 #include "mltrain/core/sha256.hpp"
 
 using namespace mltrain;
+
+TEST_CASE(
+    "kernel route: oneDNN sgemm matches LibTorch's kernel for mm/addmm/linear and their gradients",
+    "[route]") {
+  torch::manual_seed(1);
+  struct Shape {
+    int64_t m, k, n;
+  };
+  for (auto s : {Shape{128, 784, 512}, Shape{7, 3, 5}, Shape{1, 64, 1}, Shape{33, 1, 17}}) {
+    INFO(s.m << "x" << s.k << "x" << s.n);
+    auto a = torch::randn({s.m, s.k}), b = torch::randn({s.k, s.n}), bias = torch::randn({s.n});
+    auto w = torch::randn({s.n, s.k}, torch::requires_grad());
+    auto x = torch::randn({s.m, s.k}, torch::requires_grad());
+    runtime::set_kernel_route("native");
+    auto mm_ref = torch::mm(a, b), addmm_ref = torch::addmm(bias, a, b, 0.5, 2.0);
+    auto mmT_ref = torch::mm(b.t(), a.t());  // transposed views: no copy on the fast path
+    auto y_ref = torch::nn::functional::linear(x, w, bias);
+    y_ref.sum().backward();
+    auto gw_ref = w.grad().clone(), gx_ref = x.grad().clone();
+    w.mutable_grad() = torch::Tensor();
+    x.mutable_grad() = torch::Tensor();
+    runtime::set_kernel_route("onednn");
+    REQUIRE(runtime::kernel_route() == "onednn");
+    const double tol = 1e-4 * std::sqrt(double(s.k));
+    CHECK(torch::allclose(torch::mm(a, b), mm_ref, tol, tol));
+    CHECK(torch::allclose(torch::addmm(bias, a, b, 0.5, 2.0), addmm_ref, tol, tol));
+    CHECK(torch::allclose(torch::mm(b.t(), a.t()), mmT_ref, tol, tol));
+    auto y = torch::nn::functional::linear(x, w, bias);
+    CHECK(torch::allclose(y, y_ref, tol, tol));
+    y.sum().backward();
+    CHECK(torch::allclose(w.grad(), gw_ref, tol * 10, tol * 10));
+    CHECK(torch::allclose(x.grad(), gx_ref, tol * 10, tol * 10));
+    // out= and in-place variants, and dtypes the fast path leaves to LibTorch.
+    auto out = torch::empty({0});
+    torch::mm_out(out, a, b);
+    CHECK(torch::allclose(out, mm_ref, tol, tol));
+    auto c = addmm_ref.clone();
+    c.addmm_(a, b);
+    CHECK(torch::allclose(c, addmm_ref + mm_ref, tol * 4, tol * 4));
+    auto ad = a.to(torch::kDouble), bd = b.to(torch::kDouble);
+    CHECK(torch::allclose(torch::mm(ad, bd), mm_ref.to(torch::kDouble), tol, tol));
+  }
+  // beta = 0 ignores NaNs in self, as LibTorch does.
+  auto nan_self = torch::full({2, 2}, NAN);
+  auto r = torch::addmm(nan_self, torch::eye(2), torch::eye(2), /*beta=*/0, /*alpha=*/1);
+  CHECK(torch::equal(r, torch::eye(2)));
+  CHECK_THROWS_AS(runtime::set_kernel_route("mkl"), ConfigError);
+}
+
+TEST_CASE("kernel route: batched matmul (attention) matches LibTorch's bmm, views and gradients",
+          "[route]") {
+  torch::manual_seed(2);
+  // q @ k^T and att @ v as multi-head attention computes them: [B, heads, T, hs] views.
+  auto q = torch::randn({3, 4, 16, 8}, torch::requires_grad());
+  auto k = torch::randn({3, 4, 16, 8}, torch::requires_grad());
+  auto v = torch::randn({3, 16, 4, 8}).transpose(1, 2).detach().requires_grad_(true);
+  auto run = [&] {
+    auto att = torch::softmax(torch::matmul(q, k.transpose(-2, -1)), -1);
+    auto y = torch::matmul(att, v);
+    y.pow(2).sum().backward();
+    std::vector<torch::Tensor> out = {y.detach(), q.grad().clone(), k.grad().clone(),
+                                      v.grad().clone()};
+    for (auto* t : {&q, &k, &v}) t->mutable_grad() = torch::Tensor();
+    return out;
+  };
+  runtime::set_kernel_route("native");
+  const auto ref = run();
+  auto a = torch::randn({5, 7, 3}), b = torch::randn({5, 3, 2});
+  const auto bmm_ref = torch::bmm(a, b),
+             bmm_t_ref = torch::bmm(b.transpose(1, 2), a.transpose(1, 2));
+  runtime::set_kernel_route("onednn");
+  const auto got = run();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(torch::allclose(got[i], ref[i], 1e-4, 1e-4));
+  }
+  CHECK(torch::allclose(torch::bmm(a, b), bmm_ref, 1e-5, 1e-5));
+  CHECK(torch::allclose(torch::bmm(b.transpose(1, 2), a.transpose(1, 2)), bmm_t_ref, 1e-5, 1e-5));
+  auto out = torch::empty({0});
+  torch::bmm_out(out, a, b);
+  CHECK(torch::allclose(out, bmm_ref, 1e-5, 1e-5));
+  // Odd strides (a sliced last dimension) and doubles go to LibTorch's kernel, same result.
+  auto wide = torch::randn({5, 7, 6});
+  CHECK(torch::allclose(torch::bmm(wide.slice(2, 0, 6, 2), b),
+                        torch::bmm(wide.slice(2, 0, 6, 2).contiguous(), b), 1e-5, 1e-5));
+  CHECK(torch::allclose(torch::bmm(a.to(torch::kDouble), b.to(torch::kDouble)),
+                        bmm_ref.to(torch::kDouble), 1e-5, 1e-5));
+}
 
 TEST_CASE("SHA-256 matches FIPS 180-4 test vectors", "[sha256]") {
   CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

@@ -136,7 +136,8 @@ TEST_CASE("profile --fix: proposals per verdict, and the keep rule", "[profile][
   cfg.amp.enabled = true;
   CHECK(propose_fixes(cfg, busy, diagnose(busy), 2, true).empty());  // nothing left to try
   cfg.model.name = "mlp";
-  CHECK(propose_fixes(cfg, busy, diagnose(busy), 2, true).empty());
+  cfg.runtime.kernel_route = "native";
+  CHECK(has(propose_fixes(cfg, busy, diagnose(busy), 2, true), "runtime.kernel_route", "onednn"));
   // Host overhead: a larger batch; page faults under the system allocator: retain.
   auto host = measure_with(0.01, 0, 0.5);
   host.memory.page_faults_per_step = 5000;

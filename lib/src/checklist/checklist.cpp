@@ -319,17 +319,19 @@ void gemm_check(const Context& c, Report& rep) {
     }
     const double gflops = 2.0 * n * n * n / best / 1e9;
     auto j = judge_gemm(gflops);
-    Item it{"compute.gemm",
-            "compute",
-            j["status"].get<std::string>(),
-            "fp32 " + std::to_string(n) + "^3 GEMM: " + format_fixed(gflops) + " GFLOP/s via " +
-                runtime::kernels()["blas"].get<std::string>(),
-            j["expected"].get<std::string>(),
-            "Linear/matmul dominate MLPs and heads; a reference BLAS is 40x slower than MKL",
-            j["status"] == "PASS" ? ""
-                                  : "check OMP_NUM_THREADS/runtime.threads and that the venv's "
-                                    "torch wheel (MKL) is the LibTorch linked",
-            {{"gflops", gflops}}};
+    Item it{
+        "compute.gemm",
+        "compute",
+        j["status"].get<std::string>(),
+        "fp32 " + std::to_string(n) + "^3 GEMM: " + format_fixed(gflops) + " GFLOP/s via " +
+            (runtime::kernel_route() == "onednn" ? std::string("oneDNN sgemm (kernel route)")
+                                                 : runtime::kernels()["blas"].get<std::string>()),
+        j["expected"].get<std::string>(),
+        "Linear/matmul dominate MLPs and heads; a reference BLAS is 40x slower than MKL",
+        j["status"] == "PASS" ? ""
+                              : "runtime.kernel_route=onednn (the default), and check "
+                                "OMP_NUM_THREADS/runtime.threads",
+        {{"gflops", gflops}}};
     if (c.cuda) {
       auto ga = torch::randn({8192, 8192}, torch::dtype(torch::kBFloat16).device(c.device)),
            gb = ga.clone();
@@ -648,7 +650,8 @@ ChecklistReport run_checklist(const ChecklistOptions& o) {
   if (o.cfg) {
     pipe = train::build_pipeline(cfg, dist::World{}, train::model_only());
   } else {
-    runtime::apply({train::resolve_threads(cfg, dist::World{}), cfg.runtime.allocator});
+    runtime::apply({train::resolve_threads(cfg, dist::World{}), cfg.runtime.allocator,
+                    cfg.runtime.kernel_route});
   }
   Context c{o, cfg, false, false, torch::kCPU, nullptr, nullptr, {}, {}};
   c.full = o.level == "full";

@@ -47,6 +47,7 @@ void apply(const RuntimeOptions& opt) {
   set_allocator_policy(opt.allocator);
   g_threads = opt.threads > 0 ? opt.threads : usable_cores();
   at::set_num_threads(g_threads);
+  set_kernel_route(opt.kernel_route);
 }
 
 int64_t minor_faults() {
@@ -104,6 +105,7 @@ nlohmann::json describe() {
   return {{"threads", at::get_num_threads()},
           {"usable_cores", usable_cores()},
           {"kernels", kernels()},
+          {"kernel_route", kernel_route()},
           {"allocator", g_allocator},
           {"libtorch", compat::torch_version()},
           {"mkldnn", compat::mkldnn_available()},

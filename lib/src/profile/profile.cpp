@@ -405,6 +405,8 @@ std::vector<FixProposal> propose_fixes(const config::ExperimentConfig& cfg, cons
       add("amp.enabled", "true", "bf16 autocast: this machine runs bf16 matmuls natively");
     if ((cfg.model.name == "cnn" || cfg.model.name == "resnet") && !cfg.model.channels_last)
       add("model.channels_last", "true", "NHWC convolutions (oneDNN's native layout)");
+    if (cfg.runtime.kernel_route == "native")
+      add("runtime.kernel_route", "onednn", "oneDNN sgemm for fp32 Linear/matmul");
   } else if (d.verdict == "host-overhead-bound" && !cfg.data.batch_size.is_auto()) {
     add("data.batch_size", std::to_string(2 * cfg.data.batch_size),
         "amortise per-step overhead (changes the optimisation: revisit optim.lr)");

@@ -351,7 +351,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   const int64_t budget = config::memory_budget_bytes(cfg.runtime.memory_budget);
   if (budget > 0) memory::track_cpu();  // before the model, so its weights count
   memory::set_cpu_limit(0);             // a previous pipeline's budget binds nothing here
-  runtime::apply({resolve_threads(cfg, world), cfg.runtime.allocator});
+  runtime::apply({resolve_threads(cfg, world), cfg.runtime.allocator, cfg.runtime.kernel_route});
   p->device = prepare_device(cfg, distributed ? world.local_rank : 0);
   // Data, model and optimizer before anything is written: bad input fails first.
   p->splits = opt.splits ? *opt.splits : load_splits(cfg);

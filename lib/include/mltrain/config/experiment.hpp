@@ -62,6 +62,7 @@ struct RunConfig {
 
 struct RuntimeConfig {
   Count threads = Count::automatic();
+  std::string kernel_route = "onednn";
   std::string allocator = "retain";
   std::string device = "auto";
   bool cudnn_benchmark = true;
@@ -81,6 +82,10 @@ struct RuntimeConfig {
             "CUDA: let cuDNN time its algorithms per input shape (fast when shapes are fixed, as "
             "with drop_last)");
     v.field("threads", threads, "intra-op threads (auto: all usable cores)");
+    v.field("kernel_route", kernel_route,
+            "kernel for fp32 Linear/matmul on the CPU: oneDNN's sgemm (Debian's libdnnl) or "
+            "LibTorch's own (MKL)",
+            one_of({"onednn", "native"}));
     v.field("allocator", allocator,
             "retain: keep freed memory (no page faults per step); system: glibc defaults",
             one_of({"retain", "system"}));
@@ -866,7 +871,7 @@ struct ExperimentConfig {
   void visit(V& v) {
     v.section("run", run, "naming, output folder and seed");
     v.section("task", task, "what is learnt: loss and held-out metrics");
-    v.section("runtime", runtime, "device, threads and allocator policy");
+    v.section("runtime", runtime, "device, threads, kernel route and allocator policy");
     v.section("data", data, "data set and loader");
     v.section("model", model, "architecture and init");
     v.section("optim", optim, "optimizer");

@@ -1,7 +1,8 @@
 #pragma once
-// Process-wide runtime set-up, done once at start-up: intra-op threads and the allocator policy,
-// which decide CPU speed more than anything else measured here, so they live in one place and are
-// reported, with the kernels LibTorch runs (BLAS, oneDNN, CPU capability), in env.json.
+// Process-wide runtime set-up, done once at start-up: intra-op threads, the allocator policy and
+// the kernel route that backs fp32 Linear/matmul. These decide CPU speed more than anything else
+// measured here, so they live in one place and are reported, with the kernels LibTorch runs (BLAS,
+// oneDNN, CPU capability), in env.json.
 //
 //   mltrain::runtime::RuntimeOptions opt;          // defaults are the fast route
 //   mltrain::runtime::apply(opt);
@@ -14,12 +15,19 @@
 namespace mltrain::runtime {
 
 struct RuntimeOptions {
-  int threads = 0;                   // intra-op threads; 0 = every core this process may use
-  std::string allocator = "retain";  // retain | system
+  int threads = 0;                      // intra-op threads; 0 = every core this process may use
+  std::string allocator = "retain";     // retain | system
+  std::string kernel_route = "onednn";  // onednn | native
 };
 
-// Applies both; idempotent. Throws ConfigError on unknown names.
+// Applies all three; idempotent. Throws ConfigError on unknown names.
 void apply(const RuntimeOptions& opt);
+
+// fp32 mm/addmm/bmm on CPU go to oneDNN's sgemm ("onednn": Debian's libdnnl.so.2, loaded on first
+// use) or stay on LibTorch's own kernel, MKL in the wheel ("native"). Where libdnnl cannot be
+// loaded, "onednn" stays native and says so once. Returns the route in force ("onednn"/"native").
+void set_kernel_route(const std::string& route);
+std::string kernel_route();
 
 // The CPU kernels this LibTorch runs: {"blas": "MKL 2024.2", "onednn": "v3.13.3",
 // "cpu_capability": "AVX512", "bf16": true}. bf16 is true where the CPU has native bf16 dot
