@@ -35,4 +35,9 @@ for model in ${MODELS:-mlp cnn}; do
   done
   ma=$(median "${a[@]}") mb=$(median "${b[@]}")
   printf "%-5s median %12.0f %12.0f   B/A %.3f\n" "$model" "$ma" "$mb" "$($PY -c "print($mb/$ma)")"
+  # Per round: this VM switches between speed states for minutes at a time, so a round's own pair
+  # (run back to back) is the fairer comparison when the medians straddle a switch.
+  $PY -c "import statistics,sys; n=len(sys.argv)//2; a=[float(x) for x in sys.argv[1:n+1]]; b=[float(x) for x in sys.argv[n+1:]]
+r=[y/x for x,y in zip(a,b)]
+print(f'{sys.argv[0]:5s} per-round B/A median {statistics.median(r):.3f}, B faster in {sum(x>1 for x in r)} of {len(r)}')" "${a[@]}" "${b[@]}" | sed "s/^-c   /$model/"
 done
