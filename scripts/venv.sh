@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${MLTRAIN_VENV_PYTHON:-python3}
 torch_version() {  # from version.py: no import, no working torch needed
-  sed -n "s/^__version__ = '\(.*\)'/\1/p" .venv/lib/python3*/site-packages/torch/version.py 2>/dev/null | head -1
+  sed -n "s/^__version__ = '\(.*\)'/\1/p" .venv/lib/python3*/site-packages/torch/version.py 2>/dev/null | head -1 || true
 }
 if [ ! -x .venv/bin/python ]; then
   if ! "$py" -m venv .venv >/dev/null 2>&1; then
