@@ -43,11 +43,15 @@ say "machine"
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())'; } >>"$LOG" 2>&1
 
 export PATH=/usr/local/cuda/bin:$PATH
-TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# The device's own pip torch (no project venv travels: 5.7 GB): its folder and series, which
+# third_party/torch.cmake checks instead of the venv's 2.15.
+TORCH_ROOT=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+TORCH_SERIES=$(python3 -c 'import torch; print(".".join(torch.__version__.split(".")[:2]))')
 NCCL_HINT=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH=$DEPS/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 step configure cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLTRAIN_WITH_CUDA=ON \
-  -DMLTRAIN_BUILD_TESTS=OFF -DMLTRAIN_BUILD_BENCH=OFF "-DCMAKE_PREFIX_PATH=$TORCH_PREFIX;$DEPS/root/usr" \
+  -DMLTRAIN_BUILD_TESTS=OFF -DMLTRAIN_BUILD_BENCH=OFF "-DMLTRAIN_TORCH_ROOT=$TORCH_ROOT" \
+  "-DMLTRAIN_TORCH_SERIES=$TORCH_SERIES" "-DCMAKE_PREFIX_PATH=$DEPS/root/usr" \
   "-DMLTRAIN_NCCL_HINT=$NCCL_HINT" -DCMAKE_CXX_FLAGS=-Wno-deprecated-declarations || { cp "$LOG" "$OUT/"; exit 1; }
 if ! step build ninja -C build-cuda -k 0; then
   # The c10d code is the least portable piece: keep the rest if only it fails (NCCL first, then
