@@ -9,6 +9,12 @@
 # cudnn.benchmark), runs the Python baseline on the same GPU, records PyTorch's GradScaler
 # sequence as a golden file, and writes $OUT/summary.json.
 set -uo pipefail
+# No GPU, no run: a machine without one (this project's CPU machines, CI) fails here at once, with
+# the reason, instead of building for ten minutes and timing out on the first CUDA step.
+if ! gpus=$(nvidia-smi -L 2>/dev/null) || [ -z "$gpus" ]; then
+  echo "gpu_check: no NVIDIA GPU visible (nvidia-smi -L found none); run this on the lent GPU machine (the device tool's run)" >&2
+  exit 3
+fi
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
