@@ -90,8 +90,8 @@ bool cpu_has_native_bf16() {
 nlohmann::json kernels() {
   // "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build ..." -> "MKL 2024.2"
   std::string blas = at::hasMKL() ? at::get_mkl_version() : "LibTorch's own (no MKL)";
-  if (const auto at = blas.find("Version "); at::hasMKL() && at != std::string::npos)
-    blas = "MKL " + blas.substr(at + 8, blas.find_first_of("- ", at + 8) - (at + 8));
+  if (const auto pos = blas.find("Version "); at::hasMKL() && pos != std::string::npos)
+    blas = "MKL " + blas.substr(pos + 8, blas.find_first_of("- ", pos + 8) - (pos + 8));
   std::string dnnl = at::hasMKLDNN() ? at::get_mkldnn_version() : "none";
   if (const auto v = dnnl.find(" v"); v != std::string::npos)
     dnnl = dnnl.substr(v + 1, dnnl.find(' ', v + 1) - (v + 1));

@@ -55,7 +55,6 @@ class Adam : public Optimizer {
       v = torch::zeros_like(s.param);
     }
     const double t = static_cast<double>(steps_ + 1);
-    const double bc1 = 1 - std::pow(cfg_.beta1, t), bc2 = 1 - std::pow(cfg_.beta2, t);
     const bool fusable =
         s.param.device().is_cpu() && s.param.is_contiguous() && grad.is_contiguous() &&
         grad.scalar_type() == s.param.scalar_type() &&
@@ -84,6 +83,7 @@ class Adam : public Optimizer {
     }
     m.mul_(cfg_.beta1).add_(g, 1 - cfg_.beta1);
     v.mul_(cfg_.beta2).addcmul_(g, g.conj(), 1 - cfg_.beta2);
+    const double bc1 = 1 - std::pow(cfg_.beta1, t), bc2 = 1 - std::pow(cfg_.beta2, t);
     auto denom = (v.sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
     s.param.addcdiv_(m, denom, -lr / bc1);
   }
