@@ -117,7 +117,7 @@ for model in mlp cnn examples_cnn; do
   if [ $model = mlp ]; then t1=15; t2=1.2; else t1=3.5; t2=1.1; fi
   printf "%-44s %12.0f %10s %s\n" "$model mltrain train loop samples/s" "${R[$model.train]}" "" ""
   printf "%-44s %12.0f %10s %s\n" "$model idiomatic PyTorch script samples/s" "${R[$model.py]}" "$(ratio ${R[$model.train]} ${R[$model.py]})x" ">= ${t1}x"
-  printf "%-44s %12.0f %10s %s\n" "$model expert PyTorch (same 3 fixes) samples/s" "${R[$model.pyx]}" "$(ratio ${R[$model.train]} ${R[$model.pyx]})x" ">= ${t2}x"
+  printf "%-44s %12.0f %10s %s\n" "$model expert PyTorch (alloc, threads, preload)" "${R[$model.pyx]}" "$(ratio ${R[$model.train]} ${R[$model.pyx]})x" ">= ${t2}x"
   printf "%-44s %12.0f %10s %s\n" "$model bare fwd/bwd/step samples/s" "${R[$model.bare]}" "$(ratio ${R[$model.bare]} ${R[$model.train]})x" "<= 1.10x (loop overhead <= 10%)"
   printf "%-44s %12.0f %10s %s\n" "$model peak RSS MiB: mltrain train vs idiomatic" "${R[$model.rss]}" "$(ratio ${R[$model.rss]} ${R[$model.pyrss]})x" "<= 1.00x"
 done
