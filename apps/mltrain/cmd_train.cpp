@@ -1,6 +1,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <iostream>
 
 #include "commands.hpp"
@@ -69,7 +70,9 @@ void setup_train(CLI::App& app, Action& run) {
       auto r = train::run_training(cfg, ro);
       if (r.rank != 0) return 0;  // rank 0 reports for the group
       std::ostream& human = opt->jsonl ? std::cerr : std::cout;
-      if (cfg.task.name == "classification") {
+      if (r.test_metrics.empty() && std::isnan(r.test_loss)) {
+        human << "no test evaluation (train.final_eval=none)";
+      } else if (cfg.task.name == "classification") {
         human << "test accuracy: " << r.test_accuracy << " (loss " << r.test_loss << ")";
       } else {
         human << "test";

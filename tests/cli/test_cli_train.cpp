@@ -290,3 +290,67 @@ TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]")
   CHECK(pclose(p) == 0);
   CHECK_THAT(std::string(buf), Catch::Contains("shape (8, 1, 5, 5) finite True"));
 }
+
+// train.final_eval: the summary's test evaluation is the whole split, an evenly spaced sample or
+// none; its cost and the time to the first step are in the summary and the log.
+TEST_CASE("train.final_eval full|sample|none and the evaluation's share in the log", "[cli]") {
+  auto d = tmpdir("finaleval");
+  auto summary_of = [&](const std::string& name, const std::vector<std::string>& extra) {
+    auto args = small_run(d, name);
+    for (const char* a : {"train.duration=10u", "checkpoint.every=never", "data.val_fraction=0.1"})
+      args.push_back(a);
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = run(join(args, 1));
+    REQUIRE(r.code == 0);
+    const auto lines = lines_of(d / name / "v0/metrics.jsonl");
+    return std::make_pair(r.out, nlohmann::json::parse(lines.back()));
+  };
+  const auto [full_out, full] = summary_of("full", {});
+  CHECK(full.at("final_eval") == "full");
+  CHECK(full.at("test_samples") == 10000);
+  CHECK(full.at("final_eval_seconds").get<double>() > 0);
+  CHECK(full.at("eval_seconds").get<double>() > full.at("final_eval_seconds").get<double>());
+  CHECK(full.at("first_step_s").get<double>() > 0.05);  // dynamic loading alone takes longer
+  CHECK(full.at("first_step_s").get<double>() < 60);
+  CHECK(full.at("setup_s").get<double>() > 0.05);
+  CHECK(full.at("setup_s").get<double>() < full.at("first_step_s").get<double>());
+  CHECK_THAT(full_out, Catch::Contains("[train] first optimizer step done "));
+  CHECK_THAT(full_out,
+             Catch::Contains("[eval] final evaluation: the whole test split, 10000 samples, "));
+  CHECK_THAT(full_out, Catch::Contains("evaluations took "));
+  // A sample as large as the split is the split: the same metrics.
+  const auto [all_out, all] =
+      summary_of("all", {"train.final_eval=sample", "train.final_eval_samples=20000"});
+  CHECK(all.at("test_samples") == 10000);
+  CHECK(all.at("test_accuracy") == full.at("test_accuracy"));
+  CHECK(all.at("test_loss") == full.at("test_loss"));
+  const auto [part_out, part] =
+      summary_of("part", {"train.final_eval=sample", "train.final_eval_samples=1000"});
+  CHECK(part.at("test_samples") == 1000);
+  const double hits = part.at("test_accuracy").get<double>() * 1000;
+  CHECK(std::abs(hits - std::round(hits)) < 1e-6);
+  CHECK(std::abs(part.at("test_accuracy").get<double>() - full.at("test_accuracy").get<double>()) <
+        0.1);
+  CHECK_THAT(part_out, Catch::Contains("1000 of the 10000 test samples (train.final_eval=sample)"));
+  const auto [none_out, none] = summary_of("none", {"train.final_eval=none"});
+  CHECK(none.at("final_eval") == "none");
+  CHECK(none.at("final_eval_seconds") == 0.0);
+  CHECK_FALSE(none.contains("test_accuracy"));
+  CHECK_FALSE(none.contains("test_samples"));
+  CHECK_THAT(none_out, Catch::Contains("no test evaluation (train.final_eval=none)"));
+  // Evaluated on the test split during training: none reuses that evaluation at no cost.
+  auto args = small_run(d, "reuse");
+  for (const char* a : {"train.duration=10u", "train.eval_every=10u", "checkpoint.every=never",
+                        "train.final_eval=none"})
+    args.push_back(a);
+  REQUIRE(run(join(args, 1)).code == 0);
+  const auto reuse = nlohmann::json::parse(lines_of(d / "reuse/v0/metrics.jsonl").back());
+  CHECK(reuse.at("test_samples") == 10000);
+  CHECK(reuse.at("final_eval_seconds") == 0.0);
+  CHECK(reuse.contains("test_accuracy"));
+  // A mode it does not know: a config error naming the key.
+  const auto bad =
+      run("train " + kSrc + "/configs/fashion_mnist_cnn.yaml train.final_eval=partial");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Catch::Contains("train.final_eval"));
+}

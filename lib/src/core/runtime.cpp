@@ -5,7 +5,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <ctime>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <mutex>
 
 #include <ATen/Version.h>
@@ -65,6 +69,23 @@ int64_t current_rss_kib() {
   int64_t size = 0, resident = 0;
   if (!(in >> size >> resident)) return 0;
   return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+double seconds_since_exec() {
+  std::ifstream in("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return NAN;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string f;
+  for (int i = 3; i <= 22 && fields >> f; ++i) {  // field 22: start time, in clock ticks
+    if (i < 22) continue;
+    timespec now{};
+    if (::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return NAN;
+    const double start = std::stod(f) / double(sysconf(_SC_CLK_TCK));
+    return double(now.tv_sec) + 1e-9 * double(now.tv_nsec) - start;
+  }
+  return NAN;
 }
 
 static std::string cpu_flags_of_interest() {

@@ -303,9 +303,10 @@ class ModuleModel : public Model {
 
 class ScriptModel : public Model {
  public:
-  ScriptModel(torch::jit::Module m, std::string path) : m_(std::move(m)), path_(std::move(path)) {}
+  ScriptModel(torch::jit::Module m, std::string path, bool cl)
+      : m_(std::move(m)), path_(std::move(path)), cl_(cl) {}
   torch::Tensor forward(const torch::Tensor& x) override {
-    auto out = m_.forward({x});
+    auto out = m_.forward({cl_ ? channels_last(x) : x});
     if (!out.isTensor())
       throw RuntimeError(path_, "forward() must return one tensor of logits",
                          "return logits from forward");
@@ -319,7 +320,7 @@ class ScriptModel : public Model {
                             " argument(s); task custom calls forward(inputs, targets)",
                         "script a model whose forward(self, inputs, targets) returns the loss "
                         "(or a dict with 'loss'), or use another task");
-    return m_.forward({x, y});
+    return m_.forward({cl_ ? channels_last(x) : x, y});
   }
   NamedTensors named_parameters() override {
     NamedTensors out;
@@ -338,6 +339,7 @@ class ScriptModel : public Model {
  private:
   torch::jit::Module m_;
   std::string path_;
+  bool cl_;  // model.channels_last: 4-D inputs and weights NHWC (depthwise convolutions gain most)
 };
 
 }  // namespace
@@ -473,7 +475,7 @@ std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vect
       // Read when the forward method first runs, so it must be set before then. Measured on the
       // pytorch/examples MNIST CNN, batch 128 (README, "Memory"): peak RSS 403 vs 479 MiB.
       torch::jit::getProfilingMode() = c.script_executor == "profiling";
-      m = std::make_unique<ScriptModel>(torch::jit::load(c.path), c.path);
+      m = std::make_unique<ScriptModel>(torch::jit::load(c.path), c.path, c.channels_last);
     } catch (const c10::Error& e) {
       throw DataError(c.path, "not a loadable TorchScript file",
                       "save it with torch.jit.save(torch.jit.script(model), path)");
@@ -482,7 +484,7 @@ std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vect
     throw ConfigError("model.name", "unknown model '" + c.name + "'");
   }
   init_weights(m->named_parameters(), c.init);
-  if (c.channels_last && (c.name == "cnn" || c.name == "resnet")) {
+  if (c.channels_last && (c.name == "cnn" || c.name == "resnet" || c.name == "torchscript")) {
     torch::NoGradGuard no_grad;
     for (auto& [name, p] : m->named_parameters())
       if (p.dim() == 4) p.set_data(channels_last(p));

@@ -185,27 +185,77 @@ static fs::path resolve_run_dir(const config::ExperimentConfig& cfg,
   return run_dir;
 }
 
-// The summary record: test metrics (the last evaluation when it was on the test split), timing and,
-// with data parallelism, the all-reduce figures.
+// The test split's evaluation for the summary, as train.final_eval says: the whole split, an evenly
+// spaced sample of it, or none. The last in-training evaluation is reused when it was on the test
+// split (it cost nothing more). `what` says which, for the log.
+static std::optional<EvalResult> final_evaluation(Pipeline& p, std::string* what) {
+  Trainer& trainer = *p.trainer;
+  const std::string& mode = p.cfg.train.final_eval;
+  if (p.splits.eval_name == "test" && trainer.last_eval()) {
+    *what = "the last evaluation, on the whole test split";
+    return trainer.last_eval();
+  }
+  if (mode == "none") {
+    *what = "none (train.final_eval=none)";
+    return std::nullopt;
+  }
+  const data::Dataset& all = p.splits.test;
+  const int64_t n = std::min(all.count, p.cfg.train.final_eval_samples);
+  if (mode == "sample" && n < all.count) {
+    data::Dataset part;
+    if (all.token_windows) {  // windows of one token stream: the first n (gather copies samples)
+      part = all.slice(0, n);
+    } else {  // evenly spaced: image folders are sorted by class
+      std::vector<int64_t> idx(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = i * all.count / n;
+      part = all.gather(idx);
+    }
+    *what = fmt::format("{} of the {} test samples (train.final_eval=sample)", n, all.count);
+    data::Loader loader(part, p.eval_options);
+    return trainer.evaluate(loader);
+  }
+  *what = fmt::format("the whole test split, {} samples", all.count);
+  data::Loader loader(all, p.eval_options);
+  return trainer.evaluate(loader);
+}
+
+// The summary record: test metrics (see final_evaluation), timing, the evaluations' share of the
+// run and, with data parallelism, the all-reduce figures.
 static nlohmann::json finish_summary(Pipeline& p, RunResult& result) {
   Trainer& trainer = *p.trainer;
-  EvalResult test;
-  if (p.splits.eval_name == "test" && trainer.last_eval()) {
-    test = *trainer.last_eval();
-  } else {
-    data::Loader test_loader(p.splits.test, p.eval_options);
-    test = trainer.evaluate(test_loader);
-  }
+  const double eval_before = trainer.eval_seconds();
+  std::string what;
+  const std::optional<EvalResult> final_eval = final_evaluation(p, &what);
+  const EvalResult test = final_eval.value_or(EvalResult{});
+  const double final_s = trainer.eval_seconds() - eval_before;
+  const double wall = runtime::seconds_since_exec();
+  spdlog::info(
+      "[eval] final evaluation: {}, {:.1f} s; evaluations took {:.1f} s of this process's {:.1f} s "
+      "({:.0f} %)",
+      what, final_s, trainer.eval_seconds(), wall, 100 * trainer.eval_seconds() / wall);
+  if (p.cfg.train.final_eval == "full" && final_s > trainer.progress().train_seconds)
+    spdlog::warn(
+        "[eval] the final evaluation took longer than the training ({:.1f} s against {:.1f} s): "
+        "train.final_eval=sample or none shortens short runs",
+        final_s, trainer.progress().train_seconds);
   result.steps = trainer.progress().step;
-  result.test_accuracy = test.accuracy;
-  result.test_loss = test.loss;
+  result.test_accuracy = final_eval ? test.accuracy : NAN;
+  result.test_loss = final_eval ? test.loss : NAN;
   result.train_seconds = trainer.progress().train_seconds;
   result.time_to_target = trainer.progress().time_to_target;
   result.test_metrics = test.metrics;
   nlohmann::json summary = {{"event", "summary"},
                             {"step", result.steps},
                             {"task", p.cfg.task.name},
-                            {"train_seconds", result.train_seconds}};
+                            {"train_seconds", result.train_seconds},
+                            {"final_eval", p.cfg.train.final_eval},
+                            {"final_eval_seconds", final_s},
+                            {"eval_seconds", trainer.eval_seconds()}};
+  if (final_eval) summary["test_samples"] = test.count;
+  if (std::isfinite(trainer.first_step_seconds())) {
+    summary["setup_s"] = trainer.fit_start_seconds();
+    summary["first_step_s"] = trainer.first_step_seconds();
+  }
   for (const auto& [k, v] : test.metrics)
     if (k.rfind("roc_auc_class", 0) != 0) summary["test_" + k] = v;
   if (result.time_to_target) summary["time_to_target_s"] = *result.time_to_target;

@@ -11,6 +11,7 @@
 #include "mltrain/core/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/memory.hpp"
+#include "mltrain/core/runtime.hpp"
 #include "mltrain/core/signals.hpp"
 #include "mltrain/model/replay.hpp"
 #include "mltrain/train/stages.hpp"
@@ -190,6 +191,7 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   if (r.metrics.count("accuracy")) r.accuracy = r.metrics["accuracy"];
   r.count = count;
   r.seconds = since(t0);
+  eval_seconds_ += r.seconds;
   return r;
 }
 
@@ -549,6 +551,7 @@ void Trainer::fit() {
   const double full_window = static_cast<double>(accumulate_ * cfg_.data.batch_size);
   const auto params = model_.named_parameters();
   const auto fit_start = Clock::now();
+  if (std::isnan(fit_start_s_)) fit_start_s_ = runtime::seconds_since_exec();
   const double seconds_before = progress_.train_seconds;
   for (auto& o : observers_) o->on_train_begin(*this);
   model_.set_training(true);
@@ -598,6 +601,11 @@ void Trainer::fit() {
       const double lr = lr_at(opt_.steps());
       optimizer_step(params, window_samples, full_window, lr, info, pending);
       lap(Phase::kOptimizer);
+      if (std::isnan(first_step_s_)) {
+        first_step_s_ = runtime::seconds_since_exec();
+        spdlog::info("[train] first optimizer step done {:.2f} s after exec (set-up {:.2f} s)",
+                     first_step_s_, fit_start_s_);
+      }
 
       info.count = window_samples;
       info.micro_batch = micro_ > 0 ? micro_ : static_cast<int64_t>(cfg_.data.batch_size);

@@ -380,8 +380,10 @@ struct ModelConfig {
     v.field("batchnorm", batchnorm,
             "BatchNorm after each conv/hidden layer (false: biased layers instead; what `mltrain "
             "fuse` writes)");
-    v.field("channels_last", channels_last,
-            "cnn/resnet: NHWC activations and weights (oneDNN convolutions skip layout reorders)");
+    v.field(
+        "channels_last", channels_last,
+        "cnn/resnet/torchscript: NHWC activations and 4-D weights (oneDNN convolutions skip layout "
+        "reorders)");
     v.field("dropout", dropout,
             "dropout before the classifier (gpt: on embeddings, attention weights and residual "
             "branches)",
@@ -695,6 +697,8 @@ struct TrainConfig {
   Period eval_every = Period::epochs(1);
   Period log_every = Period::steps(100);
   double target_accuracy = 0.0;
+  std::string final_eval = "full";
+  int64_t final_eval_samples = 2000;
   bool tensorboard = true;
   Period histograms_every = Period::never();
   Count accumulate = Count::of(1);
@@ -717,6 +721,14 @@ struct TrainConfig {
     v.field("log_every", log_every, "log training metrics every period (non-terminal output)");
     v.field("target_accuracy", target_accuracy,
             "report time-to-accuracy for this test accuracy (0: off)", in_range(0.0, 1.0));
+    v.field("final_eval", final_eval,
+            "the test-split evaluation after training, for the summary: full (default: every "
+            "test sample) | sample (final_eval_samples of them, evenly spaced) | none (the last "
+            "evaluation on the test split if there was one, else no test metrics)",
+            one_of({"full", "sample", "none"}));
+    v.field("final_eval_samples", final_eval_samples,
+            "test samples the final evaluation reads when final_eval is sample",
+            positive<int64_t>());
     v.field("tensorboard", tensorboard,
             "also write every metrics record as TensorBoard scalars (events.out.tfevents.* in the "
             "run folder)");

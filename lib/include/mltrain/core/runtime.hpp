@@ -47,5 +47,8 @@ int64_t minor_faults();
 int64_t peak_rss_kib();
 // Resident set now (VmRSS: anonymous + file-backed mapped pages), KiB; 0 where /proc is absent.
 int64_t current_rss_kib();
+// Seconds since this process was exec'd (/proc/self/stat's start time against CLOCK_BOOTTIME, to
+// the kernel's 10 ms tick): dynamic loading and static initialisers included. NaN without /proc.
+double seconds_since_exec();
 
 }  // namespace mltrain::runtime

@@ -166,6 +166,11 @@ class Trainer {
   void start_rewarm(int64_t optimizer_step);
   optim::Schedule& schedule() { return *schedule_; }
   std::optional<EvalResult> last_eval() const { return last_eval_; }
+  double eval_seconds() const { return eval_seconds_; }  // every evaluate() of this process
+  // Seconds from this process's exec to the start of fit() (set-up: libraries, data, model,
+  // checkpoint) and to the end of its first optimizer step (NaN before them).
+  double fit_start_seconds() const { return fit_start_s_; }
+  double first_step_seconds() const { return first_step_s_; }
   double data_wait_seconds() const { return train_.wait_seconds(); }
   data::Loader& train_loader() { return train_; }
   const torch::Device& device() const { return device_; }
@@ -227,6 +232,7 @@ class Trainer {
   int64_t steps_per_epoch_ = 0, total_steps_ = 0, accumulate_ = 1;
   int64_t rewarm_from_ = -1, rewarm_steps_ = 0;  // distributed.rewarm after a resume
   std::optional<EvalResult> last_eval_;
+  double eval_seconds_ = 0, fit_start_s_ = NAN, first_step_s_ = NAN;
   std::unique_ptr<optim::Schedule> schedule_, smoothing_;
   std::optional<LossScaler> scaler_;
   GradClipper clipper_;
