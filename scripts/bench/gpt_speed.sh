@@ -3,7 +3,7 @@
 # PyTorch (scripts/bench/py_gpt.py), in one invocation on the same cores: same initial weights
 # (written by Python, loaded with model.init_from), same window order (mltrain's, reproduced in
 # Python), same AdamW groups, LR and clipping. Prints tokens/s and their ratios against issue #16's
-# targets (>= 8x the idiomatic loop, >= 1.3x the oneDNN-routed expert loop), both loss curves, and
+# targets (>= 8x the idiomatic loop, >= 1.3x the expert loop: threads, fused AdamW, SDPA), both loss curves, and
 # the validation loss Python computes from mltrain's final safetensors.
 #
 #   scripts/bench/gpt_speed.sh            # ~6 minutes on 2 cores
@@ -34,7 +34,7 @@ echo "== mltrain: $STEPS steps" >&2
 run=$TMP/runs/gpt/v0
 ck=$(ls -d "$run"/checkpoints/step_* | tail -1)
 
-echo "== Python expert (oneDNN Linear): $STEPS steps" >&2
+echo "== Python expert: $STEPS steps" >&2
 (cd scripts/bench && env $RETAIN_ENV $PY py_gpt.py train --mode expert --tokens "$PWD/../../data/fortunes/train.bin" \
   --init "$TMP/init.safetensors" --steps "$STEPS" --log-every $EVERY --warmup 4 >"$TMP/expert.json")
 echo "== Python idiomatic: $IDIOMATIC_STEPS steps" >&2

@@ -47,12 +47,20 @@ int main(int argc, char** argv) {
   }
 }
 
-// mltrain_bench gemm native|onednn [THREADS]: fp32 GEMM throughput per kernel route (native:
-// LibTorch's BLAS, MKL in the wheel; onednn: oneDNN's sgemm).
+// mltrain_bench gemm native|onednn [THREADS [MxKxN ...]]: fp32 GEMM throughput per kernel route
+// (native: LibTorch's BLAS, MKL in the wheel; onednn: oneDNN's sgemm), at the given shapes or three
+// of the registry models'.
 static int bench_gemm(int argc, char** argv) {
   runtime::apply({std::stoi(argc > 3 ? argv[3] : "0"), "retain", argv[2]});
-  for (auto [m, k, n] :
-       std::vector<std::array<int64_t, 3>>{{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}}) {
+  std::vector<std::array<int64_t, 3>> shapes = {{128, 784, 512}, {128, 3136, 256}, {512, 512, 512}};
+  if (argc > 4) shapes.clear();
+  for (int i = 4; i < argc; ++i) {
+    std::array<int64_t, 3> s{};
+    if (std::sscanf(argv[i], "%ldx%ldx%ld", &s[0], &s[1], &s[2]) != 3)
+      throw std::invalid_argument(std::string("gemm shape '") + argv[i] + "': write MxKxN");
+    shapes.push_back(s);
+  }
+  for (auto [m, k, n] : shapes) {
     auto a = torch::randn({m, k}), b = torch::randn({k, n});
     for (int i = 0; i < 3; ++i) torch::mm(a, b);
     int iters = 0;

@@ -5,19 +5,23 @@ lib/src/model/gpt.cpp; the same window order as mltrain's loader (SplitMix64 Fis
 data::epoch_order); weights exchanged as safetensors.
 
   py_gpt.py init  --out init.safetensors [--n-layer 4 ...]            fresh weights (seed 0)
-  py_gpt.py train --mode idiomatic|expert --tokens train.bin --init init.safetensors --steps N
+  py_gpt.py train --mode idiomatic|expert|compiled --tokens train.bin --init init.safetensors --steps N
   py_gpt.py eval  --weights model.safetensors --tokens val.bin         loss per token
 
---mode idiomatic: what nanoGPT-style code does: nn.Linear, masked_fill for the causal mask,
-    torch.optim.AdamW, default threads.
---mode expert: an additive causal mask, glibc told to keep memory (the bench sets MALLOC_* for
-    this process), torch.set_num_threads(cores). Both run the venv's PyTorch 2.15 (MKL, oneDNN).
+--mode idiomatic: what nanoGPT-style code does on PyTorch 2.x: nn.Linear,
+    F.scaled_dot_product_attention(is_causal=True), torch.optim.AdamW, default threads.
+--mode expert: the same with torch.set_num_threads(cores), glibc told to keep memory (the bench
+    sets MALLOC_* for this process), AdamW(fused=True), zero_grad(set_to_none=True).
+--mode compiled: the expert loop with the model through torch.compile (inductor, CPU).
+--amp bf16: torch.autocast on CPU (on CPUs with AVX512-BF16 or AMX).
+All run the venv's PyTorch 2.15 (MKL, oneDNN).
 Prints one JSON line.
 """
 import argparse
 import json
 import math
 import os
+import resource
 import struct
 import time
 
@@ -99,23 +103,18 @@ class Norm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, a, Linear, additive_mask):
+    def __init__(self, a, Linear):
         super().__init__()
         self.c_attn = Linear(a.n_embd, 3 * a.n_embd, bias=a.bias)
         self.c_proj = Linear(a.n_embd, a.n_embd, bias=a.bias)
-        self.heads, self.width, self.additive = a.n_head, a.n_embd, additive_mask
+        self.heads, self.width = a.n_head, a.n_embd
 
-    def forward(self, x, mask):
+    def forward(self, x):
         B, T, C = x.shape
         hs = C // self.heads
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.heads, hs).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        if self.additive:
-            att = att + mask
-        else:
-            att = att.masked_fill(mask == float("-inf"), float("-inf"))
-        y = F.softmax(att, dim=-1) @ v
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -130,27 +129,25 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, a, Linear, additive_mask):
+    def __init__(self, a, Linear):
         super().__init__()
         self.ln_1 = Norm(a.n_embd, a.bias)
-        self.attn = Attention(a, Linear, additive_mask)
+        self.attn = Attention(a, Linear)
         self.ln_2 = Norm(a.n_embd, a.bias)
         self.mlp = Mlp(a, Linear)
 
-    def forward(self, x, mask):
-        x = x + self.attn(self.ln_1(x), mask)
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
-    def __init__(self, a, Linear=nn.Linear, additive_mask=False):
+    def __init__(self, a, Linear=nn.Linear):
         super().__init__()
         self.wte = nn.Embedding(a.vocab, a.n_embd)
         self.wpe = nn.Embedding(a.block_size, a.n_embd)
-        self.h = nn.ModuleList([Block(a, Linear, additive_mask) for _ in range(a.n_layer)])
+        self.h = nn.ModuleList([Block(a, Linear) for _ in range(a.n_layer)])
         self.ln_f = Norm(a.n_embd, a.bias)
-        mask = torch.full((a.block_size, a.block_size), float("-inf")).triu(1)
-        self.register_buffer("mask", mask, persistent=False)
         for name, p in self.named_parameters():  # GPT-2 init, as gpt.cpp
             if "ln_" in name:
                 continue
@@ -163,9 +160,8 @@ class GPT(nn.Module):
     def forward(self, idx):
         T = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(T))
-        mask = self.mask[:T, :T]
         for b in self.h:
-            x = b(x, mask)
+            x = b(x)
         return F.linear(self.ln_f(x), self.wte.weight)  # tied output layer
 
 
@@ -189,45 +185,63 @@ def batch(tokens, ids, block):
     return w[:, :-1], w[:, 1:]
 
 
+def seconds_since_exec():
+    """/proc/self/stat's start time against CLOCK_BOOTTIME, as mltrain's runtime::seconds_since_exec."""
+    stat = open("/proc/self/stat").read()
+    start = int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start
+
+
 def cmd_train(a):
-    expert = a.mode == "expert"
+    expert = a.mode != "idiomatic"
     if expert:
         torch.set_num_threads(os.cpu_count())
-    model = GPT(a, nn.Linear, additive_mask=expert)
+    model = GPT(a, nn.Linear)
     model.load_state_dict(load_safetensors(a.init), strict=True)
     # AdamW with no weight decay on norms, biases and embeddings (configs/text_char_gpt.yaml).
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("w")]
     rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.startswith("w"))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.99), eps=1e-8)
+                            lr=a.lr, betas=(0.9, a.beta2), eps=1e-8, fused=True if expert else None)
+    step_model = torch.compile(model) if a.mode == "compiled" else model
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp == "bf16")
     tokens, count = windows(a.tokens, a.block_size)
     order = epoch_order(count, a.seed, 0)
     model.train()
-    losses, window = [], []
-    t0 = time.perf_counter()
+    losses, window, step_losses, first_step_s = [], [], [], None
+    t_begin = t0 = time.perf_counter()
+    warmup_s = 0.0
     for step in range(a.steps):
         if step == a.warmup:
             t0 = time.perf_counter()
+            warmup_s = t0 - t_begin
         x, y = batch(tokens, order[step * a.batch:(step + 1) * a.batch], a.block_size)
-        logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
+        with autocast:
+            logits = step_model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
+        if a.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip, foreach=True if expert else None)
         opt.step()
+        if first_step_s is None:
+            first_step_s = seconds_since_exec()
         window.append(loss.item())
+        step_losses.append(window[-1])
         if len(window) == a.log_every:
             losses.append(sum(window) / len(window))
             window = []
     dt = time.perf_counter() - t0
-    print(json.dumps({"mode": a.mode, "threads": torch.get_num_threads(), "steps": a.steps,
+    print(json.dumps({"mode": a.mode, "amp": a.amp, "threads": torch.get_num_threads(), "steps": a.steps,
                       "tokens_per_s": (a.steps - a.warmup) * a.batch * a.block_size / dt,
-                      "loss_every": a.log_every, "losses": losses}))
+                      "first_step_s": first_step_s, "warmup_s": warmup_s,
+                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                      "loss_every": a.log_every, "losses": losses, "step_losses": step_losses}))
 
 
 def cmd_eval(a):
     torch.set_num_threads(os.cpu_count())
-    model = GPT(a, nn.Linear, additive_mask=True)
+    model = GPT(a, nn.Linear)
     model.load_state_dict(load_safetensors(a.weights), strict=True)
     model.eval()
     tokens, count = windows(a.tokens, a.block_size)
@@ -248,7 +262,8 @@ def main():
     i.add_argument("--out", required=True)
     i.add_argument("--seed", type=int, default=0)
     t = sub.add_parser("train")
-    t.add_argument("--mode", choices=["idiomatic", "expert"], required=True)
+    t.add_argument("--mode", choices=["idiomatic", "expert", "compiled"], required=True)
+    t.add_argument("--amp", choices=["fp32", "bf16"], default="fp32")
     t.add_argument("--tokens", required=True)
     t.add_argument("--init", required=True)
     t.add_argument("--steps", type=int, default=100)
@@ -256,7 +271,8 @@ def main():
     t.add_argument("--batch", type=int, default=32)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--weight-decay", type=float, default=0.1)
-    t.add_argument("--clip", type=float, default=1.0)
+    t.add_argument("--beta2", type=float, default=0.99)
+    t.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
     t.add_argument("--log-every", type=int, default=10)
     t.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("eval")

@@ -19,13 +19,7 @@ MEM=${MEMORY_ONLY:-0}
 # glibc tunables equivalent to mltrain's "retain" allocator policy, for the expert Python run.
 RETAIN_ENV="MALLOC_MMAP_THRESHOLD_=536870912 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=16777216"
 
-$PY - "$TMP" <<'PYEOF'
-import gzip, sys, numpy as np
-d = "/usr/share/datasets/fashion-mnist/"
-img = np.frombuffer(gzip.open(d + "train-images-idx3-ubyte.gz").read(), np.uint8, offset=16).reshape(-1, 28, 28)
-lab = np.frombuffer(gzip.open(d + "train-labels-idx1-ubyte.gz").read(), np.uint8, offset=8).astype(np.int64)
-np.save(sys.argv[1] + "/images.npy", img); np.save(sys.argv[1] + "/labels.npy", lab)
-PYEOF
+$PY scripts/bench/fmnist_npy.py "$TMP"
 
 # Echo a measurement to stderr and pass it on (tee /dev/stderr would reopen a redirected log with O_TRUNC).
 show() { local o; o=$(cat); echo "$o" >&2; echo "$o"; }
