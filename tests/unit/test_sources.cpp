@@ -214,6 +214,50 @@ TEST_CASE("image folder bad input: empty class, foreign file, truncated image", 
   CHECK(kept.skipped == 1);
 }
 
+// data.image.cache: memory decodes every image once at load: the same samples and labels as the
+// loader's on-demand decoding, no reader left, a truncated image fails at load (or is skipped).
+TEST_CASE("image folder in memory: the same samples, decoded once at load", "[folder]") {
+  const fs::path root = fresh_dir("folder_mem");
+  for (int i = 0; i < 4; ++i)
+    write_bytes(root / (i % 2 ? "b" : "a") / ("i" + std::to_string(i) + ".png"),
+                encode_png(pattern(20 + i).data(), 1, 6, 6));
+  write_bytes(root / "a" / "j.jpg", encode_jpeg(pattern(30).data(), 1, 6, 6, 90));
+  FolderOptions fo;
+  fo.image = {4, 3, 5};  // resized, centre-cropped and made RGB on the way
+  const Dataset lazy = load_image_folder(root.string(), fo);
+  fo.in_memory = true;
+  const Dataset mem = load_image_folder(root.string(), fo);
+  CHECK(lazy.reader != nullptr);
+  CHECK(mem.reader == nullptr);
+  REQUIRE(mem.count == lazy.count);
+  REQUIRE(mem.count == 5);
+  std::vector<uint8_t> a, b;
+  for (int64_t i = 0; i < mem.count; ++i) {
+    const uint8_t* x = lazy.sample_into(i, a);
+    const uint8_t* y = mem.sample_into(i, b);
+    CHECK(std::vector<uint8_t>(x, x + 48) == std::vector<uint8_t>(y, y + 48));
+    CHECK(mem.label(i) == lazy.label(i));
+  }
+  Loader loader(mem, {.batch_size = 2, .workers = 2, .shuffle = false, .drop_last = false});
+  CHECK(all_batches(loader, 0).size() == 5u * 48);
+
+  // A truncated image: an error at load naming it, or left out with skip (the rest realigned).
+  const auto full = encode_png(pattern(40).data(), 1, 6, 6);
+  write_bytes(root / "a" / "i0.png", std::vector<uint8_t>(full.begin(), full.begin() + 40));
+  CHECK(error_of([&] { load_image_folder(root.string(), fo); }).find("i0.png") !=
+        std::string::npos);
+  fo.skip_bad = true;
+  const Dataset kept = load_image_folder(root.string(), fo);
+  REQUIRE(kept.count == 4);
+  CHECK(kept.skipped == 1);
+  for (int64_t i = 0; i < kept.count; ++i) {  // lazy sample i + 1 is kept sample i
+    const uint8_t* x = lazy.sample_into(i + 1, a);
+    CHECK(std::vector<uint8_t>(x, x + 48) ==
+          std::vector<uint8_t>(kept.sample(i), kept.sample(i) + 48));
+    CHECK(kept.label(i) == lazy.label(i + 1));
+  }
+}
+
 TEST_CASE("CSV: names, categories, fills, standardisation and text classes", "[csv]") {
   const fs::path d = fresh_dir("csv");
   {

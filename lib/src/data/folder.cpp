@@ -1,7 +1,9 @@
-// Image folders in torchvision ImageFolder's layout, decoded on demand in the loader's workers.
+// Image folders in torchvision ImageFolder's layout, decoded on demand in the loader's workers, or
+// once at load into memory (data.image.cache: memory).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -123,14 +125,21 @@ Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
   // error: each header is checked now (a wrong format fails before training starts), the pixels
   // when the loader decodes them. skip: every image is decoded once here, so the data set is
   // fixed before the first batch and a resumed run sees the same samples.
+  // in_memory: every image is decoded now, into its slot of one buffer the data set keeps.
   std::vector<char> bad(l.files.size(), 0);
+  const size_t sample_bytes = opt.image.sample_bytes();
+  auto pixels = std::make_shared<std::vector<uint8_t>>(opt.in_memory ? l.files.size() * sample_bytes
+                                                                     : size_t{0});
   parallel_for(static_cast<int64_t>(l.files.size()), [&](int64_t i) {
     const std::string& f = l.files[static_cast<size_t>(i)];
     try {
       const std::string file = read_file(f);
       const auto* bytes = reinterpret_cast<const uint8_t*>(file.data());
-      if (opt.skip_bad) {
-        std::vector<uint8_t> px(opt.image.sample_bytes());
+      if (opt.in_memory) {
+        decode_to_sample(bytes, file.size(), f, opt.image,
+                         pixels->data() + static_cast<size_t>(i) * sample_bytes);
+      } else if (opt.skip_bad) {
+        std::vector<uint8_t> px(sample_bytes);
         decode_to_sample(bytes, file.size(), f, opt.image, px.data());
       } else {
         check_image_header(bytes, file.size(), f);
@@ -142,8 +151,15 @@ Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
   });
   std::vector<std::string> files;
   auto labels = std::make_shared<std::vector<int64_t>>();
-  for (size_t i = 0; i < l.files.size(); ++i)
-    if (!bad[i]) files.push_back(l.files[i]), labels->push_back(l.labels[i]);
+  size_t kept = 0;
+  for (size_t i = 0; i < l.files.size(); ++i) {
+    if (bad[i]) continue;
+    files.push_back(l.files[i]), labels->push_back(l.labels[i]);
+    if (opt.in_memory && kept != i)  // close the gaps the skipped images left
+      std::memmove(pixels->data() + kept * sample_bytes, pixels->data() + i * sample_bytes,
+                   sample_bytes);
+    ++kept;
+  }
   Dataset d;
   d.source = root;
   d.dtype = DType::kU8;
@@ -153,7 +169,13 @@ Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
   if (d.count == 0) throw DataError(root, "no readable images", "check the folder's images");
   d.labels = labels;
   d.num_classes = static_cast<int64_t>(l.classes.size());
-  d.reader = std::make_shared<FolderSource>(std::move(files), opt.image);
+  if (opt.in_memory) {
+    pixels->resize(kept * sample_bytes);
+    d.data = pixels->data();
+    d.storage = pixels;
+  } else {
+    d.reader = std::make_shared<FolderSource>(std::move(files), opt.image);
+  }
   if (classes_out) *classes_out = l.classes;
   return d;
 }

@@ -66,6 +66,7 @@ static bool load_user_splits(const config::ExperimentConfig& cfg, const data::Ta
     data::FolderOptions fo;
     fo.image = {c.image.size, c.image.mode == "rgb" ? 3 : 1, c.image.resize};
     fo.skip_bad = c.on_bad_sample == "skip";
+    fo.in_memory = c.image.cache == "memory";
     fo.num_classes = c.num_classes;
     s.train = data::load_image_folder(c.train_images, fo, &fo.classes);
     s.test = data::load_image_folder(c.test_images, fo);

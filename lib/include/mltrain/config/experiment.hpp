@@ -168,6 +168,7 @@ struct ImageConfig {
   int64_t size = 28;
   std::string mode = "gray";
   int64_t resize = 0;
+  std::string cache = "none";
   template <class V>
   void visit(V& v) {
     v.field("size", size, "side of the square samples (after resize and centre crop)",
@@ -178,6 +179,11 @@ struct ImageConfig {
             "scale the shorter side to this before the centre crop (0: to size), as "
             "torchvision's Resize + CenterCrop",
             non_negative<int64_t>());
+    v.field("cache", cache,
+            "none: decode each image every epoch in the loader; memory: decode every image once "
+            "at load, on every core, and keep the decoded samples in memory (count x channels x "
+            "size^2 bytes; the loader then spends no CPU on decoding)",
+            one_of({"none", "memory"}));
   }
 };
 

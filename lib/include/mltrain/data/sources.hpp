@@ -22,6 +22,7 @@ namespace mltrain::data {
 struct FolderOptions {
   ImageSpec image;
   bool skip_bad = false;    // drop unreadable images (each decoded once at load) instead of failing
+  bool in_memory = false;   // decode every image once at load and keep the samples (no reader)
   int64_t num_classes = 0;  // 0: any; else the folder count must match
   std::vector<std::string> classes;  // non-empty: these names, in this order (the test split)
 };
