@@ -57,8 +57,10 @@ steps_of() {
   echo $s
 }
 ml_args() {
+  # The image folder decoded once at load (data.image.cache=memory), as the expert loop preloads it.
   local folder="data.dataset=files data.format=image_folder data.train_images=$TMP/fmnist_png/train \
-    data.test_images=$TMP/fmnist_png/test data.image.size=32 data.image.mode=rgb model.name=torchscript"
+    data.test_images=$TMP/fmnist_png/test data.image.size=32 data.image.mode=rgb data.image.cache=memory \
+    model.name=torchscript"
   case $1 in
     mlp | cnn) echo "configs/fashion_mnist_$1.yaml" ;;
     examples_cnn) echo "configs/fashion_mnist_cnn.yaml model.name=torchscript model.path=$TMP/examples_cnn.pt" ;;
