@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from py_clock import seconds_since_exec
+
 M64 = (1 << 64) - 1
 
 
@@ -183,13 +185,6 @@ def batch(tokens, ids, block):
     w = np.stack([np.asarray(tokens[i * block:i * block + block + 1], dtype=np.int64) for i in ids])
     w = torch.from_numpy(w)
     return w[:, :-1], w[:, 1:]
-
-
-def seconds_since_exec():
-    """/proc/self/stat's start time against CLOCK_BOOTTIME, as mltrain's runtime::seconds_since_exec."""
-    stat = open("/proc/self/stat").read()
-    start = int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - start
 
 
 def cmd_train(a):

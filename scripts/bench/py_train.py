@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from py_clock import seconds_since_exec
 from py_models import CNN, MLP, ExamplesCNN, ResNet  # the same models and op order as mltrain
 
 CONV = {"cnn", "examples_cnn", "resnet", "tv_resnet18", "tv_mobilenet_v3_small"}
@@ -61,13 +62,6 @@ p.add_argument("--seed", type=int, default=0)
 args = p.parse_args()
 torch.manual_seed(args.seed)
 MEAN, STD = 0.2860, 0.3530
-
-
-def seconds_since_exec():
-    """/proc/self/stat's start time against CLOCK_BOOTTIME, as mltrain's runtime::seconds_since_exec."""
-    stat = open("/proc/self/stat").read()
-    start = int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - start
 
 
 def make_model():
@@ -142,6 +136,11 @@ def tensor_batches(x_all, y_all):
             yield x_all.index_select(0, idx), y_all.index_select(0, idx)
 
 
+def normalised(images):
+    x = (torch.from_numpy(np.array(images)).float() / 255.0 - MEAN) / STD
+    return x.unsqueeze(1).contiguous(memory_format=torch.channels_last) if channels_last else x.unsqueeze(1)
+
+
 def npy_batches():
     images = np.load(args.images, mmap_mode="r")
     labels = np.load(args.labels, mmap_mode="r")
@@ -158,14 +157,7 @@ def npy_batches():
         loader = torch.utils.data.DataLoader(MemmapDataset(), batch_size=args.batch, shuffle=True, drop_last=True)
         while True:
             yield from loader
-    x_all = ((torch.from_numpy(np.array(images)).float() / 255.0 - MEAN) / STD).unsqueeze(1)
-    y_all = torch.from_numpy(np.array(labels)).long()
-    yield from tensor_batches(x_all, y_all)
-
-
-def normalised(images):
-    x = (torch.from_numpy(np.array(images)).float() / 255.0 - MEAN) / STD
-    return x.unsqueeze(1).contiguous(memory_format=torch.channels_last) if channels_last else x.unsqueeze(1)
+    yield from tensor_batches(normalised(images), torch.from_numpy(np.array(labels)).long())
 
 
 def time_to_accuracy():

@@ -76,16 +76,14 @@ double seconds_since_exec() {
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
   if (close == std::string::npos) return NAN;
-  std::istringstream fields(stat.substr(close + 1));
+  std::istringstream fields(stat.substr(close + 1));  // from field 3 (the state) on
   std::string f;
-  for (int i = 3; i <= 22 && fields >> f; ++i) {  // field 22: start time, in clock ticks
-    if (i < 22) continue;
-    timespec now{};
-    if (::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return NAN;
-    const double start = std::stod(f) / double(sysconf(_SC_CLK_TCK));
-    return double(now.tv_sec) + 1e-9 * double(now.tv_nsec) - start;
-  }
-  return NAN;
+  for (int i = 3; i <= 22; ++i)  // field 22: the start time, in clock ticks since boot
+    if (!(fields >> f)) return NAN;
+  timespec now{};
+  if (::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return NAN;
+  return double(now.tv_sec) + 1e-9 * double(now.tv_nsec) -
+         std::stod(f) / double(sysconf(_SC_CLK_TCK));
 }
 
 static std::string cpu_flags_of_interest() {
