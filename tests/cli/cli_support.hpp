@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -65,6 +66,40 @@ inline int free_ports(int n = 1) {
   }
   FAIL("no " << n << " consecutive free loopback ports");
   return 0;
+}
+
+// Environment variables set for a scope and put back as they were (unset, or the old value) when it
+// ends or restore() is called, also when a REQUIRE throws: one test case's hooks (MLTRAIN_TEST_*)
+// never leak into the next.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<std::string, std::string>> vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k.c_str());
+      saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
+      ::setenv(k.c_str(), v.c_str(), 1);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void restore() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it)
+      it->second ? ::setenv(it->first.c_str(), it->second->c_str(), 1)
+                 : ::unsetenv(it->first.c_str());
+    saved_.clear();
+  }
+  ~ScopedEnv() { restore(); }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// The tiny MLP run most CLI tests start from: `mltrain train` on configs/fashion_mnist_mlp.yaml with
+// `limit` real training images, writing under `dir` as run `name`; `extra` overrides follow.
+inline std::string tiny_mlp(const fs::path& dir, const std::string& name, int64_t limit = 2048,
+                            const std::string& extra = "") {
+  return "train " + kSrc + "/configs/fashion_mnist_mlp.yaml run.dir=" + dir.string() +
+         " run.name=" + name + " data.limit_train=" + std::to_string(limit) + " " + extra;
 }
 
 struct Result {

@@ -35,16 +35,17 @@ TEST_CASE(
   for (int64_t i = 0; i < 3968; ++i) epoch[size_t(i)] = i;
   for (const int world : {1, 3}) {
     const std::string name = "to" + std::to_string(world);
-    ::setenv("MLTRAIN_TEST_SAMPLES", (d / (name + ".a")).c_str(), 1);
-    ::setenv("MLTRAIN_TEST_KILL", "1:10", 1);
+    ScopedEnv env1({{"MLTRAIN_TEST_SAMPLES", (d / (name + ".a")).c_str()}});
+    ScopedEnv env2({{"MLTRAIN_TEST_KILL", "1:10"}});
     auto killed = run("launch --nproc-per-node 2 -- mltrain train " + common + " run.name=" + name);
-    ::unsetenv("MLTRAIN_TEST_KILL");
+    env2.restore();
     INFO(killed.out);
     REQUIRE(killed.code != 0);
-    ::setenv("MLTRAIN_TEST_SAMPLES", (d / (name + ".b")).c_str(), 1);
+    ScopedEnv env3({{"MLTRAIN_TEST_SAMPLES", (d / (name + ".b")).c_str()}});
     auto resumed = run("launch --nproc-per-node " + std::to_string(world) + " -- mltrain train " +
                        common + " run.name=" + name + " distributed.rewarm=20u");
-    ::unsetenv("MLTRAIN_TEST_SAMPLES");
+    env3.restore();
+    env1.restore();
     INFO(resumed.out);
     REQUIRE(resumed.code == 0);
     CHECK(resumed.out.find("(step 8, epoch 0, batch 0)") != std::string::npos);
@@ -156,7 +157,7 @@ TEST_CASE(
                             "runtime.threads=1 distributed.timeout_s=30 run.name=join run.dir=" +
                             d.string();
   const fs::path log0 = d / "node0.log", log1 = d / "node1.log", log2 = d / "node2.log";
-  ::setenv("MLTRAIN_TEST_HOLD", "0:12", 1);  // first round only
+  ScopedEnv env4({{"MLTRAIN_TEST_HOLD", "0:12"}});  // first round only
   const pid_t n0 = elastic_node(log0, port, "2:3", train);
   REQUIRE(wait_for([&] { return log_has(log0, "rendezvous store serving at"); }, 60));
   const pid_t n1 = elastic_node(log1, port, "2:3", train);
@@ -165,7 +166,7 @@ TEST_CASE(
   REQUIRE(wait_for([&] { return fs::exists(d / "join" / "v0" / "checkpoints" / "step_8"); }, 180));
   const pid_t n2 = elastic_node(log2, port, "2:3", train);
   const int rc2 = wait_exit(n2), rc0 = wait_exit(n0), rc1 = wait_exit(n1);
-  ::unsetenv("MLTRAIN_TEST_HOLD");
+  env4.restore();
   const std::string out0 = slurp(log0), out1 = slurp(log1), out2 = slurp(log2);
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1 << "\nnode 2:\n" << out2);
   CHECK(rc0 == 0);

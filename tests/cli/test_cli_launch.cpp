@@ -17,10 +17,10 @@ TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and mat
       d.string();
   auto one = run("train " + common + " run.name=single data.batch_size=128");
   REQUIRE(one.code == 0);
-  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);
+  ScopedEnv env1({{"MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str()}});
   auto two = run("launch --nproc-per-node 2 -- mltrain train " + common +
                  " run.name=ddp data.batch_size=64");
-  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  env1.restore();
   INFO(two.out);
   REQUIRE(two.code == 0);
   CHECK(two.out.find("[rank 0] ") != std::string::npos);
@@ -144,9 +144,9 @@ TEST_CASE(
   };
   auto fp32 = run(train + " run.name=fp32");
   REQUIRE(fp32.code == 0);
-  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);
+  ScopedEnv env2({{"MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str()}});
   auto fp16 = run(train + " run.name=fp16 distributed.compress=fp16");
-  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  env2.restore();
   INFO(fp16.out);
   REQUIRE(fp16.code == 0);
   const auto r0 = lines_of(d / "digest.0");
@@ -169,14 +169,14 @@ TEST_CASE(
     "[cli][dist]") {
   const auto d = tmpdir("ddp_hang");
   // Rank 1 stops making progress at step 10 (alive, silent: a stuck read, a deadlock).
-  ::setenv("MLTRAIN_TEST_STALL", "1:10", 1);
+  ScopedEnv env3({{"MLTRAIN_TEST_STALL", "1:10"}});
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run("launch --nproc-per-node 2 --max-restarts 0 --grace 3 -- mltrain train " + kSrc +
                "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
                "train.duration=2ep distributed.timeout_s=6 "
                "run.dir=" +
                d.string() + " run.name=hang");
-  ::unsetenv("MLTRAIN_TEST_STALL");
+  env3.restore();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.out);
   CHECK(r.code != 0);
@@ -195,14 +195,14 @@ TEST_CASE(
   const auto d = tmpdir("ddp_heartbeat");
   // Rank 1 stalls at step 10 on the first attempt; the collective timeout (300 s) would take five
   // minutes to notice, and without naming anyone.
-  ::setenv("MLTRAIN_TEST_STALL", "1:10", 1);
+  ScopedEnv env4({{"MLTRAIN_TEST_STALL", "1:10"}});
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run("launch --nproc-per-node 2 --max-restarts 1 --grace 3 -- mltrain train " + kSrc +
                "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
                "train.duration=2ep checkpoint.every=8u distributed.timeout_s=300 "
                "distributed.hang_timeout=3s run.dir=" +
                d.string() + " run.name=hb");
-  ::unsetenv("MLTRAIN_TEST_STALL");
+  env4.restore();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.out);
   CHECK(r.code == 0);
@@ -224,13 +224,13 @@ TEST_CASE(
 TEST_CASE("1-bit Adam on 2 ranks: equal parameters after the freeze, ~31x fewer bytes, learns",
           "[cli][dist][onebit]") {
   const auto d = tmpdir("onebit");
-  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str(), 1);
+  ScopedEnv env5({{"MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str()}});
   auto r = run(
       "launch --nproc-per-node 2 -- mltrain train " + kSrc +
       "/configs/fashion_mnist_mlp.yaml data.limit_train=8192 "
       "data.batch_size=64 train.duration=2ep optim.name=onebit_adam optim.freeze_step=32 run.dir=" +
       d.string() + " run.name=ob --jsonl");
-  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  env5.restore();
   INFO(r.out);
   REQUIRE(r.code == 0);
   const auto r0 = lines_of(d / "digest.0"), r1 = lines_of(d / "digest.1");
@@ -269,8 +269,8 @@ TEST_CASE(
       "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
       "train.duration=2ep checkpoint.every=8u distributed.timeout_s=30 run.dir=" +
       d.string();
-  ::setenv("MLTRAIN_TEST_KILL", "1:20",
-           1);  // rank 1 SIGKILLs itself at step 20 on the first attempt
+  ScopedEnv env6(
+      {{"MLTRAIN_TEST_KILL", "1:20"}});  // rank 1 SIGKILLs itself at step 20 on the first attempt
   auto ok = run("launch --nproc-per-node 2 --max-restarts 1" + train + " run.name=restart");
   INFO(ok.out);
   CHECK(ok.code == 0);
@@ -280,7 +280,7 @@ TEST_CASE(
   CHECK(ok.out.find("test accuracy: ") != std::string::npos);
   const auto t0 = std::chrono::steady_clock::now();
   auto bad = run("launch --nproc-per-node 2 --max-restarts 0" + train + " run.name=norestart");
-  ::unsetenv("MLTRAIN_TEST_KILL");
+  env6.restore();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(bad.out);
   CHECK(bad.code != 0);
@@ -298,7 +298,7 @@ TEST_CASE(
       "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
       "model.dropout=0 runtime.threads=1 distributed.timeout_s=30 run.dir=" +
       d.string();
-  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "one").c_str(), 1);
+  ScopedEnv env7({{"MLTRAIN_TEST_PARAM_DIGEST", (d / "one").c_str()}});
   REQUIRE(run("launch --nproc-per-node 2" + train + " train.duration=1ep run.name=one").code == 0);
   const auto want = lines_of(d / "one.0");
   REQUIRE(want.size() == 32);
@@ -311,10 +311,11 @@ TEST_CASE(
               " > node1.log 2>&1 & " + l + "--node-rank 0" + train + extra +
               "; rc=$?; wait; exit $rc; }");
   };
-  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "two").c_str(), 1);
+  ScopedEnv env8({{"MLTRAIN_TEST_PARAM_DIGEST", (d / "two").c_str()}});
   const std::string p2 = std::to_string(free_ports());
   auto two = nodes("--master-port " + p2, " train.duration=1ep run.name=two");
-  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  env8.restore();
+  env7.restore();
   INFO(two.out);
   REQUIRE(two.code == 0);
   CHECK(two.out.find("[launch] attempt 0: node 0/2, 1 workers, rendezvous 127.0.0.1:" + p2) !=
@@ -325,11 +326,11 @@ TEST_CASE(
   CHECK(lines_of(d / "two.1") == want);
   // Rank 1 (node 1) SIGKILLed at step 20: node 0's worker loses its peer; both launchers restart,
   // meet again on port + 1 and resume from the checkpoint.
-  ::setenv("MLTRAIN_TEST_KILL", "1:20", 1);
+  ScopedEnv env9({{"MLTRAIN_TEST_KILL", "1:20"}});
   const int p3 = free_ports(2);  // the restart meets on port + 1
   auto restart = nodes("--master-port " + std::to_string(p3) + " --max-restarts 1",
                        " train.duration=2ep checkpoint.every=8u run.name=restart");
-  ::unsetenv("MLTRAIN_TEST_KILL");
+  env9.restore();
   INFO(restart.out << "\nnode 1:\n" << slurp(d / "node1.log"));
   CHECK(restart.code == 0);
   CHECK(restart.out.find("missing: rank 1 (pid ") != std::string::npos);
@@ -447,9 +448,9 @@ TEST_CASE(
         "{ " + init + " && [ \"$(cat " + at + "init" + r + ".rc)\" = 0 ] && " + main + "; } & ";
   }
   script += "wait; }";
-  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "k8s").c_str(), 1);
+  ScopedEnv env10({{"MLTRAIN_TEST_PARAM_DIGEST", (d / "k8s").c_str()}});
   auto res = sh(script);
-  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  env10.restore();
   const std::string pod0 = slurp(d / "pod0.log"), pod1 = slurp(d / "pod1.log");
   INFO(res.out << "\ninit 0:\n"
                << slurp(d / "init0.log") << "\npod 0:\n"
@@ -466,11 +467,11 @@ TEST_CASE(
         std::string::npos);
   CHECK(pod0.find("test accuracy: ") != std::string::npos);
   // Same data, same global batch (2 x 64) as two local ranks: the same weights, step by step.
-  ::setenv("MLTRAIN_TEST_PARAM_DIGEST", (d / "local").c_str(), 1);
+  ScopedEnv env11({{"MLTRAIN_TEST_PARAM_DIGEST", (d / "local").c_str()}});
   auto local =
       run("launch --nproc-per-node 2 -- mltrain train " + kSrc + "/configs/fashion_mnist_mlp.yaml" +
           test_overrides + " run.name=local run.dir=" + d.string());
-  ::unsetenv("MLTRAIN_TEST_PARAM_DIGEST");
+  env11.restore();
   REQUIRE(local.code == 0);
   const auto want = lines_of(d / "local.0");
   REQUIRE(want.size() == 32);
