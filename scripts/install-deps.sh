@@ -12,6 +12,7 @@ pkgs=(
   libdnnl2                            # oneDNN's sgemm for the kernel route (runtime.kernel_route: onednn), loaded at run time
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 zlib1g-dev
   libturbojpeg0-dev libspng-dev       # JPEG and PNG decoding for image folders (data.format: image_folder)
+  libssl-dev                          # SHA-256 of checkpoints and chunk sets (libcrypto)
 
   dataset-fashion-mnist               # the real data: gzipped IDX under /usr/share/datasets/fashion-mnist
   fortunes                            # real English text for the character-level GPT job (/usr/share/games/fortunes)

@@ -4,8 +4,7 @@
 #include "commands.hpp"
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/config/study.hpp"
-#include "mltrain/train/micro_batch.hpp"
-#include "mltrain/train/trainer.hpp"
+#include "mltrain/train/pipeline.hpp"
 
 namespace mltrain::cli {
 
@@ -56,13 +55,7 @@ void setup_config(CLI::App& app, Action& run) {
     run = [check_file, check_ov] {
       const auto cfg = config::load_experiment(*check_file, *check_ov);
       std::cout << *check_file << ": ok\n";
-      for (const auto& n : config::recipe_notes(cfg)) std::cout << "note: " << n << "\n";
-      // Notes on settings that are valid but change what is learnt (one rank; auto batches unprobed).
-      if (!cfg.data.batch_size.is_auto())
-        for (const auto& w :
-             train::memory_warnings(cfg, train::resolve_accumulate(cfg, 1),
-                                    cfg.memory.micro_batch.resolve(cfg.data.batch_size)))
-          std::cout << "note: " << w << "\n";
+      for (const auto& n : train::config_notes(cfg)) std::cout << "note: " << n << "\n";
       return 0;
     };
   });

@@ -1,60 +1,33 @@
-#include <cmath>
 #include <filesystem>
 #include <iostream>
 
 #include "commands.hpp"
-#include "mltrain/config/format.hpp"
-#include "mltrain/core/error.hpp"
-#include "mltrain/data/dataset.hpp"
+#include "mltrain/config/experiment.hpp"
+#include "mltrain/data/open.hpp"
 #include "mltrain/data/sources.hpp"
 
 namespace mltrain::cli {
 
 namespace {
 
-template <class Opts>
-data::Dataset convert_input(const Opts& c) {
-  const data::TargetSpec spec{
-      c.targets == "float" ? data::TargetKind::kFloat : data::TargetKind::kClassId, c.num_classes};
-  if (!c.images.empty()) return data::load_dataset(c.images, c.labels, spec);
-  if (c.input.empty())
-    throw ConfigError("data convert", "no input", "give an image folder, a .csv, or --images");
-  if (std::filesystem::is_directory(c.input)) {
-    data::FolderOptions fo;
-    fo.image = {c.size, c.mode == "rgb" ? 3 : 1, c.resize};
-    fo.skip_bad = c.skip_bad;
-    data::Dataset ds = data::load_image_folder(c.input, fo);
-    if (ds.skipped > 0) std::cout << "skipped " << ds.skipped << " unreadable images\n";
-    return ds;
-  }
-  data::CsvOptions co;
-  co.targets = c.target;
-  co.features = c.features;
-  co.categorical = c.categorical;
-  co.fill = c.fill;
-  co.standardize = false;  // training standardises with the training table's statistics
-  co.target_kind = spec.kind;
-  co.num_classes = c.num_classes;
-  return data::load_csv(c.input, co, nullptr);
-}
-
+// The flags of `data convert` as a config's data: section, read by data::convert_data.
 template <class Opts>
 int convert(const Opts& c) {
-  const data::Dataset ds = convert_input(c);
-  if (c.out.size() > 6 && c.out.substr(c.out.size() - 6) == ".shard") {
-    data::write_shard(ds, c.out);
-    std::cout << "wrote " << c.out << ": " << ds.count << " samples of " << ds.sample_elems() << " "
-              << data::dtype_name(ds.dtype) << "\n";
-    return 0;
-  }
+  config::DataConfig dc;
+  dc.image.size = c.size, dc.image.mode = c.mode, dc.image.resize = c.resize;
+  dc.on_bad_sample = c.skip_bad ? "skip" : "error";
+  dc.csv.target = c.target, dc.csv.features = c.features, dc.csv.categorical = c.categorical;
+  dc.csv.fill = c.fill;
+  dc.num_classes = c.num_classes;
+  data::ConvertInput in;
+  in.input = c.input, in.images = c.images, in.labels = c.labels;
+  in.targets = {c.targets == "float" ? data::TargetKind::kFloat : data::TargetKind::kClassId,
+                c.num_classes};
   data::ChunkWriteOptions wo;
   wo.chunk_bytes = c.chunk_mb << 20;
   wo.jpeg = c.store == "jpeg";
   wo.quality = c.quality;
-  const auto r = data::write_chunks(ds, c.out, wo);
-  std::cout << "wrote " << c.out << ": " << r.samples << " samples in " << r.chunks << " chunks, "
-            << config::format_fixed(static_cast<double>(r.bytes) / (1 << 20), 1) << " MiB ("
-            << c.store << " records)\n";
+  std::cout << data::convert_data(dc, in, c.out, wo).to_text();
   return 0;
 }
 
@@ -146,44 +119,15 @@ static void setup_tokenize(CLI::App* sub, Action& run) {
 static void setup_inspect(CLI::App* sub, Action& run) {
   struct InspectOpts {
     std::string file, labels;
-    int64_t num_classes = 1 << 30;
   };
   auto in = std::make_shared<InspectOpts>();
   auto* insp = sub->add_subcommand(
       "inspect", "print shape, dtype, label counts and pixel statistics of a data file");
-  insp->add_option("file", in->file, "IDX, .npy or .shard file")->required();
+  insp->add_option("file", in->file, "IDX, .npy or .shard file, or a chunk set folder")->required();
   insp->add_option("--labels", in->labels, "labels file to pair with images");
   insp->callback([&run, in] {
     run = [in] {
-      if (!data::is_shard(in->file) && in->labels.empty()) {
-        auto a = data::read_array(in->file);
-        std::cout << in->file << ": " << data::dtype_name(a.dtype) << " " << a.shape_text() << "\n";
-        return 0;
-      }
-      auto ds = data::load_dataset(in->file, in->labels, in->num_classes);
-      std::cout << in->file << ": " << (data::is_shard(in->file) ? "shard" : "array") << ", "
-                << ds.count << " samples, dtype " << data::dtype_name(ds.dtype)
-                << ", sample shape [";
-      for (size_t i = 0; i < ds.sample_shape.size(); ++i)
-        std::cout << (i ? "," : "") << ds.sample_shape[i];
-      std::cout << "]\n";
-      std::map<int64_t, int64_t> hist;
-      for (int64_t i = 0; i < ds.count; ++i) hist[ds.label(i)]++;
-      std::cout << "labels:";
-      for (auto& [k, v] : hist) std::cout << " " << k << ":" << v;
-      std::cout << "\n";
-      if (ds.dtype == data::DType::kU8 && ds.count > 0) {
-        double s = 0, s2 = 0;
-        const int64_t n = ds.count * ds.sample_elems();
-        for (int64_t i = 0; i < n; ++i) {
-          double v = ds.data[i] / 255.0;
-          s += v;
-          s2 += v * v;
-        }
-        const double mean = s / n;
-        std::cout << "pixels/255: mean " << mean << " std " << std::sqrt(s2 / n - mean * mean)
-                  << "\n";
-      }
+      std::cout << data::inspect_data(in->file, in->labels);
       return 0;
     };
   });

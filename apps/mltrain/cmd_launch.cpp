@@ -2,9 +2,9 @@
 #include <set>
 
 #include "commands.hpp"
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/process.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/dist/launch.hpp"
 #include "mltrain/dist/rendezvous.hpp"

@@ -42,19 +42,10 @@ void setup_profile(CLI::App& app, Action& run) {
   sub->add_flag("--json", *json, "print the JSON report instead of text");
   sub->callback([opt, json, no_ops, apply, &run] {
     run = [opt, json, no_ops, apply] {
-      if (!apply->empty() && opt->sweep.empty())
-        throw ConfigError("--apply", "needs --sweep KEY=v1,v2,...",
-                          "add e.g. --sweep data.workers=0,1,2");
-      if (!apply->empty() && std::filesystem::weakly_canonical(*apply) ==
-                                 std::filesystem::weakly_canonical(opt->config_path))
-        throw ConfigError("--apply", "would overwrite " + opt->config_path,
-                          "name a new file, e.g. " + opt->config_path + ".tuned.yaml");
       const auto cfg = config::load_experiment(opt->config_path, opt->overrides);
-      if (opt->fix && opt->fix_rounds < 2)
-        throw ConfigError("--fix-rounds", "needs at least 2 rounds to measure the noise",
-                          "use --fix-rounds 3");
       profile::ProfileOptions o = *opt;
       o.ops = !*no_ops;
+      o.apply = *apply;
       if (o.out_dir.empty()) o.out_dir = cfg.run.dir + "/" + cfg.run.name + "/profile";
       const auto report = profile::profile_config(cfg, o);
       if (*json)
@@ -63,18 +54,6 @@ void setup_profile(CLI::App& app, Action& run) {
         std::cout << report.to_text() << "files: " << o.out_dir
                   << "/{profile.json,phases.svg,report.txt" << (report.fix ? ",fixed.yaml" : "")
                   << "}\n";
-      if (!apply->empty() && report.sweep) {
-        auto ov = opt->overrides;
-        ov.push_back(report.sweep->key + "=" + report.sweep->best);
-        const auto best = config::load_experiment(opt->config_path, ov);
-        write_file_atomic(*apply, "# " + opt->config_path + " with " + report.sweep->key + "=" +
-                                      report.sweep->best +
-                                      ", the fastest of `mltrain profile "
-                                      "--sweep " +
-                                      opt->sweep + "`\n" + config::to_yaml(best));
-        std::cerr << "wrote " << *apply << " (" << report.sweep->key << "=" << report.sweep->best
-                  << ")\n";
-      }
       return 0;
     };
   });

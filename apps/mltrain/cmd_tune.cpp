@@ -98,7 +98,7 @@ void setup_tune(CLI::App& app, Action& run) {
       const auto s = tune::run_study(cfg, {self_exe(), o->quiet});
       std::cout << (o->json ? s.dump(2) + "\n" : tune::study_text(s));
       if (s.value("complete", 0) == 0)  // a study with no result is a failure, whatever the cause
-        throw RuntimeError(s.value("dir", cfg.name),
+        throw RuntimeError(s.value("dir", cfg.name()),
                            "no trial completed (" + std::to_string(s.value("failed", 0)) +
                                " failed, " + std::to_string(s.value("pruned", 0)) + " pruned)",
                            "see trials.csv and trials/<trial>.log in the study folder");

@@ -17,7 +17,11 @@ void setup_runs(CLI::App& app, Action& run);
 void setup_report(CLI::App& app, Action& run);
 void setup_fuse(CLI::App& app, Action& run);
 void setup_quantize(CLI::App& app, Action& run);
+void setup_evaluate(CLI::App& app, Action& run);
+void setup_predict(CLI::App& app, Action& run);
 void setup_tune(CLI::App& app, Action& run);
 void setup_launch(CLI::App& app, Action& run);
 void setup_slurm(CLI::App& app, Action& run);
+void setup_completion(CLI::App& app, Action& run);
+void setup_init(CLI::App& app, Action& run);
 }  // namespace mltrain::cli

@@ -1,6 +1,6 @@
 // mltrain: thin front over the engine. The only place that catches errors and maps them to exit
-// codes: 0 ok, 1 runtime failure, 2 usage/config error, 3 bad data or checkpoint, 128+N after a
-// clean stop on signal N (as bash reports signal deaths, so parent scripts can tell).
+// codes (core/error.hpp's kExitCodeDocs, which --help prints): 128+N after a clean stop on signal N
+// is how bash reports signal deaths, so parent scripts can tell.
 #include <c10/util/Exception.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/signals.hpp"
 
 #ifndef MLTRAIN_VERSION
@@ -65,15 +65,15 @@ int main(int argc, char** argv) {
   // (The default logger keeps its identity and lifetime; only its sink changes.)
   spdlog::default_logger()->sinks() = {std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};
   spdlog::set_pattern("%H:%M:%S %^%l%$ %v");
-  CLI::App app{
-      "mltrain: a training orchestrator on LibTorch.\nExit codes: 0 ok, 1 runtime failure, 2 usage "
-      "or config error, "
-      "3 bad data or checkpoint, 128+N stopped cleanly by signal N."};
+  CLI::App app{"mltrain: a training orchestrator on LibTorch.\n" + mltrain::exit_codes_text()};
   app.set_help_all_flag("--help-all", "help for every subcommand");
   bool version = false;
   app.add_flag("--version", version, "print mltrain, LibTorch and build options");
   mltrain::cli::Action run;
+  mltrain::cli::setup_init(app, run);
   mltrain::cli::setup_train(app, run);
+  mltrain::cli::setup_evaluate(app, run);
+  mltrain::cli::setup_predict(app, run);
   mltrain::cli::setup_config(app, run);
   mltrain::cli::setup_data(app, run);
   mltrain::cli::setup_schedule(app, run);
@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   mltrain::cli::setup_tune(app, run);
   mltrain::cli::setup_launch(app, run);
   mltrain::cli::setup_slurm(app, run);
+  mltrain::cli::setup_completion(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -107,6 +108,9 @@ int main(int argc, char** argv) {
     std::cerr << app.help() << "error: name a subcommand\n";
     return mltrain::kExitUsage;
   }
+  // scripts/dev/check_docs.py: every documented command line must parse; nothing runs.
+  if (const char* parse_only = std::getenv("MLTRAIN_PARSE_ONLY"); parse_only && *parse_only == '1')
+    return 0;
   try {
     return run();
   } catch (const mltrain::Interrupted& e) {

@@ -18,9 +18,9 @@
 #include <iostream>
 
 #include "mltrain/config/experiment.hpp"
-#include "mltrain/core/compat.hpp"
-#include "mltrain/core/memory.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/compat.hpp"
+#include "mltrain/runtime/memory.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/task/task.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/model/model.hpp"

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Checks the engine's include direction: a room includes only itself and the rooms below it.
+"""Checks the engine's include direction: a room includes only itself and the rooms below it;
+core, config and tune include no LibTorch; the CLI (apps/) includes no LibTorch and reaches the
+training room only through its seam.
 
 The rooms and what each may include are the table below (docs/ARCHITECTURE.md, "Rooms", draws the
 same order). The command rooms above the trainer reach the training room only through its seam:
@@ -14,18 +16,20 @@ import re
 import sys
 
 BELOW = {
-    "core": set(),
+    "core": set(),  # no LibTorch: errors, files, processes, signals, hashing, SVG
     "config": {"core"},
-    "formats": {"core"},
-    "data": {"core", "config"},
-    "model": {"core", "config"},
-    "task": {"core", "config", "data", "model"},
-    "optim": {"core", "config", "model"},
-    "dist": {"core", "config", "model", "optim"},
-    "train": {"core", "config", "formats", "data", "model", "task", "optim", "dist"},
-    "tune": {"core", "config"},
+    "runtime": {"core"},  # the LibTorch seam, tensor memory, threads and kernel routes
+    "formats": {"core", "runtime"},
+    "data": {"core", "config", "runtime"},
+    "model": {"core", "config", "runtime"},
+    "task": {"core", "config", "runtime", "data", "model"},
+    "optim": {"core", "config", "runtime", "model"},
+    "dist": {"core", "config", "runtime", "model", "optim"},
+    "train": {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist"},
+    "tune": {"core", "config"},  # trials are processes: no LibTorch
+    "init": {"core", "config", "runtime", "data"},  # `mltrain init`: looks at data, writes a config
 }
-ENGINE = {"core", "config", "formats", "data", "model", "task", "optim", "dist", "train"}
+ENGINE = {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist", "train"}
 for command_room in ("profile", "deploy", "landscape", "report"):
     BELOW[command_room] = set(ENGINE)
 BELOW["checklist"] = ENGINE | {"profile"}
@@ -42,6 +46,14 @@ FORBIDDEN = {
     re.compile(r"\bremove_all\s*\("): "std::filesystem::remove_all binds to pip LibTorch 2.x's own "
     "copy, which calls address 0; use mltrain::remove_tree (core/fs.hpp)",
 }
+# Rooms that never include LibTorch (tune's tests link no LibTorch), and the CLI's own rules:
+# apps/ parses, calls one room and prints; tensors stay in the engine (main.cpp maps LibTorch's
+# errors to exit codes; nccl_check_main.cpp is a separate helper binary), and the training room
+# is reached only through its seam.
+NO_TORCH = {"core", "config", "tune"}
+TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s+<(torch|ATen|c10|caffe2)/', re.M)
+APPS_TORCH_OK = {"main.cpp", "nccl_check_main.cpp"}
+APPS_TRAIN_SEAM = {"train/pipeline.hpp", "train/run.hpp"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"mltrain/([a-z_]+)/([a-z_0-9]+\.hpp)"', re.M)
 
 
@@ -75,6 +87,25 @@ def main():
             elif target == "train" and room in SEAM and f"train/{header}" not in SEAM[room]:
                 problems.append(f"{where}: room '{room}' includes mltrain/train/{header}; "
                                 f"it may reach the training room only through {sorted(SEAM[room])}")
+        if room in NO_TORCH:
+            for m in TORCH_INCLUDE.finditer(path.read_text()):
+                line = path.read_text()[: m.start()].count("\n") + 1
+                problems.append(f"{path.relative_to(root)}:{line}: room '{room}' includes LibTorch "
+                                f"({m.group(1)}/...); it must build without it")
+    for path in sorted((root / "apps").rglob("*.[ch]pp")):
+        text = path.read_text()
+        for m in INCLUDE.finditer(text):
+            checked += 1
+            line = text[: m.start()].count("\n") + 1
+            header = f"{m.group(1)}/{m.group(2)}"
+            if m.group(1) == "train" and header not in APPS_TRAIN_SEAM:
+                problems.append(f"{path.relative_to(root)}:{line}: the CLI includes mltrain/{header}; "
+                                f"it may reach the training room only through {sorted(APPS_TRAIN_SEAM)}")
+        if path.name not in APPS_TORCH_OK:
+            for m in TORCH_INCLUDE.finditer(text):
+                line = text[: m.start()].count("\n") + 1
+                problems.append(f"{path.relative_to(root)}:{line}: the CLI includes LibTorch "
+                                f"({m.group(1)}/...): tensors belong in an engine room")
     for path in sorted(list(lib.rglob("*.[ch]pp")) + list((root / "apps").rglob("*.[ch]pp"))):
         text = path.read_text()
         for pattern, why in FORBIDDEN.items():

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 grep -qx '/.devdeps/' .git/info/exclude 2>/dev/null || echo '/.devdeps/' >>.git/info/exclude
 rm -rf .devdeps && mkdir -p .devdeps/debs .devdeps/root .devdeps/fashion-mnist
 (cd .devdeps/debs && apt-get download catch2 libcli11-dev libdnnl2 libfmt-dev libfmt9 libgloo-dev libspdlog-dev libspdlog1.10 \
-  libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev zlib1g-dev)
+  libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev zlib1g-dev libssl-dev libssl3)
 for f in .devdeps/debs/*.deb; do dpkg -x "$f" .devdeps/root; done
 rm -rf .devdeps/debs
 # zlib1g-dev's libz.so points at this machine's /lib; ship the library itself.

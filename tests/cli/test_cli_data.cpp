@@ -158,3 +158,49 @@ TEST_CASE("a CSV table trains, and profile --sweep --apply writes the fastest va
   CHECK(run("config check " + tuned.string()).code == 0);
   CHECK(run("profile " + args + " --apply " + tuned.string()).code == 2);  // no --sweep
 }
+
+TEST_CASE("found by a new user: a dangling link, vocab_size -1, inspect on a chunk set",
+          "[cli][data][defects]") {
+  const auto d = image_folders(tmpdir("defects"));
+  const fs::path test = d / "fmnist_png" / "test";
+  fs::path cls;
+  for (const auto& e : fs::directory_iterator(test))
+    if (e.is_directory() && (cls.empty() || e.path() < cls)) cls = e.path();
+  fs::create_symlink("/missing/x.png", cls / "x.png");
+  // A file the user put in the folder is read or reported, never dropped without a word.
+  const auto c = run("data convert " + test.string() + " -o " + (d / "t.chunks").string());
+  CHECK(c.code == 3);
+  CHECK_THAT(c.out, Catch::Contains((cls / "x.png").string()));
+  CHECK_THAT(c.out, Catch::Contains("/missing/x.png, which does not exist"));
+  CHECK_FALSE(fs::exists(d / "t.chunks"));
+  const auto s =
+      run("data convert " + test.string() + " -o " + (d / "t.chunks").string() + " --skip-bad");
+  INFO(s.out);
+  REQUIRE(s.code == 0);
+  CHECK_THAT(s.out, Catch::Contains("skipped 1 unreadable images"));
+  // inspect on a chunk set: counts, shapes, labels and chunk sizes (was "mmap failed").
+  const auto i = run("data inspect " + (d / "t.chunks").string());
+  INFO(i.out);
+  CHECK(i.code == 0);
+  CHECK_THAT(i.out, Catch::Contains("chunk set, "));
+  CHECK_THAT(i.out, Catch::Contains("sample shape [1,28,28], raw records"));
+  CHECK_THAT(i.out, Catch::Contains("labels: 0:"));
+  const auto folder = run("data inspect " + test.string());
+  CHECK(folder.code == 3);
+  CHECK_THAT(folder.out, Catch::Contains("not a chunk set"));
+
+  // meta.json's "vocab_size": -1 is an error naming the file and the key, not "absent".
+  REQUIRE(run("data tokenize /usr/share/games/fortunes/literature -o " + (d / "tok").string() +
+              " --bytes")
+              .code == 0);
+  std::string meta = slurp(d / "tok" / "meta.json");
+  const auto at = meta.find("\"vocab_size\": 256");
+  REQUIRE(at != std::string::npos);
+  meta.replace(at, 17, "\"vocab_size\": -1");
+  std::ofstream(d / "tok" / "meta.json") << meta;
+  const auto t = run("train " + kSrc + "/configs/text_char_gpt.yaml run.dir=" + d.string() +
+                     " data.root=" + (d / "tok").string() + " train.duration=2u");
+  CHECK(t.code == 3);
+  CHECK_THAT(t.out, Catch::Contains((d / "tok" / "meta.json").string() +
+                                    ": \"vocab_size\" is -1, not a positive integer"));
+}

@@ -36,7 +36,7 @@ TEST_CASE("profile: a starved loader is data-bound with evidence; --sweep measur
       "profile " + kSrc +
       "/configs/starved_loader.yaml model.hidden=[16] data.batch_size=512 "
       "runtime.threads=1 --no-ops --wait 2 --warmup 3 --active 20 --sweep data.workers=0,1 --out " +
-      d.string());
+      d.string() + " --apply " + (d / "tuned.yaml").string());
   INFO(r.out);
   REQUIRE(r.code == 0);
   const auto j = nlohmann::json::parse(slurp(d / "profile.json"));
@@ -46,9 +46,24 @@ TEST_CASE("profile: a starved loader is data-bound with evidence; --sweep measur
   REQUIRE(j["sweep"]["rows"].size() == 2);
   CHECK((j["sweep"]["best"] == "0" || j["sweep"]["best"] == "1"));
   CHECK(r.out.find("sweep data.workers:") != std::string::npos);
+  // --apply: the config with the fastest value, resolved, in a new file that trains as it is.
+  CHECK(j["sweep"]["applied"] == (d / "tuned.yaml").string());
+  const std::string tuned = slurp(d / "tuned.yaml");
+  CHECK_THAT(tuned, Catch::Contains("with data.workers=" + j["sweep"]["best"].get<std::string>()));
+  CHECK_THAT(tuned, Catch::Contains("workers: " + j["sweep"]["best"].get<std::string>()));
+  CHECK(run("config check " + (d / "tuned.yaml").string()).code == 0);
   CHECK(
       run("profile " + kSrc + "/configs/starved_loader.yaml --sweep data.workers --no-ops").code ==
       2);
+  const auto no_sweep = run("profile " + kSrc + "/configs/starved_loader.yaml --apply x.yaml");
+  CHECK(no_sweep.code == 2);
+  CHECK_THAT(no_sweep.out, Catch::Contains("--apply: needs --sweep"));
+  const auto over = run("profile " + kSrc +
+                        "/configs/starved_loader.yaml --sweep data.workers=0,1 "
+                        "--apply " +
+                        kSrc + "/configs/starved_loader.yaml");
+  CHECK(over.code == 2);
+  CHECK_THAT(over.out, Catch::Contains("would overwrite"));
 }
 
 // Every kept row must have each round faster than each baseline round; rows not kept never reach

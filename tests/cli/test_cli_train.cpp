@@ -17,8 +17,13 @@ TEST_CASE("--version, --help and usage errors", "[cli]") {
                                                         : "CUDA compiled in: no"));
   auto h = run("--help");
   CHECK(h.code == 0);
-  for (const char* sub : {"train", "config", "data", "Exit codes"})
+  for (const char* sub : {"train", "config", "data", "evaluate", "predict", "Exit codes"})
     CHECK_THAT(h.out, Catch::Contains(sub));
+  // Every exit code the program returns is in the help (4 was missing while it was hand-written).
+  for (const char* code :
+       {" 0 ok;", " 1 runtime failure;", " 2 usage or config error;", " 3 bad data or checkpoint;",
+        " 4 `mltrain checklist` found a FAIL item;", " 128+N stopped cleanly"})
+    CHECK_THAT(h.out, Catch::Contains(code));
   CHECK(run("").code == 2);
   CHECK(run("frobnicate").code == 2);
   CHECK(run("train").code == 2);  // the config is required

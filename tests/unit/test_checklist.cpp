@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mltrain/checklist/checklist.hpp"
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/dist/nccl_check.hpp"
 
 using namespace mltrain;

@@ -43,6 +43,8 @@ TEST_CASE("periods: accept table", "[period]") {
       {"3steps", Period::Unit::kSteps, 3, 3},       {"1 ep", Period::Unit::kEpochs, 1, 100},
       {"never", Period::Unit::kNever, 0, 0},        {"0.001ep", Period::Unit::kEpochs, 0.001, 1},
       {".0005e", Period::Unit::kEpochs, 0.0005, 1},  // printed 0.0005ep (once 5e-04ep: unreadable)
+      {"0u", Period::Unit::kNever, 0, 0},            // zero is how users turn a period off
+      {"0ep", Period::Unit::kNever, 0, 0},          {"0.0 ep", Period::Unit::kNever, 0, 0},
   };
   for (const auto& r : rows) {
     INFO(r.text);
@@ -62,7 +64,8 @@ TEST_CASE("periods: reject table", "[period]") {
       {"ep", "expected a number"},
       {"1.5u", "whole number"},
       {"-3ep", "expected a number"},
-      {"0u", "not a positive"},
+      {"0", "has no unit"},
+      {"0min", "unknown unit"},
       {"5min", "unknown unit"},
       {"", "expected a number"},
       {"1e3u", "unknown unit"},
@@ -119,6 +122,15 @@ TEST_CASE("defaults alone are valid and overrides apply with precedence", "[conf
   CHECK(overridden.optim.lr == 0.3);
   CHECK(overridden.optim.name == "sgd");  // untouched keys keep the file's value
   CHECK(overridden.run.name == "prec");   // empty run.name falls back to the file stem
+  // Zero warm-up is how a user turns it off (it was refused as "not a positive number").
+  CHECK_FALSE(load_experiment("", {"schedule.warmup=0u"}).schedule.warmup.enabled());
+  CHECK_FALSE(load_experiment("", {"schedule.warmup=0ep"}).schedule.warmup.enabled());
+  try {
+    load_experiment("", {"train.duration=0ep"});
+    FAIL("a zero duration was accepted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("train.duration: must not be 'never' or 0"));
+  }
 }
 
 TEST_CASE("config reject table: every error names file:line:col and the key path", "[config]") {

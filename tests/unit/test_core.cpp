@@ -10,7 +10,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/sha256.hpp"
 
 using namespace mltrain;

@@ -4,9 +4,9 @@
 
 #include <cmath>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
-#include "mltrain/core/memory.hpp"
+#include "mltrain/runtime/memory.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
 #include "mltrain/train/micro_batch.hpp"

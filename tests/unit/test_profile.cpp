@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/profile/op_profiler.hpp"
 #include "mltrain/profile/profile.hpp"
 

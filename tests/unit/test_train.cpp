@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mltrain/core/error.hpp"
-#include "mltrain/core/memory.hpp"
+#include "mltrain/runtime/memory.hpp"
 #include "mltrain/formats/safetensors.hpp"
 #include "mltrain/train/checkpoint.hpp"
 #include "mltrain/train/techniques.hpp"

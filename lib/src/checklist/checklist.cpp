@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "mltrain/config/format.hpp"
-#include "mltrain/core/compat.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/compat.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/dist/nccl_check.hpp"
 #include "mltrain/model/model.hpp"

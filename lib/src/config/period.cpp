@@ -15,9 +15,10 @@ namespace {
 constexpr double kMaxSteps = 1e15;
 constexpr double kMaxEpochs = 1e9;
 
-// "<positive number><unit>" or never/off, spaces ignored: the one tokenizer behind Period and
-// Duration. Returns false (with *why) when there is no positive number; `never` sets *never;
-// *number is the amount as written (for messages).
+// "<number><unit>" or never/off, spaces ignored: the one tokenizer behind Period and Duration.
+// Returns false (with *why) when there is no number; `never` sets *never; zero (0u, 0ep, 0s) is
+// what a user writes to turn something off, so the callers read it as never once the unit is
+// checked. *number is the amount as written (for messages).
 bool split_amount(const std::string& raw, const char* example, double* v, std::string* number,
                   std::string* unit, bool* never, std::string* why) {
   std::string text;
@@ -38,8 +39,8 @@ bool split_amount(const std::string& raw, const char* example, double* v, std::s
   }
   char* end = nullptr;
   *v = std::strtod(number->c_str(), &end);
-  if (end != number->c_str() + number->size() || !std::isfinite(*v) || *v <= 0) {
-    if (why) *why = "'" + *number + "' is not a positive number";
+  if (end != number->c_str() + number->size() || !std::isfinite(*v) || *v < 0) {
+    if (why) *why = "'" + *number + "' is not a number";
     return false;
   }
   return true;
@@ -52,6 +53,9 @@ std::optional<Period> Period::try_parse(const std::string& raw, std::string* why
   bool never = false;
   if (!split_amount(raw, "10ep, 500u", &v, &number, &unit, &never, why)) return std::nullopt;
   if (never) return Period::never();
+  const bool unit_ok = unit == "u" || unit == "steps" || unit == "step" || unit == "ep" ||
+                       unit == "e" || unit == "epochs" || unit == "epoch";
+  if (unit_ok && v == 0) return Period::never();  // 0u, 0ep: off
   if (unit == "u" || unit == "steps" || unit == "step") {
     if (v != std::floor(v)) {
       if (why) *why = "a step count must be a whole number, got '" + raw + "'";
@@ -89,6 +93,8 @@ std::optional<Duration> Duration::try_parse(const std::string& raw, std::string*
   bool never = false;
   if (!split_amount(raw, "90s, 30m, 2h", &v, &number, &unit, &never, why)) return std::nullopt;
   if (never) return Duration::never();
+  if ((unit == "s" || unit == "m" || unit == "min" || unit == "h") && v == 0)
+    return Duration::never();  // 0s: off
   if (unit == "s") return Duration::of_seconds(v);
   if (unit == "m" || unit == "min") return Duration::of_seconds(v * 60);
   if (unit == "h") return Duration::of_seconds(v * 3600);

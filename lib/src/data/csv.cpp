@@ -173,6 +173,13 @@ struct Columns {
 Columns columns_of(const std::string& path, const Table& t, const CsvOptions& opt) {
   Columns cs{path, t, {}, {}, std::vector<char>(t.header.size(), 0)};
   const int64_t ncol = static_cast<int64_t>(t.header.size());
+  if (opt.inputs_only) {  // the training table's feature columns, wherever they are here
+    for (const auto& k : opt.reuse->feature_columns)
+      cs.features.push_back(column(t, path, k, "the training table's feature"));
+    for (const auto& k : opt.categorical)
+      cs.categorical[static_cast<size_t>(column(t, path, k, "categorical"))] = 1;
+    return cs;
+  }
   if (opt.targets.empty()) cs.targets.push_back(ncol - 1);
   for (const auto& k : opt.targets) cs.targets.push_back(column(t, path, k, "target"));
   for (const auto& k : opt.features) cs.features.push_back(column(t, path, k, "feature"));
@@ -359,7 +366,13 @@ Dataset load_csv(const std::string& path, const CsvOptions& opt, CsvOptions::Lea
   const Columns cs = columns_of(path, t, opt);
   CsvOptions::Learned L = opt.reuse ? *opt.reuse : CsvOptions::Learned{};
   const size_t F = cs.features.size(), N = t.starts.size();
-  if (!opt.reuse) learn_columns(cs, L);  // from this, the training, table
+  if (opt.inputs_only && !opt.reuse)
+    throw std::logic_error("load_csv: inputs_only needs the training table's columns (reuse)");
+  if (!opt.reuse) {  // from this, the training, table
+    learn_columns(cs, L);
+    for (const int64_t c : cs.features)
+      L.feature_columns.push_back(t.header[static_cast<size_t>(c)]);  // "3" without a header
+  }
   if (L.categories.size() != F)
     throw DataError(path,
                     "has " + std::to_string(F) + " feature columns, the training table " +
@@ -380,7 +393,9 @@ Dataset load_csv(const std::string& path, const CsvOptions& opt, CsvOptions::Lea
   d.data = reinterpret_cast<const uint8_t*>(values->data());
   d.storage = values;
   d.num_classes = opt.num_classes;
-  if (opt.target_kind == TargetKind::kClassId) {
+  if (opt.inputs_only) {  // nothing to learn from: the model's outputs are what is wanted
+    d.labels = std::make_shared<std::vector<int64_t>>(N, 0);
+  } else if (opt.target_kind == TargetKind::kClassId) {
     d.labels = class_labels(cs, opt, L);
   } else {
     const int64_t T = static_cast<int64_t>(cs.targets.size());

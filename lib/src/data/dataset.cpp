@@ -571,6 +571,13 @@ Dataset load_dataset(const std::string& images, const std::string& labels, int64
   return d;
 }
 
+Dataset load_inputs(const std::string& images) {
+  if (is_shard(images)) return read_shard(images);
+  Dataset d = dataset_of_inputs(read_array(images));
+  d.labels = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(d.count), 0);
+  return d;
+}
+
 // ---- shard v1 ----
 namespace {
 constexpr char kShardMagic[8] = {'M', 'L', 'T', 'S', 'H', 'R', 'D', '1'};

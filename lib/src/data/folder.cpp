@@ -10,7 +10,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/data/sources.hpp"
 
 namespace fs = std::filesystem;
@@ -98,6 +98,16 @@ FolderListing list_image_folder(const std::string& root, const FolderOptions& op
     const fs::path dir = fs::path(root) / l.classes[c];
     std::vector<std::string> files;
     for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      std::error_code ec;
+      if (e.is_symlink(ec) && !fs::exists(e.path(), ec)) {  // a link to nothing: never silent
+        if (!opt.skip_bad)
+          throw DataError(e.path().string(),
+                          "a symbolic link to " + fs::read_symlink(e.path(), ec).string() +
+                              ", which does not exist",
+                          "fix or remove the link, or set data.on_bad_sample: skip");
+        ++l.broken;
+        continue;
+      }
       if (!e.is_regular_file()) continue;
       if (image_extension(e.path()))
         files.push_back(e.path().string());
@@ -122,16 +132,29 @@ Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
     throw DataError(root, "this mltrain was built without JPEG/PNG support",
                     "install libturbojpeg0-dev and libspng-dev, then rebuild");
   FolderListing l = list_image_folder(root, opt);
+  Dataset d = load_image_files(root, std::move(l.files), std::move(l.labels),
+                               static_cast<int64_t>(l.classes.size()), opt);
+  d.skipped += l.broken;
+  if (classes_out) *classes_out = l.classes;
+  return d;
+}
+
+Dataset load_image_files(const std::string& source, std::vector<std::string> all_files,
+                         std::vector<int64_t> all_labels, int64_t num_classes,
+                         const FolderOptions& opt) {
+  if (!images_supported())
+    throw DataError(source, "this mltrain was built without JPEG/PNG support",
+                    "install libturbojpeg0-dev and libspng-dev, then rebuild");
   // error: each header is checked now (a wrong format fails before training starts), the pixels
   // when the loader decodes them. skip: every image is decoded once here, so the data set is
   // fixed before the first batch and a resumed run sees the same samples.
   // in_memory: every image is decoded now, into its slot of one buffer the data set keeps.
-  std::vector<char> bad(l.files.size(), 0);
+  std::vector<char> bad(all_files.size(), 0);
   const size_t sample_bytes = opt.image.sample_bytes();
-  auto pixels = std::make_shared<std::vector<uint8_t>>(opt.in_memory ? l.files.size() * sample_bytes
-                                                                     : size_t{0});
-  parallel_for(static_cast<int64_t>(l.files.size()), [&](int64_t i) {
-    const std::string& f = l.files[static_cast<size_t>(i)];
+  auto pixels = std::make_shared<std::vector<uint8_t>>(
+      opt.in_memory ? all_files.size() * sample_bytes : size_t{0});
+  parallel_for(static_cast<int64_t>(all_files.size()), [&](int64_t i) {
+    const std::string& f = all_files[static_cast<size_t>(i)];
     try {
       const std::string file = read_file(f);
       const auto* bytes = reinterpret_cast<const uint8_t*>(file.data());
@@ -152,23 +175,23 @@ Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
   std::vector<std::string> files;
   auto labels = std::make_shared<std::vector<int64_t>>();
   size_t kept = 0;
-  for (size_t i = 0; i < l.files.size(); ++i) {
+  for (size_t i = 0; i < all_files.size(); ++i) {
     if (bad[i]) continue;
-    files.push_back(l.files[i]), labels->push_back(l.labels[i]);
+    files.push_back(all_files[i]), labels->push_back(all_labels[i]);
     if (opt.in_memory && kept != i)  // close the gaps the skipped images left
       std::memmove(pixels->data() + kept * sample_bytes, pixels->data() + i * sample_bytes,
                    sample_bytes);
     ++kept;
   }
   Dataset d;
-  d.source = root;
+  d.source = source;
   d.dtype = DType::kU8;
   d.count = static_cast<int64_t>(files.size());
   d.sample_shape = {opt.image.channels, opt.image.size, opt.image.size};
-  d.skipped = static_cast<int64_t>(l.files.size() - files.size());
-  if (d.count == 0) throw DataError(root, "no readable images", "check the folder's images");
+  d.skipped = static_cast<int64_t>(all_files.size() - files.size());
+  if (d.count == 0) throw DataError(source, "no readable images", "check the folder's images");
   d.labels = labels;
-  d.num_classes = static_cast<int64_t>(l.classes.size());
+  d.num_classes = num_classes;
   if (opt.in_memory) {
     pixels->resize(kept * sample_bytes);
     d.data = pixels->data();
@@ -176,8 +199,9 @@ Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
   } else {
     d.reader = std::make_shared<FolderSource>(std::move(files), opt.image);
   }
-  if (classes_out) *classes_out = l.classes;
   return d;
 }
+
+bool is_image_file(const std::string& path) { return image_extension(path); }
 
 }  // namespace mltrain::data

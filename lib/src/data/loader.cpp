@@ -1,6 +1,6 @@
 #include "mltrain/data/loader.hpp"
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 
 #include "mltrain/core/rng.hpp"

@@ -92,8 +92,19 @@ int64_t Dataset::token(int64_t i, int64_t j) const {
   return token_at(data + (static_cast<size_t>(i) * sample_shape[0] + j) * w, dtype);
 }
 
-Dataset load_tokens(const std::string& path, int64_t block, int64_t vocab_size) {
-  const nlohmann::json meta = read_meta(path);
+// A meta.json's vocab_size: absent (0) or a positive integer; anything else names the key.
+static int64_t meta_vocab(const nlohmann::json& meta, const std::string& token_file) {
+  if (!meta.contains("vocab_size")) return 0;
+  const auto& v = meta["vocab_size"];
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
+    throw DataError((fs::path(token_file).parent_path() / "meta.json").string(),
+                    "\"vocab_size\" is " + v.dump() + ", not a positive integer",
+                    "write the tokenizer's vocabulary size, or remove the key (then the largest "
+                    "token + 1 is used)");
+  return v.get<int64_t>();
+}
+
+static Array read_token_array(const std::string& path, const nlohmann::json& meta) {
   Array a = fs::path(path).extension() == ".bin" ? read_bin_tokens(path, meta) : read_array(path);
   if (a.shape.size() != 1)
     throw DataError(path, "a token stream is 1-D, got shape " + a.shape_text(),
@@ -102,13 +113,32 @@ Dataset load_tokens(const std::string& path, int64_t block, int64_t vocab_size) 
       a.dtype != DType::kI32 && a.dtype != DType::kI64)
     throw DataError(path, std::string("tokens must be integers, got ") + dtype_name(a.dtype),
                     "save token ids as uint16, uint32, int32 or int64");
+  return a;
+}
+
+std::vector<int64_t> read_token_stream(const std::string& path) {
+  const Array a = read_token_array(path, read_meta(path));
+  std::vector<int64_t> ids(static_cast<size_t>(a.shape[0]));
+  const size_t w = dtype_size(a.dtype);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = token_at(a.data + i * w, a.dtype);
+  return ids;
+}
+
+bool byte_tokens(const std::string& token_file) {
+  return read_meta(token_file).value("tokenizer", "") == "bytes";
+}
+
+Dataset load_tokens(const std::string& path, int64_t block, int64_t vocab_size) {
+  const nlohmann::json meta = read_meta(path);
+  Array a = read_token_array(path, meta);
   const int64_t n = a.shape[0];
   if (n < block + 1)
     throw DataError(path,
                     "holds " + std::to_string(n) + " tokens, shorter than one window of " +
                         std::to_string(block + 1) + " (model.block_size + 1)",
                     "give more text, or lower model.block_size");
-  int64_t vocab = vocab_size > 0 ? vocab_size : meta.value("vocab_size", int64_t{0});
+  const int64_t from_meta = meta_vocab(meta, path);
+  int64_t vocab = vocab_size > 0 ? vocab_size : from_meta;
   const size_t w = dtype_size(a.dtype);
   int64_t largest = 0;
   for (int64_t i = 0; i < n; ++i) {

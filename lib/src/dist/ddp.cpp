@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/dist/heartbeat.hpp"
 #include "mltrain/optim/optimizer.hpp"

@@ -17,10 +17,10 @@
 #include <random>
 #include <thread>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/process.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/dist/rendezvous.hpp"
 
 extern char** environ;

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 
 namespace mltrain::dist::detail {
 

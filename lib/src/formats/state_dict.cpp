@@ -4,7 +4,7 @@
 // the pickle itself: a small stack machine for the opcodes torch.save emits, building only dicts,
 // tuples, lists, scalars, strings and tensors (_rebuild_tensor_v2 over persistent storages).
 // Anything else (a pickled nn.Module, arbitrary classes) is refused by name, never executed.
-#include "state_dict.hpp"
+#include "mltrain/formats/state_dict.hpp"
 
 #include <caffe2/serialize/inline_container.h>
 
@@ -14,7 +14,7 @@
 
 #include "mltrain/core/error.hpp"
 
-namespace mltrain::train {
+namespace mltrain::formats {
 
 namespace {
 
@@ -420,4 +420,4 @@ std::map<std::string, torch::Tensor> read_torch_save(const std::string& path) {
   return out;
 }
 
-}  // namespace mltrain::train
+}  // namespace mltrain::formats

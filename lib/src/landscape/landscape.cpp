@@ -11,7 +11,7 @@
 #include "mltrain/config/format.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/svg.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/model/model.hpp"

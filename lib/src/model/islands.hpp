@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 
 namespace mltrain::model {
 

@@ -2,7 +2,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/model/replay.hpp"
 
 namespace mltrain::model {

@@ -1,6 +1,6 @@
 #include "mltrain/model/replay.hpp"
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 
 namespace mltrain::model {
 

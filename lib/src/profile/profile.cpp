@@ -13,10 +13,10 @@
 #include <sstream>
 
 #include "mltrain/config/format.hpp"
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/svg.hpp"
 #include "mltrain/profile/op_profiler.hpp"
 #include "mltrain/train/pipeline.hpp"
@@ -563,10 +563,32 @@ static void autocast_coverage(const config::ExperimentConfig& cfg, train::Pipeli
   r.fp32_islands = cfg.amp.fp32_modules;
 }
 
+// --apply: the config file with the sweep's fastest value, resolved, as a new file.
+static void apply_sweep(const ProfileOptions& o, ProfileReport::Sweep& sw) {
+  auto ov = o.overrides;
+  ov.push_back(sw.key + "=" + sw.best);
+  const auto best = config::load_experiment(o.config_path, ov);
+  write_file_atomic(o.apply, "# " + o.config_path + " with " + sw.key + "=" + sw.best +
+                                 ", the fastest of `mltrain profile --sweep " + o.sweep + "`\n" +
+                                 config::to_yaml(best));
+  sw.applied = o.apply;
+  spdlog::info("[profile] wrote {} ({}={})", o.apply, sw.key, sw.best);
+}
+
 ProfileReport profile_config(const config::ExperimentConfig& cfg, const ProfileOptions& o) {
   if (o.active < 1 || o.wait < 0 || o.warmup < 0)
     throw ConfigError("profile", "need --active >= 1 and non-negative --wait/--warmup",
                       "e.g. --wait 5 --warmup 10 --active 30");
+  if (!o.apply.empty() && o.sweep.empty())
+    throw ConfigError("--apply", "needs --sweep KEY=v1,v2,...",
+                      "add e.g. --sweep data.workers=0,1,2");
+  if (!o.apply.empty() && !o.config_path.empty() &&
+      fs::weakly_canonical(o.apply) == fs::weakly_canonical(o.config_path))
+    throw ConfigError("--apply", "would overwrite " + o.config_path,
+                      "name a new file, e.g. " + o.config_path + ".tuned.yaml");
+  if (o.fix && o.fix_rounds < 2)
+    throw ConfigError("--fix-rounds", "needs at least 2 rounds to measure the noise",
+                      "use --fix-rounds 3");
   // Runtime, device and splits once; every pass below builds its pipeline on these splits.
   const auto base = train::build_pipeline(cfg, dist::World{}, train::model_only());
   const train::Splits& splits = base->splits;
@@ -583,6 +605,7 @@ ProfileReport profile_config(const config::ExperimentConfig& cfg, const ProfileO
   r.diagnosis = diagnose(r.measure);
   if (o.ops) operator_passes(cfg, splits, o, r);
   if (!o.sweep.empty()) r.sweep = sweep(splits, o);
+  if (r.sweep && !o.apply.empty()) apply_sweep(o, *r.sweep);
   if (o.fix) r.fix = prove_fixes(splits, o, r, cfg);
   if (!o.out_dir.empty()) {
     fs::create_directories(o.out_dir);
@@ -737,6 +760,7 @@ nlohmann::json ProfileReport::to_json() const {
                   {"best", sweep->best},
                   {"best_samples_per_s", sweep->best_samples_per_s},
                   {"speedup_vs_first", sweep->speedup_vs_first}};
+    if (!sweep->applied.empty()) j["sweep"]["applied"] = sweep->applied;
   }
   return j;
 }
@@ -846,6 +870,8 @@ std::string ProfileReport::to_text() const {
     o << "  best: " << sweep->key << "=" << sweep->best << " at "
       << format_fixed(sweep->best_samples_per_s, 0) << " samples/s ("
       << format_fixed(sweep->speedup_vs_first, 2) << "x the first value)\n";
+    if (!sweep->applied.empty())
+      o << "  wrote " << sweep->applied << " (" << sweep->key << "=" << sweep->best << ")\n";
   }
   if (trace)
     o << "\ntrace: " << trace->path << " (" << trace->events << " events"

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mltrain/config/experiment.hpp"
 #include "mltrain/config/format.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/svg.hpp"
@@ -77,6 +78,35 @@ void flatten(const YAML::Node& n, const std::string& prefix,
 
 }  // namespace
 
+// The metric the run monitors (its config's checkpoint.monitor, eval_ dropped as in the eval
+// records); a run without a readable config: accuracy when its evaluations have it, else loss.
+static void monitored_metric(const fs::path& dir, const std::vector<nlohmann::json>& metrics,
+                             RunInfo& r) {
+  try {
+    const auto cfg = config::load_experiment((dir / "config.yaml").string(), {});
+    std::string m = config::checkpoint_monitor(cfg);
+    r.maximize = config::checkpoint_mode(cfg) == "max";
+    if (m.rfind("eval_", 0) == 0) m = m.substr(5);
+    if (m != "train_loss") {
+      r.metric = m;
+      return;
+    }
+  } catch (const std::exception&) {
+  }
+  r.metric = "loss";
+  for (const auto& m : metrics)
+    if (m.value("event", "") == "eval" && m.contains("accuracy")) r.metric = "accuracy";
+  r.maximize = config::metric_mode(r.metric) == "max";
+}
+
+std::string RunInfo::best_text() const {
+  if (std::isnan(best)) return "-";
+  const bool share = metric.find("accuracy") != std::string::npos;
+  char v[32];
+  std::snprintf(v, sizeof v, "%.4g", best);
+  return metric + " " + (share ? format_fixed(100 * best, 2) + "%" : std::string(v));
+}
+
 RunInfo read_run(const fs::path& dir) {
   RunInfo r;
   r.dir = dir;
@@ -100,11 +130,13 @@ RunInfo read_run(const fs::path& dir) {
   }
   int64_t torn = 0;
   const auto metrics = read_metrics(dir, &torn);
+  monitored_metric(dir, metrics, r);
   for (const auto& m : metrics) {
     const std::string ev = m.value("event", "");
-    if (ev == "eval" && m.value("accuracy", -1.0) > r.best_eval_accuracy) {
-      r.best_eval_accuracy = m.value("accuracy", -1.0);
-      r.best_step = m.value("step", int64_t{0});
+    if (ev == "eval" && m.contains(r.metric) && m[r.metric].is_number()) {
+      const double v = m[r.metric].get<double>();
+      if (std::isnan(r.best) || (r.maximize ? v > r.best : v < r.best))
+        r.best = v, r.best_step = m.value("step", int64_t{0});
     }
     if (ev == "train" || ev == "eval") r.seconds = std::max(r.seconds, m.value("time_s", 0.0));
     if (ev == "summary") r.seconds = m.value("train_seconds", r.seconds);
@@ -147,13 +179,12 @@ std::vector<RunInfo> find_runs(const fs::path& root) {
 std::string runs_table(const std::vector<RunInfo>& runs) {
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof line, "%-34s %-12s %10s %8s %10s %6s  %s\n", "run", "status",
-                "best acc", "steps", "time", "ckpts", "detail");
+  std::snprintf(line, sizeof line, "%-34s %-12s %-22s %8s %10s %6s  %s\n", "run", "status",
+                "best (monitored)", "steps", "time", "ckpts", "detail");
   o << line;
   for (const auto& r : runs) {
-    const std::string best =
-        r.best_eval_accuracy >= 0 ? format_fixed(100 * r.best_eval_accuracy, 2) + "%" : "-";
-    std::snprintf(line, sizeof line, "%-34s %-12s %10s %8lld %10s %6d  %s\n", r.name.c_str(),
+    const std::string best = r.best_text();
+    std::snprintf(line, sizeof line, "%-34s %-12s %-22s %8lld %10s %6d  %s\n", r.name.c_str(),
                   r.state.c_str(), best.c_str(), (long long)r.step, duration(r.seconds).c_str(),
                   r.checkpoints, r.detail.substr(0, 120).c_str());
     o << line;
@@ -203,16 +234,16 @@ std::string chart(const std::vector<LoadedRun>& runs, const std::string& title,
 }
 
 void runs_table_html(const std::vector<LoadedRun>& runs, std::ostream& h) {
-  h << "<h2>Runs</h2>\n<table><tr><th>run</th><th>status</th><th>best eval accuracy</th><th>at "
+  h << "<h2>Runs</h2>\n<table><tr><th>run</th><th>status</th><th>best monitored metric</th><th>at "
        "step</th><th>steps</th>"
        "<th>training time</th><th>checkpoints</th><th>folder</th></tr>\n";
   for (const auto& r : runs) {
     const auto& i = r.info;
     h << "<tr><td>" << xml_escape(i.name) << "</td><td class=\"" << xml_escape(i.state) << "\">"
       << xml_escape(i.state) << (i.detail.empty() ? "" : ": " + xml_escape(i.detail)) << "</td><td>"
-      << (i.best_eval_accuracy >= 0 ? format_fixed(100 * i.best_eval_accuracy, 2) + " %" : "-")
-      << "</td><td>" << (i.best_step >= 0 ? std::to_string(i.best_step) : "-") << "</td><td>"
-      << i.step << "</td><td>" << duration(i.seconds) << "</td><td>" << i.checkpoints << "</td><td>"
+      << xml_escape(i.best_text()) << "</td><td>"
+      << (i.best_step >= 0 ? std::to_string(i.best_step) : "-") << "</td><td>" << i.step
+      << "</td><td>" << duration(i.seconds) << "</td><td>" << i.checkpoints << "</td><td>"
       << xml_escape(i.dir.string()) << "</td></tr>\n";
   }
   h << "</table>\n";

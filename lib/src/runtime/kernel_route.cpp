@@ -22,7 +22,7 @@
 #include <mutex>
 
 #include "mltrain/core/error.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 
 #include <spdlog/spdlog.h>
 

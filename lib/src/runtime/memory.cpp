@@ -1,4 +1,4 @@
-#include "mltrain/core/memory.hpp"
+#include "mltrain/runtime/memory.hpp"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 
 namespace mltrain::memory {
 namespace {

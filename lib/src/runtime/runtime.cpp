@@ -1,4 +1,4 @@
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 
 #include <malloc.h>
 #include <sched.h>
@@ -15,7 +15,7 @@
 #include <ATen/Version.h>
 #include <torch/torch.h>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 
 namespace mltrain::runtime {

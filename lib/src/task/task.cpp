@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 
 namespace mltrain::task {

@@ -11,7 +11,7 @@
 #include "mltrain/formats/safetensors.hpp"
 #include "mltrain/train/checkpoint.hpp"
 #include "mltrain/train/pipeline.hpp"
-#include "state_dict.hpp"
+#include "mltrain/formats/state_dict.hpp"
 
 namespace fs = std::filesystem;
 
@@ -58,7 +58,7 @@ Tensors read_weights(const std::string& path) {
     return read_mltrain(p);
   }
   if (has_safetensors_header(p)) return formats::load_safetensors(path);
-  return read_torch_save(path);
+  return formats::read_torch_save(path);
 }
 
 std::string first_names(const std::vector<std::string>& v) {

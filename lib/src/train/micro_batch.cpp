@@ -5,11 +5,11 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/core/json.hpp"
-#include "mltrain/core/memory.hpp"
+#include "mltrain/runtime/memory.hpp"
 #include "mltrain/core/sha256.hpp"
 #include "mltrain/model/replay.hpp"
 #include "mltrain/task/task.hpp"

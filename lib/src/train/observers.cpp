@@ -9,10 +9,10 @@
 #include <iostream>
 
 #include "mltrain/config/format.hpp"
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/formats/safetensors.hpp"
 
 namespace mltrain::train {

@@ -1,6 +1,6 @@
 #include "mltrain/train/pipeline.hpp"
 
-#include "mltrain/core/memory.hpp"
+#include "mltrain/runtime/memory.hpp"
 #include "mltrain/train/micro_batch.hpp"
 
 #include <cstdlib>
@@ -8,150 +8,27 @@
 
 #include <spdlog/spdlog.h>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
+#include "mltrain/config/format.hpp"
 #include "mltrain/core/error.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/core/svg.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/data/augment.hpp"
-#include "mltrain/data/sources.hpp"
+#include "mltrain/data/open.hpp"
 #include "mltrain/task/task.hpp"
 
 namespace fs = std::filesystem;
 
 namespace mltrain::train {
 
-// Token streams: root/{train,val}.{bin,npy} unless train_images/test_images name the files.
-static void load_token_splits(const config::ExperimentConfig& cfg, Splits& s) {
-  const config::DataConfig& c = cfg.data;
-  auto pick = [&](const std::string& given, const char* stem) {
-    if (!given.empty()) return given;
-    const fs::path bin = fs::path(c.root) / (std::string(stem) + ".bin");
-    const fs::path npy = fs::path(c.root) / (std::string(stem) + ".npy");
-    if (fs::exists(bin) || !fs::exists(npy)) return bin.string();
-    return npy.string();
-  };
-  s.train = data::load_tokens(pick(c.train_images, "train"), cfg.model.block_size, c.vocab_size);
-  s.test = data::load_tokens(pick(c.test_images, "val"), cfg.model.block_size,
-                             s.train.num_classes);  // one vocabulary for both
-}
-
-// Chunks mapped at once: two shuffle windows (the one being read and the next) plus one per
-// worker, unless data.memory_budget_mb caps it.
-static data::ChunkReadOptions chunk_options(const config::ExperimentConfig& cfg,
-                                            const std::string& dir) {
-  data::ChunkReadOptions o;
-  const int64_t workers = cfg.data.workers.is_auto() ? 4 : cfg.data.workers.resolve(0);
-  o.resident_chunks = 2 * cfg.data.shuffle_window + std::max<int64_t>(workers, 1);
-  if (cfg.data.memory_budget_mb > 0) {
-    const int64_t bytes = data::chunk_bytes(dir);
-    const int64_t fit =
-        cfg.data.memory_budget_mb * (int64_t{1} << 20) / std::max<int64_t>(bytes, 1);
-    if (fit < cfg.data.shuffle_window + 1)
-      throw ConfigError("data.memory_budget_mb",
-                        std::to_string(cfg.data.memory_budget_mb) + " MiB holds " +
-                            std::to_string(fit) + " chunks of " + std::to_string(bytes >> 20) +
-                            " MiB; a shuffle window needs " +
-                            std::to_string(cfg.data.shuffle_window + 1),
-                        "raise the budget, lower data.shuffle_window, or convert with a smaller "
-                        "--chunk-mb");
-    o.resident_chunks = std::min(o.resident_chunks, fit);
-  }
-  return o;
-}
-
-// data.format image_folder / csv, or a chunk set by its index.json. False: not one of these.
-static bool load_user_splits(const config::ExperimentConfig& cfg, const data::TargetSpec& targets,
-                             Splits& s) {
-  const config::DataConfig& c = cfg.data;
-  if (c.format == "image_folder") {
-    data::FolderOptions fo;
-    fo.image = {c.image.size, c.image.mode == "rgb" ? 3 : 1, c.image.resize};
-    fo.skip_bad = c.on_bad_sample == "skip";
-    fo.in_memory = c.image.cache == "memory";
-    fo.num_classes = c.num_classes;
-    s.train = data::load_image_folder(c.train_images, fo, &fo.classes);
-    s.test = data::load_image_folder(c.test_images, fo);
-    return true;
-  }
-  if (c.format == "csv") {
-    data::CsvOptions co;
-    co.header = c.csv.header;
-    co.delimiter = c.csv.delimiter == "\\t" ? '\t' : c.csv.delimiter[0];
-    co.features = c.csv.features;
-    co.targets = c.csv.target;
-    co.categorical = c.csv.categorical;
-    co.fill = c.csv.fill;
-    co.standardize = c.csv.standardize;
-    co.target_kind =
-        targets.kind == data::TargetKind::kAuto ? data::TargetKind::kFloat : targets.kind;
-    co.num_classes = c.num_classes;
-    data::CsvOptions::Learned learned;
-    s.train = data::load_csv(c.train_images, co, &learned);
-    co.reuse = &learned;
-    s.test = data::load_csv(c.test_images, co, nullptr);
-    return true;
-  }
-  if (!data::is_chunk_set(c.train_images)) {
-    for (const std::string& f : {c.train_images, c.test_images})
-      if (std::filesystem::is_directory(f))
-        throw DataError(f,
-                        "a folder, but neither a chunk set (no index.json) nor format image_folder",
-                        "set data.format=image_folder for a folder of class sub-folders, or "
-                        "point at a chunk set from `mltrain data convert`");
-    return false;
-  }
-  s.train = data::load_chunks(c.train_images, chunk_options(cfg, c.train_images));
-  if (std::filesystem::is_directory(c.test_images) && !data::is_chunk_set(c.test_images))
-    throw DataError(
-        c.test_images, "a folder, but not a chunk set (no index.json)",
-        "convert the test split too: mltrain data convert " + c.test_images + " -o DIR");
-  s.test = data::is_chunk_set(c.test_images)
-               ? data::load_chunks(c.test_images, chunk_options(cfg, c.test_images))
-               : data::load_dataset(c.test_images, c.test_labels, targets);
-  for (const data::Dataset* d : {&s.train, &s.test}) {
-    if (d->float_targets() == (targets.kind == data::TargetKind::kClassId))
-      throw DataError(d->source,
-                      d->float_targets()
-                          ? "holds float targets; task " + cfg.task.name + " needs class labels"
-                          : "holds class labels; task " + cfg.task.name + " needs float targets",
-                      "convert the data with targets matching the task");
-    if (!d->float_targets() && d->num_classes > c.num_classes)
-      throw DataError(d->source,
-                      "labels up to " + std::to_string(d->num_classes) +
-                          " classes, data.num_classes is " + std::to_string(c.num_classes),
-                      "set data.num_classes=" + std::to_string(d->num_classes));
-  }
-  return true;
-}
-
 Splits load_splits(const config::ExperimentConfig& cfg) {
   const config::DataConfig& c = cfg.data;
-  std::string tri = c.train_images, trl = c.train_labels, tei = c.test_images, tel = c.test_labels;
-  if (c.dataset == "fashion_mnist") {
-    const fs::path r = c.root;
-    tri = (r / "train-images-idx3-ubyte.gz").string();
-    trl = (r / "train-labels-idx1-ubyte.gz").string();
-    tei = (r / "t10k-images-idx3-ubyte.gz").string();
-    tel = (r / "t10k-labels-idx1-ubyte.gz").string();
-    if (!fs::exists(tri))
-      throw DataError(
-          tri, "Fashion-MNIST not found",
-          "run scripts/install-deps.sh (Debian package dataset-fashion-mnist) or set data.root");
-  }
+  data::OpenedData d = data::open_data(cfg, task::target_spec(cfg));
   Splits s;
-  if (c.dataset == "tokens") {
-    load_token_splits(cfg, s);
-  } else if (const data::TargetSpec targets = task::target_spec(cfg);
-             !load_user_splits(cfg, targets, s)) {
-    s.train = data::load_dataset(tri, trl, targets);
-    s.test = data::load_dataset(tei, tel, targets);
-  }
-  if (s.train.sample_shape != s.test.sample_shape)
-    throw DataError(tei, "sample shape differs from the training set's",
-                    "pair matching train and test files");
-  if (s.train.target_shape != s.test.target_shape ||
-      s.train.float_targets() != s.test.float_targets())
-    throw DataError(tel, "target shape differs from the training set's",
-                    "pair matching train and test target files");
+  s.train = std::move(d.train);
+  s.test = std::move(d.test);
+  s.class_names = std::move(d.class_names);
+  s.csv = std::move(d.csv);
   if (c.limit_train > 0) s.train = s.train.slice(0, c.limit_train);
   if (c.folds > 0) {
     if (c.folds > s.train.count)
@@ -435,6 +312,62 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   // Sized from the plan that has the world in it: every micro-batch of the run is one augmenter step.
   attach_augmenter(cfg, *p->train_loader, p->trainer->total_steps() * p->trainer->accumulate());
   return p;
+}
+
+LrCurve lr_curve(const config::ExperimentConfig& cfg, int64_t steps) {
+  // Epoch-based periods need the epoch length: the loader the run would build knows it.
+  const Splits splits = load_splits(cfg);
+  data::LoaderOptions lo;
+  lo.batch_size = cfg.data.batch_size;
+  lo.drop_last = cfg.data.drop_last;
+  const data::Loader loader(splits.train, lo);
+  const StepPlan plan = plan_steps(cfg, loader.batches_per_epoch(), /*world=*/1);
+  LrCurve c;
+  c.schedule = cfg.schedule.name;
+  c.steps_per_epoch = plan.steps_per_epoch;
+  const int64_t n = steps > 0 ? steps : plan.total_steps;
+  for (int64_t t = 0; t < n; ++t) c.lr.push_back(plan.lr->lr(t));
+  if (cfg.schedule.name == "plateau")
+    spdlog::warn(
+        "[schedule] plateau depends on evaluations; without training it shows the LR "
+        "before any drop");
+  return c;
+}
+
+std::string LrCurve::to_csv() const {
+  std::string s = "step,lr\n";
+  for (size_t t = 0; t < lr.size(); ++t)
+    s += std::to_string(t) + "," + config::format_double(lr[t]) + "\n";
+  return s;
+}
+
+std::string LrCurve::to_text() const {
+  const int64_t n = static_cast<int64_t>(lr.size());
+  const int64_t every = std::max<int64_t>(1, n / 20);
+  std::string s = "step  lr\n";
+  for (int64_t t = 0; t < n; t += every)
+    s += std::to_string(t) + "  " + config::format_double(lr[size_t(t)]) + "\n";
+  if (n > 0 && (n - 1) % every)
+    s += std::to_string(n - 1) + "  " + config::format_double(lr[size_t(n - 1)]) + "\n";
+  return s;
+}
+
+std::string LrCurve::to_svg() const {
+  std::vector<double> xs;
+  for (size_t t = 0; t < lr.size(); ++t) xs.push_back(static_cast<double>(t));
+  SvgChart chart(schedule + " schedule (" + std::to_string(steps_per_epoch) + " steps/epoch)",
+                 "optimizer step", "learning rate");
+  chart.add_series(schedule, xs, lr);
+  return chart.render();
+}
+
+std::vector<std::string> config_notes(const config::ExperimentConfig& cfg) {
+  std::vector<std::string> notes = config::recipe_notes(cfg);
+  if (!cfg.data.batch_size.is_auto())
+    for (const auto& w : memory_warnings(cfg, resolve_accumulate(cfg, 1),
+                                         cfg.memory.micro_batch.resolve(cfg.data.batch_size)))
+      notes.push_back(w);
+  return notes;
 }
 
 }  // namespace mltrain::train

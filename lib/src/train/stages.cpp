@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/model/replay.hpp"
 #include "mltrain/train/observers.hpp"

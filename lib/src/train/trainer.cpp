@@ -8,10 +8,10 @@
 
 #include <cmath>
 
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
-#include "mltrain/core/memory.hpp"
-#include "mltrain/core/runtime.hpp"
+#include "mltrain/runtime/memory.hpp"
+#include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/signals.hpp"
 #include "mltrain/model/replay.hpp"
 #include "mltrain/train/stages.hpp"
@@ -193,6 +193,41 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   r.seconds = since(t0);
   eval_seconds_ += r.seconds;
   return r;
+}
+
+void Trainer::with_eval_weights(const std::function<void(model::Model&)>& fn) {
+  const bool use_ema = ema_ && cfg_.ema.evaluate;
+  if (use_ema) ema_->swap();
+  if (pipe_) pipe_->gather();
+  torch::NoGradGuard no_grad;
+  model_.set_training(false);
+  try {
+    fn(model_);
+  } catch (...) {
+    model_.set_training(true);
+    if (use_ema) ema_->swap();
+    throw;
+  }
+  model_.set_training(true);
+  if (use_ema) ema_->swap();
+}
+
+void Trainer::predict(data::Loader& loader, const std::function<void(const torch::Tensor&)>& sink) {
+  with_eval_weights([&](model::Model& m) {
+    loader.start_epoch(0);
+    data::Batch b;
+    compat::CopyFence fence;
+    while (next_on_device(loader, b, fence)) {
+      const task::Step s = task_->forward(m, b, 0.0, amp());
+      if (!s.output.defined())
+        throw ConfigError("task.name",
+                          "task " + cfg_.task.name +
+                              " computes its loss inside the model and "
+                              "returns no outputs to predict from",
+                          "export the model (mltrain fuse) and call it directly");
+      sink(s.output.detach().to(torch::kCPU, torch::kFloat));
+    }
+  });
 }
 
 void Trainer::set_micro_batch(int64_t samples, bool recover) {

@@ -338,7 +338,7 @@ void write_front(const StudyConfig& cfg, const std::vector<TrialState>& trials, 
                                                        "\n");
   if (cfg.objectives.size() >= 2 && !in.trials.empty())
     write_file_atomic((sd / "pareto.svg").string(),
-                      svg_pareto("Pareto front: " + cfg.name, cfg, in, rank));
+                      svg_pareto("Pareto front: " + cfg.name(), cfg, in, rank));
 }
 
 }  // namespace
@@ -401,7 +401,7 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
             running = counts.running;
   const TrialState* best = counts.best;
 
-  nlohmann::json s = {{"study", cfg.name},
+  nlohmann::json s = {{"study", cfg.name()},
                       {"dir", sd.string()},
                       {"sampler", cfg.sampler.name},
                       {"pruner", cfg.pruner.name},
@@ -422,25 +422,25 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
     std::string folds_line;
     if (best->attrs.contains("folds") && best->attrs["folds"].is_object() &&
         best->attrs["folds"].contains(cfg.metric)) {
-      folds_line = "# folds (" + std::to_string(cfg.folds) + "): " + cfg.metric + " " +
+      folds_line = "# folds (" + std::to_string(cfg.folds()) + "): " + cfg.metric + " " +
                    best->attrs["folds"][cfg.metric].dump();
       if (best->attrs.contains(cfg.metric + "_std"))
         folds_line += ", mean " + best->attrs.value(cfg.metric + "_mean", nlohmann::json()).dump() +
                       ", sd " + best->attrs[cfg.metric + "_std"].dump();
       folds_line += "\n";
     }
-    if (!cfg.train_config.empty()) {
-      std::vector<std::string> ov = cfg.overrides;
+    if (!cfg.train_config().empty()) {
+      std::vector<std::string> ov = cfg.overrides();
       for (auto it = best->params.begin(); it != best->params.end(); ++it)
         ov.push_back(it.key() + "=" +
                      (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()));
-      ov.push_back("run.name=" + cfg.name + "_best");
-      yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name + " (" +
+      ov.push_back("run.name=" + cfg.name() + "_best");
+      yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name() + " (" +
              cfg.metric + " " + config::format_double(best->value) +
              "); run it with: mltrain train " + (sd / "best.yaml").string() + "\n" + folds_line +
-             config::to_yaml(config::load_experiment(cfg.train_config, ov));
+             config::to_yaml(config::load_experiment(cfg.train_config(), ov));
     } else {
-      yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name + " (" +
+      yaml = "# best trial " + std::to_string(best->number) + " of study " + cfg.name() + " (" +
              cfg.metric + " " + config::format_double(best->value) + ")\n" + folds_line;
       for (auto it = best->params.begin(); it != best->params.end(); ++it)
         yaml += it.key() + ": " + it.value().dump() + "\n";
@@ -452,7 +452,7 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
   s["importance"] = imp;
   write_file_atomic((sd / "importance.json").string(), imp.dump(2) + "\n");
 
-  SvgChart h("optimisation history: " + cfg.name, "trial", cfg.metric);
+  SvgChart h("optimisation history: " + cfg.name(), "trial", cfg.metric);
   std::vector<double> xs, ys, bx, by;
   double run_best = NAN;
   for (const auto& t : trials) {
@@ -468,10 +468,11 @@ nlohmann::json write_study_outputs(const StudyConfig& cfg, const std::vector<Tri
   std::vector<std::string> labels;
   std::vector<double> vals;
   for (const auto& r : imp) labels.push_back(r["param"]), vals.push_back(r["importance"]);
-  write_file_atomic((sd / "importance.svg").string(),
-                    svg_bars("parameter importance (PED-ANOVA style): " + cfg.name, labels, vals));
+  write_file_atomic(
+      (sd / "importance.svg").string(),
+      svg_bars("parameter importance (PED-ANOVA style): " + cfg.name(), labels, vals));
   write_file_atomic((sd / "parallel.svg").string(),
-                    svg_parallel("parallel coordinates: " + cfg.name, cfg.space, trials,
+                    svg_parallel("parallel coordinates: " + cfg.name(), cfg.space, trials,
                                  cfg.maximize, cfg.metric));
   s["files"] = {"trials.csv",  "trials.jsonl",   "best.yaml",   "importance.json",
                 "history.svg", "importance.svg", "parallel.svg"};
@@ -531,7 +532,7 @@ std::string study_html(const std::string& dir) {
   const auto trials = read_trials(cfg.study_dir(), cfg.space);
   const auto s = write_study_outputs(cfg, trials);
   std::ostringstream h;
-  h << "<h2>Tuning study " << xml_escape(cfg.name) << "</h2>\n<p>" << s.value("trials", 0)
+  h << "<h2>Tuning study " << xml_escape(cfg.name()) << "</h2>\n<p>" << s.value("trials", 0)
     << " trials (" << s.value("complete", 0) << " complete, " << s.value("pruned", 0) << " pruned, "
     << s.value("failed", 0) << " failed); " << xml_escape(cfg.sampler.name) << " sampler, "
     << xml_escape(cfg.pruner.name)

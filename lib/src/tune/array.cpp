@@ -62,15 +62,16 @@ void check_shared_study_dir(const StudyConfig& cfg, bool allow_local) {
 std::string write_array_script(const StudyConfig& cfg, const ArrayOptions& o) {
   const fs::path dir = fs::absolute(cfg.study_dir());
   const fs::path out = dir / "tune-array.sbatch";
-  const int cpus = o.cpus_per_task > 0 ? o.cpus_per_task
-                                       : std::max(1, cfg.max_concurrent * std::max(1, cfg.threads));
+  const int cpus = o.cpus_per_task > 0
+                       ? o.cpus_per_task
+                       : std::max(1, cfg.max_concurrent() * std::max(1, cfg.threads()));
   std::ostringstream s;
   s << "#!/bin/bash\n"
     << "# Written by `mltrain tune --slurm-array`. Submit: sbatch " << shell_quote(out.string())
     << "\n"
-    << "# " << o.tasks << " drivers of study '" << cfg.name << "' on the shared journal "
+    << "# " << o.tasks << " drivers of study '" << cfg.name() << "' on the shared journal "
     << shell_quote((dir / "journal.jsonl").string()) << ".\n"
-    << "#SBATCH --job-name=tune-" << cfg.name << "\n"
+    << "#SBATCH --job-name=tune-" << cfg.name() << "\n"
     << "#SBATCH --array=0-" << o.tasks - 1 << "\n"
     << "#SBATCH --ntasks=1\n"
     << "#SBATCH --cpus-per-task=" << cpus << "\n"
@@ -86,7 +87,7 @@ std::string write_array_script(const StudyConfig& cfg, const ArrayOptions& o) {
     << "# trials back to the study before it exits.\n"
     << "exec " << shell_quote(o.mltrain) << " tune " << shell_quote(o.study_file);
   for (const auto& ov : o.overrides) s << " " << shell_quote(ov);
-  s << " " << shell_quote("study.dir=" + fs::absolute(cfg.dir).string()) << " --quiet\n";
+  s << " " << shell_quote("study.dir=" + fs::absolute(cfg.dir()).string()) << " --quiet\n";
   fs::create_directories(dir);
   write_file_atomic(out.string(), s.str());
   fs::permissions(out, fs::perms::owner_exec, fs::perm_options::add);

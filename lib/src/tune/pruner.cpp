@@ -127,7 +127,7 @@ class AshaPruner : public Pruner {
  public:
   AshaPruner(PrunerOptions o, int bracket = -1) : o_(std::move(o)), bracket_(bracket) {}
   bool should_prune(const TrialCurve& me, const std::vector<TrialCurve>& others) const override {
-    const int eta = std::max(2, o_.reduction_factor);
+    const int eta = static_cast<int>(std::max<int64_t>(2, o_.reduction_factor));
     const int b =
         bracket_ >= 0 ? bracket_ : (o_.name == "hyperband" ? hyperband_bracket(o_, me.number) : 0);
     const int64_t r0 = int64_t(o_.min_resource) * int64_t(std::pow(eta, b));
@@ -162,10 +162,11 @@ class AshaPruner : public Pruner {
 }  // namespace
 
 int hyperband_bracket(const PrunerOptions& o, int trial_number) {
-  const int eta = std::max(2, o.reduction_factor);
-  const int max_r = o.max_resource > 0 ? o.max_resource : 27 * std::max(1, o.min_resource);
+  const int eta = static_cast<int>(std::max<int64_t>(2, o.reduction_factor));
+  const int64_t max_r =
+      o.max_resource > 0 ? o.max_resource : 27 * std::max<int64_t>(1, o.min_resource);
   int n = 1;  // brackets: min_resource * eta^b <= max_resource
-  while (int64_t(std::max(1, o.min_resource)) * int64_t(std::pow(eta, n)) <= max_r) ++n;
+  while (std::max<int64_t>(1, o.min_resource) * int64_t(std::pow(eta, n)) <= max_r) ++n;
   // Trials spread over brackets in proportion to each bracket's share of the budget (Li et al.:
   // bracket b starts ~eta^(s-b) / (s-b+1) times as many trials), deterministically by number.
   std::vector<double> w;

@@ -191,33 +191,33 @@ Child spawn(const StudyConfig& cfg, const RunStudyOptions& opt, const TrialState
   char name[32];
   std::snprintf(name, sizeof name, "t%04d", t.number);
   std::vector<std::string> argv;
-  if (!cfg.train_config.empty()) {
-    argv = {opt.self_exe, "train", cfg.train_config};
-    argv.insert(argv.end(), cfg.overrides.begin(), cfg.overrides.end());
+  if (!cfg.train_config().empty()) {
+    argv = {opt.self_exe, "train", cfg.train_config()};
+    argv.insert(argv.end(), cfg.overrides().begin(), cfg.overrides().end());
     for (auto it = t.params.begin(); it != t.params.end(); ++it)
       argv.push_back(it.key() + "=" + value_text(it.value()));
     argv.push_back("run.dir=" + dir.string());
     argv.push_back("run.name=" + std::string(name));
-    argv.push_back("runtime.threads=" + std::to_string(cfg.threads));
+    argv.push_back("runtime.threads=" + std::to_string(cfg.threads()));
     argv.push_back("--jsonl");
   } else {
-    argv = cfg.command;
+    argv = cfg.command();
     for (auto it = t.params.begin(); it != t.params.end(); ++it)
       argv.push_back("--" + it.key() + "=" + value_text(it.value()));
   }
-  if (cfg.folds > 1) {  // the trial is a fold group: `mltrain tune folds` runs and averages them
+  if (cfg.folds() > 1) {  // the trial is a fold group: `mltrain tune folds` runs and averages them
     std::vector<std::string> group = {opt.self_exe,
                                       "tune",
                                       "folds",
                                       "--k",
-                                      std::to_string(cfg.folds),
+                                      std::to_string(cfg.folds()),
                                       "--seed",
-                                      std::to_string(cfg.seed),
+                                      std::to_string(cfg.seed()),
                                       "--metric",
                                       cfg.metric,
                                       "--log-dir",
                                       (dir / (std::string(name) + "_folds")).string()};
-    if (!cfg.train_config.empty()) {
+    if (!cfg.train_config().empty()) {
       // run.name is the group's: each fold adds _f<i>
       argv.erase(std::remove_if(argv.begin(), argv.end(),
                                 [](const std::string& a) { return a.rfind("run.name=", 0) == 0; }),
@@ -233,7 +233,7 @@ Child spawn(const StudyConfig& cfg, const RunStudyOptions& opt, const TrialState
     set.push_back(env_name(it.key()) + "=" + value_text(it.value()));
   set.push_back("MLTRAIN_TRIAL_NUMBER=" + std::to_string(t.number));
   set.push_back("MLTRAIN_TRIAL_DIR=" + (dir / name).string());
-  set.push_back("OMP_NUM_THREADS=" + std::to_string(cfg.threads));
+  set.push_back("OMP_NUM_THREADS=" + std::to_string(cfg.threads()));
   Child c;
   c.number = t.number;
   c.started = now_s();
@@ -279,7 +279,7 @@ void claim_study_folder(const StudyConfig& cfg) {
     const auto prev = config::load_study_file(saved.string(), {}, nullptr, /*in_folder=*/true);
     if (what_trials_mean(prev) != what_trials_mean(cfg.file))
       throw ConfigError(cfg.source,
-                        "study '" + cfg.name + "' in " + sd.string() +
+                        "study '" + cfg.name() + "' in " + sd.string() +
                             " was created with another space or objective",
                         "use a new study.name, or delete " + sd.string());
   }
@@ -331,16 +331,16 @@ class Driver {
         sampler_(make_sampler(cfg.sampler, cfg.space)),
         pruner_(make_pruner(cfg.pruner)),
         me_(make_worker_id()),
-        fn_(cfg.function.empty() ? nullptr : find_test_function(cfg.function)),
+        fn_(cfg.function().empty() ? nullptr : find_test_function(cfg.function())),
         sign_(cfg.maximize ? -1.0 : 1.0),
         t0_(now_s()) {}
 
   nlohmann::json run() {
     while (true) {
       if (const int sig = stop_signal()) hand_back(sig);
-      const bool time_left = cfg_.timeout_s <= 0 || now_s() - t0_ < cfg_.timeout_s;
+      const bool time_left = cfg_.timeout_s() <= 0 || now_s() - t0_ < cfg_.timeout_s();
       bool started = false, done = done_;
-      if (int(running_.size()) < cfg_.max_concurrent && time_left && !exhausted_ && !done_) {
+      if (int(running_.size()) < cfg_.max_concurrent() && time_left && !exhausted_ && !done_) {
         started = start_next(&done);
         done_ = done && fn_;    // in-process: nothing else can add work (processes: a stale retry)
         if (started) continue;  // fill every free slot before waiting
@@ -366,7 +366,7 @@ class Driver {
         running_.clear();
         throw ConfigError(cfg_.source, config_error_.first, config_error_.second);
       }
-      if (!running_.empty() && now_s() - last_beat_ >= cfg_.heartbeat_s) {
+      if (!running_.empty() && now_s() - last_beat_ >= cfg_.heartbeat_s()) {
         journal_.append({{{"op", "heartbeat"}, {"worker", me_}, {"t", now_s()}}});
         last_beat_ = now_s();
       }
@@ -499,7 +499,7 @@ class Driver {
     std::vector<nlohmann::json> add;
     for (auto& t : rp.trials)
       if (t.number >= 0 && t.state == "RUNNING" && t.worker != me_ &&
-          (worker_dead_here(t.worker) || now_s() - rp.heartbeat[t.worker] > cfg_.stale_after_s)) {
+          (worker_dead_here(t.worker) || now_s() - rp.heartbeat[t.worker] > cfg_.stale_after_s())) {
         add.push_back({{"op", "finish"},
                        {"trial", t.number},
                        {"state", "FAIL"},
@@ -519,12 +519,12 @@ class Driver {
       auto rp = replay(recs, cfg_.space);
       std::vector<nlohmann::json> add = fail_stale(rp);
       int used = 0;
-      const int retry = retry_target(rp.trials, cfg_.max_retry, used);
-      if (used >= cfg_.n_trials && retry < 0) {
+      const int retry = retry_target(rp.trials, cfg_.max_retry(), used);
+      if (used >= cfg_.n_trials() && retry < 0) {
         *done = true;
         return add;
       }
-      if (used + (retry >= 0 ? 1 : 0) > cfg_.n_trials) return add;
+      if (used + (retry >= 0 ? 1 : 0) > cfg_.n_trials()) return add;
       next = TrialState();
       next.number = int(rp.trials.size());
       if (retry >= 0) {
@@ -533,7 +533,7 @@ class Driver {
         next.retry_of = retry;
       } else {
         const auto s0 = std::chrono::steady_clock::now();
-        auto x = sampler_->sample(cfg_.space, observations(rp.trials), cfg_.seed, next.number);
+        auto x = sampler_->sample(cfg_.space, observations(rp.trials), cfg_.seed(), next.number);
         last_sample_s_ =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
         sampler_s_ += last_sample_s_;
@@ -780,9 +780,9 @@ class Driver {
     auto s = write_study_outputs(cfg_, trials);
     s["sampler_ms_per_trial_this_run"] = sampled_ ? 1000.0 * sampler_s_ / sampled_ : 0.0;
     s["sampler_ms_last_this_run"] = 1000.0 * last_sample_s_;  // the largest history's cost
-    s["stopped_by"] = exhausted_                                                ? "grid exhausted"
-                      : (cfg_.timeout_s > 0 && now_s() - t0_ >= cfg_.timeout_s) ? "timeout"
-                                                                                : "n_trials";
+    s["stopped_by"] = exhausted_ ? "grid exhausted"
+                      : (cfg_.timeout_s() > 0 && now_s() - t0_ >= cfg_.timeout_s()) ? "timeout"
+                                                                                    : "n_trials";
     write_file_atomic((cfg_.study_dir() / "summary.json").string(), s.dump(2) + "\n");
     return s;
   }

@@ -110,51 +110,22 @@ void tuner_checks(const config::StudyFile& f, config::Issues& issues) {
 StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
   StudyConfig c;
   c.source = source;
-  c.name = f.study.name;
-  c.dir = f.study.dir;
-  c.seed = uint64_t(f.study.seed);
-  c.n_trials = int(f.study.n_trials);
-  c.timeout_s = f.study.timeout.seconds();
-  c.max_concurrent = int(f.study.max_concurrent);
-  c.max_retry = int(f.study.max_retry);
-  c.heartbeat_s = f.study.heartbeat_s;
-  c.stale_after_s = f.study.stale_after_s;
-  c.sampler.name = f.sampler.name;
-  c.sampler.n_startup = int(f.sampler.n_startup);
-  c.sampler.multivariate = f.sampler.multivariate;
-  c.sampler.n_candidates = int(f.sampler.n_candidates);
-  c.sampler.gamma = f.sampler.gamma;
-  c.sampler.xi = f.sampler.xi;
-  c.sampler.pending = f.sampler.pending;
-  c.folds = int(f.objective.folds);
-  c.pruner.name = f.pruner.name;
-  c.pruner.n_startup_trials = int(f.pruner.n_startup_trials);
-  c.pruner.n_warmup_steps = int(f.pruner.n_warmup_steps);
-  c.pruner.percentile = f.pruner.percentile;
-  c.pruner.min_resource = int(f.pruner.min_resource);
-  c.pruner.max_resource = int(f.pruner.max_resource);
-  c.pruner.reduction_factor = int(f.pruner.reduction_factor);
-  c.metric = f.objective.metric;
-  c.maximize = f.objective.direction == "maximize";
+  c.file = f;
+  static_cast<config::SamplerSettings&>(c.sampler) = f.sampler;  // declared once, in the schema
+  c.pruner = f.pruner;
   for (const auto& m : f.objective.metrics)
     c.objectives.push_back({m.metric, m.direction == "maximize"});
-  if (c.objectives.empty()) c.objectives.push_back({c.metric, c.maximize});
+  if (c.objectives.empty())
+    c.objectives.push_back({f.objective.metric, f.objective.direction == "maximize"});
   c.metric = c.objectives[0].metric, c.maximize = c.objectives[0].maximize;
-  c.function = f.objective.function;
-  c.train_config = f.trial.train;
-  c.overrides = f.trial.overrides;
-  c.command = f.trial.command;
-  c.threads = int(f.trial.threads);
-  c.file = f;
   for (const auto& [name, p] : f.space) c.space.push_back(to_param(name, p));
-  if (!c.function
-           .empty()) {  // a test function is minimised, over its own space unless one is given
+  if (!c.function().empty()) {  // a test function is minimised, over its own space unless given
     c.maximize = false;
     c.metric = "value";
     c.file.objective.direction = "minimize";
     c.file.objective.metric = "value";
     c.objectives = {{"value", false}};
-    const auto* fn = find_test_function(c.function);
+    const auto* fn = find_test_function(c.function());
     if (fn->n_objectives > 1) {
       c.objectives.clear();
       c.file.objective.metrics.clear();
@@ -166,7 +137,7 @@ StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
       c.file.objective.metric = "f1";
     }
     if (c.space.empty()) {
-      c.space = find_test_function(c.function)->space;
+      c.space = fn->space;
       for (const auto& p : c.space) c.file.space.emplace_back(p.name, to_settings(p));
     }
   }
@@ -177,9 +148,9 @@ StudyConfig from_file(const config::StudyFile& f, const std::string& source) {
 
 StudyConfig load_study_config(const std::string& path, const std::vector<std::string>& overrides) {
   StudyConfig c = from_file(config::load_study_file(path, overrides, tuner_checks), path);
-  if (c.threads == 0)
-    c.threads = std::max(1, int(std::thread::hardware_concurrency()) / c.max_concurrent);
-  c.file.trial.threads = c.threads;
+  if (c.file.trial.threads == 0)  // per trial: the cores shared by the concurrent trials
+    c.file.trial.threads =
+        std::max(1, int(std::thread::hardware_concurrency()) / c.max_concurrent());
   return c;
 }
 

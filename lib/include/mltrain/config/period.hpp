@@ -21,7 +21,7 @@ struct Period {
   static Period epochs(double n) { return {Unit::kEpochs, n}; }
   static Period never() { return {}; }
 
-  // Accepts "<n>u", "<n>steps", "<x>ep", "<x>e", "<x>epochs", "never". Returns nullopt and sets
+  // Accepts "<n>u", "<n>steps", "<x>ep", "<x>e", "<x>epochs", "never" (0u, 0ep: never). Returns nullopt and sets
   // *why on anything else (a bare number is rejected: its unit would be a guess).
   static std::optional<Period> try_parse(const std::string& text, std::string* why);
   static Period parse(const std::string& text);  // throws ConfigError

@@ -148,7 +148,9 @@ inline Check<AutoSize> positive_size_or_auto() {
           }};
 }
 inline Check<Period> period_enabled() {
-  return {"not never", [](const Period& p) { return p.enabled() ? "" : "must not be 'never'"; }};
+  return {"not never", [](const Period& p) {
+            return p.enabled() ? "" : "must not be 'never' or 0: this setting cannot be off";
+          }};
 }
 
 // Type names shown in the schema and in type errors.

@@ -18,6 +18,28 @@ enum ExitCode : int {
   kExitSignalBase = 128  // 128 + N: stopped cleanly (after a checkpoint) on signal N
 };
 
+// Every exit code with its meaning, in order: `mltrain --help` prints this table, so the help and
+// the code cannot disagree.
+struct ExitCodeDoc {
+  const char* code;
+  const char* meaning;
+};
+inline constexpr ExitCodeDoc kExitCodeDocs[] = {
+    {"0", "ok"},
+    {"1", "runtime failure"},
+    {"2", "usage or config error"},
+    {"3", "bad data or checkpoint"},
+    {"4", "`mltrain checklist` found a FAIL item"},
+    {"128+N", "stopped cleanly (checkpoint written) by signal N"},
+};
+static_assert(kExitCheckFailed == 4 && kExitSignalBase == 128, "update kExitCodeDocs");
+inline std::string exit_codes_text() {
+  std::string t = "Exit codes:";
+  for (const auto& e : kExitCodeDocs) t += std::string(" ") + e.code + " " + e.meaning + ";";
+  t.back() = '.';
+  return t;
+}
+
 // what(): "<where>: <message>" plus an optional "fix:" line.
 class Error : public std::runtime_error {
  public:

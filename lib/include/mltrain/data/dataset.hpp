@@ -96,6 +96,9 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> kfold_split(int64_t n, int
 // images: any readable array; labels: IDX/npy file, or "" when images is a shard.
 Dataset load_dataset(const std::string& images, const std::string& labels, int64_t num_classes);
 
+// Inputs alone (predict): an IDX/.npy array (labels 0) or a shard (its own labels).
+Dataset load_inputs(const std::string& images);
+
 // What the targets file holds: class ids in [0, num_classes) (1-D, integer), float values of any
 // per-sample shape (any numeric dtype, converted to float32), or 0/1 labels [N, num_classes];
 // kAuto: class ids when the file is a 1-D integer array, else float values.
@@ -112,6 +115,10 @@ Dataset load_dataset(const std::string& images, const std::string& targets, cons
 // the largest token + 1. A token outside [0, vocab) or a stream shorter than one window: DataError
 // naming the token's offset.
 Dataset load_tokens(const std::string& path, int64_t block, int64_t vocab_size);
+// The whole token stream of a .bin (typed by meta.json) or .npy token file, as ids.
+std::vector<int64_t> read_token_stream(const std::string& path);
+// Whether the token file's meta.json says its tokens are bytes (`mltrain data tokenize --bytes`).
+bool byte_tokens(const std::string& token_file);
 // Byte-level tokens of UTF-8 text files, split into train/val (the last `val_fraction` of the
 // stream): writes <out>/train.bin, <out>/val.bin (uint16) and <out>/meta.json (vocab 256).
 struct TokenizeResult {

@@ -30,10 +30,16 @@ struct FolderListing {
   std::vector<std::string> classes, files;
   std::vector<int64_t> labels;
   int64_t ignored = 0;  // files without an image extension (ImageFolder ignores them too)
+  int64_t broken = 0;   // symbolic links to nothing, skipped (skip_bad; else a DataError)
 };
 FolderListing list_image_folder(const std::string& root, const FolderOptions& opt);
 Dataset load_image_folder(const std::string& root, const FolderOptions& opt,
                           std::vector<std::string>* classes_out = nullptr);
+// Named image files with their labels (predict's inputs: labels 0), read as a folder's are.
+Dataset load_image_files(const std::string& source, std::vector<std::string> files,
+                         std::vector<int64_t> labels, int64_t num_classes,
+                         const FolderOptions& opt);
+bool is_image_file(const std::string& path);  // by extension: .jpg, .jpeg, .png (any case)
 
 // ---- CSV tables ----
 struct CsvOptions {
@@ -52,8 +58,12 @@ struct CsvOptions {
     std::vector<double> means;                         // of the numeric cells: the fill for `mean`
     std::vector<double> scale_means, stds;             // of the filled columns: for `standardize`
     std::vector<std::string> class_names;  // text class labels (sorted), when the target is text
+    std::vector<std::string> feature_columns;  // header names (or 0-based indices) of the features
   };
   const Learned* reuse = nullptr;
+  // New inputs for a trained model (predict): target columns are not read (labels 0), and the
+  // features are the training table's columns by name (`reuse` required).
+  bool inputs_only = false;
 };
 Dataset load_csv(const std::string& path, const CsvOptions& opt, CsvOptions::Learned* learned);
 
@@ -79,5 +89,9 @@ int64_t chunk_count(const std::string& dir);
 int64_t chunk_bytes(const std::string& dir);  // the largest chunk file's size
 // Hashes every chunk against index.json; DataError names the first that differs.
 void verify_chunks(const std::string& dir);
+
+// `mltrain data inspect`: what an IDX/.npy array, a shard (with `labels`: a pair) or a chunk set
+// holds: counts, shapes, dtype, labels or targets, pixel statistics, chunk sizes. As text.
+std::string inspect_data(const std::string& path, const std::string& labels);
 
 }  // namespace mltrain::data

@@ -31,6 +31,7 @@ struct ProfileOptions {
   int64_t fix_rounds = 3;              // interleaved rounds of baseline + every proposal
   std::vector<std::string> overrides;  // the command line's, re-applied per sweep value
   std::string config_path;
+  std::string apply;  // with sweep: write the resolved config with the fastest value here
 };
 
 // One measured pass: what the trainer's own steps took, per phase, and what the loader and memory
@@ -118,6 +119,7 @@ struct ProfileReport {
   };
   struct Sweep {
     std::string key, best;
+    std::string applied;  // ProfileOptions::apply, once written
     std::vector<SweepRow> rows;
     double best_samples_per_s = 0, speedup_vs_first = 1;
   };

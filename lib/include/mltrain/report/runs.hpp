@@ -5,6 +5,7 @@
 //   for (auto& r : find_runs("runs")) ...          // every <name>/v<N> under runs/
 //   std::cout << runs_table(find_runs("runs"));
 //   write_file_atomic("report.html", html_report({"runs/a/v0", "runs/b/v0"}));
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -17,9 +18,14 @@ struct RunInfo {
   std::string state;   // running | finished | failed | interrupted | stale | unknown
   std::string detail;  // "interrupted at step 120 (signal 15)", failure message, ...
   int64_t step = 0;
-  double best_eval_accuracy = -1;  // -1: no evaluation yet
+  // The run's own monitored metric (checkpoint.monitor: accuracy for classifiers, else the loss,
+  // or what the config names: perplexity, r2, ...), its best evaluation and that step.
+  std::string metric;
+  bool maximize = false;
+  double best = NAN;  // NaN: no evaluation yet
   int64_t best_step = -1;
-  double seconds = 0;  // training time so far
+  std::string best_text() const;  // "accuracy 91.20%", "loss 0.3412", "-"
+  double seconds = 0;             // training time so far
   int checkpoints = 0;
 };
 

@@ -17,6 +17,7 @@
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/data/dataset.hpp"
 #include "mltrain/data/loader.hpp"
+#include "mltrain/data/sources.hpp"
 #include "mltrain/dist/ddp.hpp"
 #include "mltrain/dist/world.hpp"
 #include "mltrain/model/model.hpp"
@@ -28,7 +29,9 @@ namespace mltrain::train {
 
 struct Splits {
   data::Dataset train, eval, test;
-  std::string eval_name;  // "val" or "test"
+  std::string eval_name;                 // "val" or "test"
+  std::vector<std::string> class_names;  // when the data names its classes (data/open.hpp)
+  data::CsvOptions::Learned csv;         // a CSV's training table (predict reads inputs by it)
 };
 // The data set's splits (DataError, exit 3, on a missing or malformed file).
 Splits load_splits(const config::ExperimentConfig& cfg);  // targets read for cfg.task
@@ -127,5 +130,36 @@ struct TrainedModel {
 };
 TrainedModel load_trained_model(const std::filesystem::path& run_or_checkpoint,
                                 const std::string& who);
+
+// `mltrain schedule`: the learning rate at every optimizer step of the run `cfg` describes (one
+// rank), with the epoch length its training loader would have; steps 0: train.duration's.
+struct LrCurve {
+  std::string schedule;
+  int64_t steps_per_epoch = 0;
+  std::vector<double> lr;       // per optimizer step
+  std::string to_csv() const;   // step,lr for every step
+  std::string to_text() const;  // about 20 rows and the last step
+  std::string to_svg() const;
+};
+LrCurve lr_curve(const config::ExperimentConfig& cfg, int64_t steps);
+
+// `mltrain config check`: notes on settings that are valid but change what is learnt (the recipe
+// notes, and the memory warnings for one rank; an automatic batch size is not probed).
+std::vector<std::string> config_notes(const config::ExperimentConfig& cfg);
+
+// A run rebuilt to use its weights (mltrain evaluate, predict): the run's config.yaml with
+// `overrides` applied (data.test_images=other/, runtime.device=cpu, ...), the whole pipeline
+// (data, model, trainer) as training built it, and one checkpoint restored into it: `where` itself
+// when it is a checkpoint folder, else the run's latest intact checkpoint (kLast) or the kept one
+// with the best monitored metric (kBest). Evaluating it is what the run's own evaluation did.
+enum class Weights { kLast, kBest };
+struct RestoredRun {
+  std::unique_ptr<Pipeline> pipeline;
+  std::filesystem::path run_dir, checkpoint;
+  int64_t step = 0;
+};
+RestoredRun restore_run(const std::filesystem::path& where,
+                        const std::vector<std::string>& overrides, Weights which,
+                        const std::string& who);
 
 }  // namespace mltrain::train

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "mltrain/config/experiment.hpp"
-#include "mltrain/core/compat.hpp"
+#include "mltrain/runtime/compat.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
@@ -142,6 +142,11 @@ class Trainer {
   int64_t oom_events() const { return oom_events_; }
   void fit();
   EvalResult evaluate(data::Loader& loader);  // with the EMA weights when ema.evaluate
+  // Every batch of `loader` through the task's forward in evaluation mode, with the weights
+  // evaluate() uses: `sink` gets each batch's fp32 output (shaped for the task) on the CPU.
+  void predict(data::Loader& loader, const std::function<void(const torch::Tensor&)>& sink);
+  // fn(model) in evaluation mode, without gradients, with the weights evaluate() uses.
+  void with_eval_weights(const std::function<void(model::Model&)>& fn);
 
   const config::ExperimentConfig& cfg() const { return cfg_; }
   model::Model& model() { return model_; }

@@ -30,22 +30,9 @@
 
 namespace mltrain::tune {
 
-// The schema's defaults (config/study.hpp declares each pruner setting once).
-inline const config::PrunerSettings& pruner_defaults() {
-  static const config::PrunerSettings d;
-  return d;
-}
-
-struct PrunerOptions {
-  std::string name = pruner_defaults().name;
-  int n_startup_trials = static_cast<int>(pruner_defaults().n_startup_trials);
-  int n_warmup_steps = static_cast<int>(pruner_defaults().n_warmup_steps);
-  double percentile = pruner_defaults().percentile;
-  int min_resource = static_cast<int>(pruner_defaults().min_resource);
-  // hyperband: the largest resource (reports) a trial can use; 0: 27 * min_resource
-  int max_resource = static_cast<int>(pruner_defaults().max_resource);
-  int reduction_factor = static_cast<int>(pruner_defaults().reduction_factor);
-};
+// The study file's pruner settings, declared once in config/study.hpp (hyperband's max_resource:
+// the largest resource, in reports, a trial can use; 0: 27 * min_resource).
+using PrunerOptions = config::PrunerSettings;
 
 struct TrialCurve {
   int number = 0;

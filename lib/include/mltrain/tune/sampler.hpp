@@ -4,7 +4,7 @@
 // exactly what an uninterrupted one would have (for one worker; with several, the history a
 // trial sees depends on timing, as in every parallel tuner).
 //
-//   auto s = make_sampler({.name = "tpe"});
+//   SamplerOptions o; o.name = "tpe"; auto s = make_sampler(o, space);
 //   auto x = s->sample(space, history, /*seed=*/0, /*number=*/12);   // nullopt: grid exhausted
 //
 // Samplers minimise: the study negates values when the direction is maximize.
@@ -29,33 +29,22 @@ struct Observation {
   std::vector<double> values;  // several objectives (lower is better each); value = values[0]
 };
 
-// The schema's defaults (config/study.hpp declares each sampler setting once).
-inline const config::SamplerSettings& sampler_defaults() {
-  static const config::SamplerSettings d;
-  return d;
-}
-
-struct SamplerOptions {
-  std::string name = sampler_defaults().name;  // grid | random | tpe | gp
-  // random (tpe) / Latin-hypercube (gp) trials before the model is used
-  int n_startup = static_cast<int>(sampler_defaults().n_startup);
-  // TPE (Bergstra et al. 2011): l(x)/g(x) over n_candidates draws from l. The multivariate
-  // estimator's bandwidth is Scott's rule on the good trials' spread per dimension (floor 0.1 of
-  // the range), so it narrows as they cluster; defaults chosen on 40 seeds of the benchmark
-  // functions (scripts/bench/tune/), gamma 0.1 / 32 candidates / floor 0.1 of those tried.
-  bool multivariate =
-      sampler_defaults().multivariate;  // one joint Parzen estimator (else per parameter)
-  int n_candidates = static_cast<int>(sampler_defaults().n_candidates);
-  double prior_weight = 1.0;
-  double gamma =
-      sampler_defaults().gamma;  // share of trials in the "good" group (capped at 25 trials)
-  // GP-EI: Matern-5/2 ARD kernel, hyperparameters by marginal likelihood.
-  double xi = sampler_defaults().xi;  // EI's exploration offset, in standardised units
-  // Running trials: "liar" puts them in the model so that concurrent suggestions spread out. TPE
-  // ranks them after every finished trial (a constant liar at the worst value, in the bad group,
-  // as Optuna's constant_liar); GP-EI adds them at the model's predicted mean (kriging believer,
-  // Ginsbourger et al. 2010), which makes their neighbourhood's EI vanish. "ignore": left out.
-  std::string pending = sampler_defaults().pending;
+// The study file's sampler settings (config/study.hpp declares each once, with its default and
+// check), plus what only the tuner sets.
+//   random (tpe) / Latin-hypercube (gp) trials before the model is used: n_startup.
+//   TPE (Bergstra et al. 2011): l(x)/g(x) over n_candidates draws from l; gamma is the share of
+//   trials in the "good" group (capped at 25 trials). The multivariate estimator's bandwidth is
+//   Scott's rule on the good trials' spread per dimension (floor 0.1 of the range), so it narrows
+//   as they cluster; defaults chosen on 40 seeds of the benchmark functions (scripts/bench/tune/).
+//   GP-EI: Matern-5/2 ARD kernel, hyperparameters by marginal likelihood; xi is EI's exploration
+//   offset, in standardised units.
+//   pending: "liar" puts running trials in the model so that concurrent suggestions spread out.
+//   TPE ranks them after every finished trial (a constant liar at the worst value, in the bad
+//   group, as Optuna's constant_liar); GP-EI adds them at the model's predicted mean (kriging
+//   believer, Ginsbourger et al. 2010), which makes their neighbourhood's EI vanish. "ignore":
+//   left out.
+struct SamplerOptions : config::SamplerSettings {
+  double prior_weight = 1.0;  // TPE: the prior's weight among the Parzen components
 };
 
 class Sampler {

@@ -21,19 +21,12 @@
 namespace mltrain::tune {
 
 struct StudyConfig {
-  std::string source;  // the YAML file
-  std::string name = "study";
-  std::string dir = "runs/tune";
-  uint64_t seed = 0;
-  int n_trials = 20;
-  double timeout_s = 0;  // stop starting trials after this long (0: none)
-  int max_concurrent = 1;
-  int max_retry = 1;
-  double heartbeat_s = 2;
-  double stale_after_s =
-      30;  // a RUNNING trial whose driver was silent this long (or is dead on this host) is stale
-  SamplerOptions sampler;
-  PrunerOptions pruner;
+  // The resolved study, as <study dir>/study.yaml holds it: every setting of the study file is
+  // declared once, in config/study.hpp, and read here through the accessors below.
+  config::StudyFile file;
+  std::string source;               // the YAML file
+  SamplerOptions sampler;           // file.sampler, and what only the tuner sets
+  PrunerOptions pruner;             // file.pruner
   std::string metric = "accuracy";  // the first objective (the one pruners judge)
   bool maximize = true;
   struct Objective {
@@ -41,17 +34,29 @@ struct StudyConfig {
     bool maximize = true;
   };
   std::vector<Objective> objectives;  // every objective, the first being metric/maximize
-  bool multi() const { return objectives.size() > 1; }
-  int folds = 0;                       // > 1: each trial is a group of fold trainings
-  std::string function;                // builtin test function (in-process; no trial processes)
-  std::string train_config;            // trials run `mltrain train` on this config ...
-  std::vector<std::string> overrides;  // ... with these overrides before the sampled ones
-  std::vector<std::string>
-      command;      // ... or this command (params as --name=value and MLTRAIN_PARAM_*)
-  int threads = 0;  // per trial (0: cores / max_concurrent)
   Space space;
-  config::StudyFile file;  // the resolved study, as <study dir>/study.yaml holds it
-  std::filesystem::path study_dir() const { return std::filesystem::path(dir) / name; }
+
+  bool multi() const { return objectives.size() > 1; }
+  const std::string& name() const { return file.study.name; }
+  const std::string& dir() const { return file.study.dir; }
+  uint64_t seed() const { return uint64_t(file.study.seed); }
+  int n_trials() const { return int(file.study.n_trials); }
+  double timeout_s() const { return file.study.timeout.seconds(); }  // 0: none
+  int max_concurrent() const { return int(file.study.max_concurrent); }
+  int max_retry() const { return int(file.study.max_retry); }
+  double heartbeat_s() const { return file.study.heartbeat_s; }
+  // a RUNNING trial whose driver was silent this long (or is dead on this host) is stale
+  double stale_after_s() const { return file.study.stale_after_s; }
+  int folds() const { return int(file.objective.folds); }  // > 1: each trial is a group of folds
+  // builtin test function (in-process; no trial processes)
+  const std::string& function() const { return file.objective.function; }
+  // trials run `mltrain train` on this config with these overrides before the sampled ones, or
+  // this command (params as --name=value and MLTRAIN_PARAM_*)
+  const std::string& train_config() const { return file.trial.train; }
+  const std::vector<std::string>& overrides() const { return file.trial.overrides; }
+  const std::vector<std::string>& command() const { return file.trial.command; }
+  int threads() const { return int(file.trial.threads); }  // per trial
+  std::filesystem::path study_dir() const { return std::filesystem::path(dir()) / name(); }
 };
 
 // The study file read through its schema (config/study.hpp): every problem (unknown keys, bad
