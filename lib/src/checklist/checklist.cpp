@@ -1,4 +1,5 @@
 #include "mltrain/checklist/checklist.hpp"
+#include "mltrain/core/clock.hpp"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -31,9 +32,6 @@ using profile::OpProfiler;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 std::string read_first_line(const std::string& path) {
   std::ifstream in(path);
@@ -76,7 +74,7 @@ double read_mb_per_s(const std::vector<std::string>& files, bool cold, double* b
     ::close(fd);
   }
   *bytes_out = bytes;
-  return bytes / 1e6 / std::max(1e-9, since(t0));
+  return bytes / 1e6 / std::max(1e-9, seconds_since(t0));
 }
 
 int64_t checkpoint_bytes(const config::ExperimentConfig& cfg, model::Model& m) {
@@ -239,7 +237,7 @@ void loader_checks(const Context& c, Report& rep, double cold_mbs) {
     const auto t0 = Clock::now();
     int64_t samples = 0;
     for (int64_t i = 0; i < batches && l.next(b); ++i) samples += b.y.size(0);
-    const double secs = since(t0);
+    const double secs = seconds_since(t0);
     const double rate = samples / std::max(1e-9, secs);
     const double mb_s = rate * static_cast<double>(c.splits->train.sample_bytes()) / 1e6;
     const bool disk_limited = cold_mbs > 0 && mb_s > 0.8 * cold_mbs &&
@@ -290,7 +288,7 @@ void pinned_copy_check(const Context& c, Report& rep) {
       const auto t0 = Clock::now();
       for (int i = 0; i < 5; ++i) d.copy_(h, pinned);
       compat::cuda_synchronize();
-      return 5.0 * n * 4 / 1e9 / since(t0);
+      return 5.0 * n * 4 / 1e9 / seconds_since(t0);
     };
     const double pageable = rate(false), pinned = rate(true);
     const bool use_pin = !c.o.cfg || c.cfg.data.pin_memory;
@@ -315,7 +313,7 @@ void gemm_check(const Context& c, Report& rep) {
     for (int r = 0; r < 3; ++r) {
       const auto t0 = Clock::now();
       torch::mm(a, b);
-      best = std::min(best, since(t0));
+      best = std::min(best, seconds_since(t0));
     }
     const double gflops = 2.0 * n * n * n / best / 1e9;
     auto j = judge_gemm(gflops);
@@ -340,7 +338,7 @@ void gemm_check(const Context& c, Report& rep) {
       const auto t0 = Clock::now();
       for (int i = 0; i < 10; ++i) torch::mm(ga, gb);
       compat::cuda_synchronize();
-      const double tflops = 10 * 2.0 * 8192.0 * 8192.0 * 8192.0 / since(t0) / 1e12;
+      const double tflops = 10 * 2.0 * 8192.0 * 8192.0 * 8192.0 / seconds_since(t0) / 1e12;
       it.measured += "; GPU bf16 8192^3: " + format_fixed(tflops) + " TFLOP/s";
       it.value["gpu_bf16_tflops"] = tflops;
     }
@@ -677,7 +675,7 @@ ChecklistReport run_checklist(const ChecklistOptions& o) {
   rep.level = o.level;
   rep.config = o.config_path;
   rep.device = c.device.str();
-  rep.seconds = since(t_start);
+  rep.seconds = seconds_since(t_start);
   return rep;
 }
 

@@ -31,7 +31,7 @@ float bilinear(const float* src, int64_t h, int64_t w, double y, double x, float
 }
 
 // Luma of an RGB pixel (ITU-R 601, as PIL's convert("L") and torchvision's rgb_to_grayscale).
-float luma(float r, float g, float b) { return 0.299f * r + 0.587f * g + 0.114f * b; }
+float luma_f(float r, float g, float b) { return 0.299f * r + 0.587f * g + 0.114f * b; }
 
 // Saturation (blend with the luma image) and hue rotation (in HSV) of a planar RGB image.
 void saturate_and_rotate_hue(float* px, int64_t hw, double sat, double hue) {
@@ -39,7 +39,7 @@ void saturate_and_rotate_hue(float* px, int64_t hw, double sat, double hue) {
   float* g = px + hw;
   float* b = px + 2 * hw;
   for (int64_t i = 0; i < hw; ++i) {
-    const float l = luma(r[i], g[i], b[i]);
+    const float l = luma_f(r[i], g[i], b[i]);
     float c[3] = {r[i], g[i], b[i]};
     for (float& v : c) v = std::clamp(static_cast<float>(l + (v - l) * sat), 0.f, 1.f);
     if (hue != 0) {
@@ -151,7 +151,7 @@ bool Augmenter::sample(float* px, int64_t c, int64_t h, int64_t w, double progre
   }
   if (c == 3 && active(cfg_.grayscale, progress) && rng.uniform() < cfg_.grayscale.p) {
     for (int64_t i = 0; i < h * w; ++i)
-      px[i] = px[h * w + i] = px[2 * h * w + i] = luma(px[i], px[h * w + i], px[2 * h * w + i]);
+      px[i] = px[h * w + i] = px[2 * h * w + i] = luma_f(px[i], px[h * w + i], px[2 * h * w + i]);
     changed = true;
   }
   if (active(cfg_.erase, progress) && rng.uniform() < cfg_.erase.p * s) {

@@ -16,7 +16,7 @@ namespace mltrain::data {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
+std::string dims_text(const std::vector<int64_t>& s) {
   std::string t = "[";
   for (size_t i = 0; i < s.size(); ++i) t += (i ? "," : "") + std::to_string(s[i]);
   return t + "]";
@@ -25,7 +25,7 @@ std::string shape_text(const std::vector<int64_t>& s) {
 // Label counts, or the float targets' shape; pixel statistics of u8 samples held in memory.
 void describe_samples(const Dataset& ds, std::ostream& o) {
   if (ds.float_targets()) {
-    o << "targets: float, " << shape_text(ds.target_shape) << " per sample\n";
+    o << "targets: float, " << dims_text(ds.target_shape) << " per sample\n";
   } else if (ds.labels && !ds.labels->empty()) {
     std::map<int64_t, int64_t> hist;
     for (int64_t i = 0; i < ds.count; ++i) hist[ds.label(i)]++;
@@ -53,7 +53,7 @@ std::string inspect_chunks(const std::string& dir) {
   const auto index = nlohmann::json::parse(in, nullptr, false);
   std::ostringstream o;
   o << dir << ": chunk set, " << ds.count << " samples, dtype " << dtype_name(ds.dtype)
-    << ", sample shape " << shape_text(ds.sample_shape) << ", "
+    << ", sample shape " << dims_text(ds.sample_shape) << ", "
     << (index.is_object() ? index.value("storage", "raw") : std::string("raw")) << " records\n";
   int64_t smallest = -1, largest = 0, total = 0;
   if (index.is_object() && index.contains("chunks"))
@@ -85,8 +85,8 @@ std::string inspect_data(const std::string& path, const std::string& labels) {
   }
   const Dataset ds = load_dataset(path, labels, int64_t{1} << 30);
   o << path << ": " << (is_shard(path) ? "shard" : "array") << ", " << ds.count
-    << " samples, dtype " << dtype_name(ds.dtype) << ", sample shape "
-    << shape_text(ds.sample_shape) << "\n";
+    << " samples, dtype " << dtype_name(ds.dtype) << ", sample shape " << dims_text(ds.sample_shape)
+    << "\n";
   describe_samples(ds, o);
   return o.str();
 }

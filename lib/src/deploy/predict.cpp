@@ -1,6 +1,7 @@
 // mltrain evaluate and mltrain predict: a trained run rebuilt by train::restore_run, its test
 // split (or any data) scored with the task's metrics, or new inputs through the model.
 #include "mltrain/deploy/predict.hpp"
+#include "mltrain/core/clock.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -25,9 +26,6 @@ namespace mltrain::deploy {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 train::RestoredRun restore(const UseOptions& o, const std::string& who) {
   std::vector<std::string> overrides = o.overrides;
@@ -313,7 +311,7 @@ EvaluateReport evaluate_run(const EvaluateOptions& o) {
   rep.step = r.step;
   rep.samples = e.count;
   rep.metrics = e.metrics;
-  rep.seconds = since(t0);
+  rep.seconds = seconds_since(t0);
   const std::string out =
       o.out.empty() ? (r.run_dir / ("evaluation_" + o.split + ".json")).string() : o.out;
   write_file_atomic(out, rep.to_json().dump(2) + "\n");
@@ -357,7 +355,7 @@ PredictReport predict_run(const PredictOptions& o) {
   }
   w.finish();
   rep.out = o.out.empty() ? "-" : o.out;
-  rep.seconds = since(t0);
+  rep.seconds = seconds_since(t0);
   spdlog::info("[predict] {} predictions in {:.2f} s{}", rep.samples, rep.seconds,
                rep.out == "-" ? "" : " -> " + rep.out);
   return rep;

@@ -1,4 +1,5 @@
 #include "mltrain/dist/rendezvous.hpp"
+#include "mltrain/core/clock.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -48,9 +49,6 @@ NodeRange parse_nnodes(const std::string& text) {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 std::string key(int round, const char* what) {
@@ -109,7 +107,7 @@ Rendezvous::Rendezvous(const RendezvousOptions& o) : impl_(std::make_unique<Impl
     }
     if (o.cancelled && o.cancelled())
       throw RuntimeError("launch", "stopped by a signal while waiting for the rendezvous store");
-    if (since(t0) > o.join_timeout_s)
+    if (seconds_since(t0) > o.join_timeout_s)
       throw RuntimeError("launch",
                          "no rendezvous store at " + o.host + ":" + std::to_string(o.port) +
                              " after " + std::to_string(int(o.join_timeout_s)) + " s: " + last,
@@ -160,13 +158,13 @@ Round Rendezvous::next_round() {
         if (joined >= o_.min_nodes && quorum_at == Clock::time_point::max())
           quorum_at = Clock::now();
         if (joined >= o_.max_nodes ||
-            (joined >= o_.min_nodes && since(quorum_at) >= o_.last_call_s))
+            (joined >= o_.min_nodes && seconds_since(quorum_at) >= o_.last_call_s))
           im.store->compareSet(key(r, "size"), {},
                                bytes(std::to_string(std::min(joined, o_.max_nodes))));
       } else if (im.open_round() > r) {
         break;  // the nodes moved on past this round
       }
-      if (since(start) > o_.join_timeout_s)
+      if (seconds_since(start) > o_.join_timeout_s)
         throw RuntimeError("launch",
                            "fewer than " + std::to_string(o_.min_nodes) + " nodes joined round " +
                                std::to_string(r) + " in " + std::to_string(int(o_.join_timeout_s)) +
@@ -191,7 +189,8 @@ void Rendezvous::finish(int round, int nnodes, double wait_s) {
   im.store->set("rdzv/done", bytes("1"));
   im.store->add(key(round, "finished"), 1);
   const auto t0 = Clock::now();
-  while (im.serving && im.store->add(key(round, "finished"), 0) < nnodes && since(t0) < wait_s)
+  while (im.serving && im.store->add(key(round, "finished"), 0) < nnodes &&
+         seconds_since(t0) < wait_s)
     pause();
 }
 

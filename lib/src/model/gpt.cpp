@@ -111,14 +111,14 @@ struct MlpBlockImpl : nn::Module {
 };
 TORCH_MODULE(MlpBlock);
 
-struct BlockImpl : nn::Module {
+struct GptBlockImpl : nn::Module {
   Norm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
   MlpBlock mlp{nullptr};
   Islands* isl = nullptr;
   std::string prefix;              // h.<i>
   std::vector<std::string> names;  // h.<i>.{ln_1,attn,ln_2,mlp}
-  BlockImpl(const config::ModelConfig& c, int64_t index, const SharedBases& sb)
+  GptBlockImpl(const config::ModelConfig& c, int64_t index, const SharedBases& sb)
       : prefix("h." + std::to_string(index)) {
     for (const char* n : {"ln_1", "attn", "ln_2", "mlp"}) names.push_back(prefix + "." + n);
     ln_1 = register_module("ln_1", Norm(c.n_embd, c.bias));
@@ -138,13 +138,13 @@ struct BlockImpl : nn::Module {
     return x + m;
   }
 };
-TORCH_MODULE(Block);
+TORCH_MODULE(GptBlock);
 
 struct GptImpl : nn::Module {
   nn::Embedding wte{nullptr}, wpe{nullptr};
   nn::ModuleList h{nullptr};
   Norm ln_f{nullptr};
-  std::vector<Block> blocks;
+  std::vector<GptBlock> blocks;
   SharedBases shared;
   int64_t block_size;
   double dropout, embedding_noise;
@@ -165,7 +165,7 @@ struct GptImpl : nn::Module {
     }
     h = register_module("h", nn::ModuleList());
     for (int64_t i = 0; i < c.n_layer; ++i) {
-      blocks.push_back(Block(c, i, shared));
+      blocks.push_back(GptBlock(c, i, shared));
       h->push_back(blocks.back());
     }
     ln_f = register_module("ln_f", Norm(c.n_embd, c.bias));
@@ -202,7 +202,7 @@ struct GptImpl : nn::Module {
       } else if (u == num_units() - 1) {
         x = head(x);
       } else {
-        Block& b = blocks[size_t(u - 1)];
+        GptBlock& b = blocks[size_t(u - 1)];
         x = b->isl->call(b->prefix, x, [&](const torch::Tensor& in) { return b->forward(in); });
       }
     }
@@ -240,11 +240,11 @@ struct GptImpl : nn::Module {
     auto x = embed(idx);
     x = run_segments(
         blocks, checkpoint_every, x,
-        [](Block& b, const torch::Tensor& t) {
+        [](GptBlock& b, const torch::Tensor& t) {
           return b->isl->call(b->prefix, t,
                               [&](const torch::Tensor& in) { return b->forward(in); });
         },
-        [](Block&) { return std::vector<torch::Tensor>{}; });
+        [](GptBlock&) { return std::vector<torch::Tensor>{}; });
     return head(x);
   }
 };

@@ -1,4 +1,5 @@
 #include "mltrain/train/stages.hpp"
+#include "mltrain/core/clock.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -15,11 +16,7 @@
 namespace mltrain::train {
 
 using Clock = std::chrono::steady_clock;
-namespace {
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-}  // namespace
+namespace {}  // namespace
 
 // The last stage as a Model for Task::forward: its "forward" runs the stage's units on the
 // activation received from the previous stage, so the task computes its loss on the batch's
@@ -101,7 +98,7 @@ void PipelineStages::balance(const data::Batch& sample, const task::Amp& amp) {
         compat::AutocastGuard guard(amp.enabled, amp.dtype, amp.cuda);
         outs[size_t(u)] = model_.forward_units(x, u, u + 1);
       }
-      fwd[size_t(u)] = std::min(fwd[size_t(u)], since(t0));
+      fwd[size_t(u)] = std::min(fwd[size_t(u)], seconds_since(t0));
       unit_out_[size_t(u)] = outs[size_t(u)].sizes().slice(1).vec();
     }
     for (int64_t u = n; u-- > 0;) {
@@ -111,7 +108,7 @@ void PipelineStages::balance(const data::Batch& sample, const task::Amp& amp) {
       if (!g.defined()) continue;
       const auto t0 = Clock::now();
       y.backward(g.to(y.scalar_type()));
-      bwd[size_t(u)] = std::min(bwd[size_t(u)], since(t0));
+      bwd[size_t(u)] = std::min(bwd[size_t(u)], seconds_since(t0));
     }
     for (auto& [name, p] : model_.named_parameters()) p.mutable_grad() = torch::Tensor();
   }
@@ -223,13 +220,13 @@ StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, 
           sums.correct += out.correct.item<int64_t>();
           sums.units += out.units;
         }
-        busy += since(t0);
+        busy += seconds_since(t0);
       } else {
         {
           compat::AutocastGuard guard(amp.enabled, amp.dtype, amp.cuda);
           outs[size_t(i)] = model_.forward_units(x, b, e);
         }
-        busy += since(t0);
+        busy += seconds_since(t0);
         sends.push_back(pg.send(outs[size_t(i)].detach().to(torch::kFloat32).contiguous(), next,
                                 int(2 * i), "send(activation)"));
       }
@@ -250,7 +247,7 @@ StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, 
       else
         y.backward(g.to(y.scalar_type()));
     }
-    busy += since(t0);
+    busy += seconds_since(t0);
     if (!first) {
       const torch::Tensor& x = ins[size_t(i)];
       torch::Tensor gx = x.grad().defined() ? x.grad() : torch::zeros_like(x);
@@ -270,7 +267,7 @@ StageSums PipelineStages::run(const data::Batch& batch, const task::Task& task, 
   sums.units = int64_t(share[0][2].item<double>());
   sums.counted = share[0][3].item<double>() > 0;
   busy_s_ += busy;
-  wall_s_ += since(t_run);
+  wall_s_ += seconds_since(t_run);
   batches_ += 1;
   micro_total_ += m;
   return sums;

@@ -1,4 +1,5 @@
 #include "mltrain/train/trainer.hpp"
+#include "mltrain/core/clock.hpp"
 
 #include <csignal>
 
@@ -19,9 +20,6 @@
 namespace mltrain::train {
 
 using Clock = std::chrono::steady_clock;
-static double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 const char* phase_name(Phase p) {
   static const char* names[] = {"data",      "h2d_copy",  "forward", "backward",
@@ -190,7 +188,7 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   r.loss = r.metrics.count("loss") ? r.metrics["loss"] : NAN;
   if (r.metrics.count("accuracy")) r.accuracy = r.metrics["accuracy"];
   r.count = count;
-  r.seconds = since(t0);
+  r.seconds = seconds_since(t0);
   eval_seconds_ += r.seconds;
   return r;
 }
@@ -556,7 +554,7 @@ void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
     schedule_->observe(opt_.steps(), last_eval_->metric(cfg_.schedule.monitor, "schedule.monitor"));
   if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
       last_eval_->accuracy >= cfg_.train.target_accuracy)
-    progress_.time_to_target = seconds_before + since(fit_start);
+    progress_.time_to_target = seconds_before + seconds_since(fit_start);
   std::map<std::string, double> values = {{"train_loss", train_loss}};
   for (const auto& [k, v] : last_eval_->metrics) values["eval_" + k] = v;
   const std::string why = early_.update(values, progress_.step);
@@ -613,7 +611,7 @@ void Trainer::fit() {
     while (progress_.step < total_steps_) {
       lap(Phase::kOther);  // logging, observers, evaluation since the last phase
       if (!next_on_device(train_, batch, fence, phases_)) break;
-      data_s += since(t_data);
+      data_s += seconds_since(t_data);
 
       // The batch's micro-batches, forward and backward (k micro-batches of b equal one of k*b).
       const double eps = smoothing_->lr(opt_.steps());
@@ -647,9 +645,9 @@ void Trainer::fit() {
       info.loss /= std::max<int64_t>(1, window_samples);
       info.label_smoothing = eps;
       info.data_seconds = data_s;
-      info.step_seconds = since(t_step);
+      info.step_seconds = seconds_since(t_step);
       advance_progress(batch.index, bpe);
-      progress_.train_seconds = seconds_before + since(fit_start);
+      progress_.train_seconds = seconds_before + seconds_since(fit_start);
 
       if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_))
         evaluate_during_fit(info.loss, seconds_before, fit_start);
@@ -664,7 +662,7 @@ void Trainer::fit() {
       t_step = t_data = Clock::now();
     }
   }
-  progress_.train_seconds = seconds_before + since(fit_start);
+  progress_.train_seconds = seconds_before + seconds_since(fit_start);
   if (pipe_) pipe_->log_summary();
   if (!stop_reason_.empty()) spdlog::info("[train] stopping early: {}", stop_reason_);
   for (auto& o : observers_) o->on_train_end(*this);  // checkpoints the last healthy weights
