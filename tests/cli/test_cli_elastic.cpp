@@ -102,19 +102,45 @@ pid_t elastic_node(const fs::path& log, int port, const std::string& nnodes,
 bool log_has(const fs::path& log, const std::string& text) {
   return slurp(log).find(text) != std::string::npos;
 }
+
+// The elastic runs' MLP in distributed.invariance: bitwise: a global batch of 96 in 12 shards,
+// so the rounds of 2 and 3 nodes train the weights one process does.
+std::string bitwise_mlp(const fs::path& d) {
+  return kSrc +
+         "/configs/fashion_mnist_mlp.yaml data.limit_train=12288 train.global_batch=96 "
+         "data.batch_size=auto distributed.invariance=bitwise train.duration=2ep "
+         "checkpoint.every=8u distributed.timeout_s=30 run.dir=" +
+         d.string();
+}
+
+std::pair<std::string, std::string> final_digests(const fs::path& run) {
+  // `latest` holds the newest checkpoint's folder name.
+  std::string latest = slurp(run / "v0" / "checkpoints" / "latest");
+  latest.erase(latest.find_last_not_of(" \n") + 1);
+  const fs::path ck = run / "v0" / "checkpoints" / latest;
+  auto sha = [](const fs::path& p) {
+    const auto r = sh("sha256sum " + p.string());
+    REQUIRE(r.code == 0);
+    return r.out.substr(0, 64);
+  };
+  return {sha(ck / "model.safetensors"), sha(ck / "state.safetensors")};
+}
+
+std::pair<std::string, std::string> one_process_digests(const fs::path& d) {
+  const auto r = run("train " + bitwise_mlp(d) + " run.name=one_process");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  return final_digests(d / "one_process");
+}
 }  // namespace
 
 TEST_CASE(
     "elastic launch, --nnodes 2:3: three launchers train; one killed for good, the other two "
-    "finish in a world of two",
-    "[cli][dist][elastic]") {
+    "finish in a world of two, in the bytes of one process (distributed.invariance: bitwise)",
+    "[cli][dist][elastic][invariance]") {
   const auto d = tmpdir("elastic_kill");
   const int port = free_ports();
-  const std::string train = kSrc +
-                            "/configs/fashion_mnist_mlp.yaml data.limit_train=12288 "
-                            "data.batch_size=32 train.duration=2ep checkpoint.every=8u "
-                            "runtime.threads=1 distributed.timeout_s=30 run.name=kill run.dir=" +
-                            d.string();
+  const std::string train = bitwise_mlp(d) + " run.name=kill";
   const fs::path log0 = d / "node0.log", log1 = d / "node1.log", log2 = d / "node2.log";
   const pid_t n0 = elastic_node(log0, port, "2:3", train);
   // The first launcher serves the store; the one killed later must not be it.
@@ -143,19 +169,17 @@ TEST_CASE(
   // The round-1 world resumes the checkpoint and re-shards the rest of the epoch over two ranks.
   CHECK(both.find("world 3 -> 2 ranks") != std::string::npos);
   CHECK(both.find("test accuracy: ") != std::string::npos);
+  CHECK(final_digests(d / "kill") == one_process_digests(d));
 }
 
 TEST_CASE(
     "elastic launch, --nnodes 2:3: a third launcher started later joins at the next round; the "
-    "two running nodes stop cleanly and the three resume",
-    "[cli][dist][elastic]") {
+    "two running nodes stop cleanly and the three resume, in the bytes of one process "
+    "(distributed.invariance: bitwise)",
+    "[cli][dist][elastic][invariance]") {
   const auto d = tmpdir("elastic_join");
   const int port = free_ports();
-  const std::string train = kSrc +
-                            "/configs/fashion_mnist_mlp.yaml data.limit_train=12288 "
-                            "data.batch_size=32 train.duration=2ep checkpoint.every=8u "
-                            "runtime.threads=1 distributed.timeout_s=30 run.name=join run.dir=" +
-                            d.string();
+  const std::string train = bitwise_mlp(d) + " run.name=join";
   const fs::path log0 = d / "node0.log", log1 = d / "node1.log", log2 = d / "node2.log";
   ScopedEnv env4({{"MLTRAIN_TEST_HOLD", "0:12"}});  // first round only
   const pid_t n0 = elastic_node(log0, port, "2:3", train);
@@ -185,6 +209,7 @@ TEST_CASE(
   CHECK(all.find("(step 12, epoch 0, batch 0)") != std::string::npos);  // resumed there, 2 -> 3
   CHECK(all.find("world 2 -> 3 ranks") != std::string::npos);
   CHECK(all.find("test accuracy: ") != std::string::npos);
+  CHECK(final_digests(d / "join") == one_process_digests(d));
 }
 
 TEST_CASE("elastic launch: bad ranges, missing ports and another run's rendezvous are refused",

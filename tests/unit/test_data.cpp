@@ -219,6 +219,29 @@ TEST_CASE("epoch order is a pure function of (seed, epoch, rank, world)", "[load
 }
 
 TEST_CASE(
+    "epoch order in global blocks (invariance: bitwise): a twelfth of a block is the same samples "
+    "in every world that divides 12, also after a skip",
+    "[loader][invariance]") {
+  const int64_t n = 1000, block = 120;  // 8 whole blocks; the last 40 samples are never read
+  for (const int64_t skip : {int64_t{0}, int64_t{240}}) {
+    const auto global = epoch_order(n, 7, 3, 0, 1, true);
+    for (const int64_t world : {1, 2, 3, 4, 6, 12}) {
+      std::vector<int64_t> shards;  // every rank's samples, laid out by rank: shard order
+      for (int64_t j = 0; j < (n - skip) / block; ++j)
+        for (int64_t r = 0; r < world; ++r) {
+          const auto part = epoch_order(n, 7, 3, r, world, true, skip, block);
+          REQUIRE(int64_t(part.size()) == (n - skip) / block * (block / world));
+          const int64_t per = block / world;
+          shards.insert(shards.end(), part.begin() + j * per, part.begin() + (j + 1) * per);
+        }
+      // Block j's shard v holds entries [skip + j*120 + v*10, +10) of the global permutation.
+      CHECK(shards == std::vector<int64_t>(global.begin() + skip,
+                                           global.begin() + skip + (n - skip) / block * block));
+    }
+  }
+}
+
+TEST_CASE(
     "epoch order with a skip: the rest of one world's epoch re-shards over another, each sample "
     "once",
     "[loader][elastic]") {

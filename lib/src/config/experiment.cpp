@@ -247,6 +247,51 @@ static void pipeline_checks(const ExperimentConfig& c, Issues& issues, const std
        "fp16 loss scaling is not supported" + why + ": use amp.dtype=bf16");
 }
 
+// distributed.invariance: bitwise fixes every input of the arithmetic; settings whose result would
+// still depend on the world, or that cannot be made to, are refused with their fix.
+static void invariance_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
+  const auto& d = c.distributed;
+  if (d.invariance != "bitwise") return;
+  auto need = [&](bool ok, const std::string& path, const std::string& msg) {
+    if (!ok) issues.add(file, path, msg);
+  };
+  const std::string why = " under distributed.invariance=bitwise";
+  const int64_t v = d.virtual_shards;
+  need(c.train.global_batch > 0 && c.train.global_batch % v == 0, "train.global_batch",
+       std::to_string(c.train.global_batch) + " is not a positive multiple of " +
+           "distributed.virtual_shards " + std::to_string(v) + why +
+           ": set it to the samples per optimizer step, e.g. " + std::to_string(v * 10));
+  need(c.data.batch_size.is_auto(), "data.batch_size",
+       "is train.global_batch / world" + why + ": set data.batch_size=auto");
+  need(c.train.accumulate.is_auto() || c.train.accumulate.value == 1, "train.accumulate",
+       "the virtual shards are the micro-batches" + why + ": set train.accumulate=auto");
+  need(c.memory.micro_batch.is_auto(), "memory.micro_batch",
+       "the virtual shards are the micro-batches" + why +
+           ": remove it (raise distributed.virtual_shards for smaller ones)");
+  need(c.train.lr_scaling == "none", "train.lr_scaling",
+       "would scale the LR with the world" + why +
+           ": set train.lr_scaling=none and give optim.lr for the global batch");
+  need(c.distributed.compress == "none", "distributed.compress",
+       "gradients are summed exactly in integers" + why + ": set distributed.compress=none");
+  need(c.optim.name != "onebit_adam", "optim.name",
+       "1-bit Adam's compressed momenta depend on the world" + why + ": use adam or adamw");
+  need(!(c.amp.enabled && c.amp.dtype == "fp16"), "amp.dtype",
+       "fp16 loss scaling is not supported" + why + ": use amp.dtype=bf16 or amp.enabled=false");
+  need(d.pipeline.stages <= 1, "distributed.pipeline.stages",
+       "pipeline stages are not supported" + why + ": set distributed.pipeline.stages=1");
+  need(c.model.name != "torchscript", "model.name",
+       "a TorchScript model's kernels and random draws are outside mltrain's control" + why +
+           ": use a built-in model, or distributed.invariance=none");
+  need(c.schedule.name != "plateau", "schedule.name",
+       "plateau follows evaluation metrics summed over ranks in a world-dependent order" + why +
+           ": use a step schedule (cosine, step, onecycle ...)");
+  need(c.data.augment.mixup.p == 0 && c.data.augment.cutmix.p == 0, "data.augment.mixup",
+       "mixup and cutmix mix whole loader batches, whose size depends on the world" + why +
+           ": set data.augment.mixup.p=0 and data.augment.cutmix.p=0");
+  need(c.runtime.device != "cuda", "runtime.device",
+       "bitwise invariance is built and verified on CPU ranks" + why + ": set runtime.device=cpu");
+}
+
 static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::string& file) {
   sampler_checks(c, issues, file);
   curriculum_checks(c, issues, file);
@@ -293,6 +338,7 @@ static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::s
       "with data.batch_size=auto each loader batch is the whole step: set train.accumulate=1 "
       "(micro-batches come from memory.micro_batch)");
   pipeline_checks(c, issues, file);
+  invariance_checks(c, issues, file);
   task_checks(c, issues, file);
 }
 

@@ -18,7 +18,7 @@
 namespace mltrain::data {
 
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank,
-                                 int64_t world, bool shuffle, int64_t skip) {
+                                 int64_t world, bool shuffle, int64_t skip, int64_t block) {
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = i;
   if (shuffle) {
@@ -27,12 +27,12 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_
     for (int64_t i = n - 1; i > 0; --i)
       std::swap(perm[static_cast<size_t>(i)], perm[rng.below(static_cast<uint64_t>(i + 1))]);
   }
-  return rank_share(perm, rank, world, skip);
+  return rank_share(perm, rank, world, skip, block);
 }
 
 std::vector<int64_t> weighted_order(const Dataset& ds, const std::vector<double>& class_weights,
                                     uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
-                                    int64_t skip) {
+                                    int64_t skip, int64_t block) {
   const int64_t n = ds.count;
   if (!ds.labels)
     throw DataError(ds.source, "data.sampler: weighted draws by class label and this set has none",
@@ -54,13 +54,22 @@ std::vector<int64_t> weighted_order(const Dataset& ds, const std::vector<double>
     const double u = double(rng.next() >> 11) * 0x1.0p-53 * total;  // [0, total)
     d = std::min<int64_t>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin(), n - 1);
   }
-  return rank_share(draws, rank, world, skip);
+  return rank_share(draws, rank, world, skip, block);
 }
 
 std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world,
-                                int64_t skip) {
+                                int64_t skip, int64_t block) {
   const int64_t n = static_cast<int64_t>(perm.size());
   skip = std::clamp<int64_t>(skip, 0, n);
+  if (block > 0) {  // whole global batches only; rank r reads the r-th contiguous part of each
+    const int64_t w = std::max<int64_t>(1, world), part = block / w;
+    std::vector<int64_t> mine;
+    mine.reserve(static_cast<size_t>((n - skip) / block * part));
+    for (int64_t j = 0; skip + (j + 1) * block <= n; ++j)
+      for (int64_t t = 0; t < part; ++t)
+        mine.push_back(perm[static_cast<size_t>(skip + j * block + rank * part + t)]);
+    return mine;
+  }
   if (world <= 1) return {perm.begin() + skip, perm.end()};
   const int64_t per_rank = (n - skip) / world;
   std::vector<int64_t> mine;
@@ -72,7 +81,7 @@ std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, 
 
 std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int64_t window,
                                    uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
-                                   int64_t skip) {
+                                   int64_t skip, int64_t block) {
   // Chunks (of the underlying set; a slice may start mid-chunk) in a seeded order, then the
   // samples of each group of `window` consecutive chunks shuffled together.
   const int64_t first = offset / chunk, last = (offset + n - 1) / chunk;
@@ -91,7 +100,7 @@ std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int
     for (size_t i = perm.size(); i > begin + 1; --i)
       std::swap(perm[i - 1], perm[begin + rng.below(i - begin)]);
   }
-  return rank_share(perm, rank, world, skip);
+  return rank_share(perm, rank, world, skip, block);
 }
 
 int64_t auto_workers(int64_t cores, int64_t gpus, int64_t chunks) {
@@ -124,6 +133,7 @@ struct Loader::State {
   std::vector<Slot> slots;
   std::vector<int64_t> order;
   int64_t next_batch = 0, num_batches = 0;
+  int64_t skip = 0;  // of the epoch started last
   bool stop = false;
   std::exception_ptr error;  // the first exception a worker raised; next() rethrows it
   double wait = 0;
@@ -155,6 +165,8 @@ Loader::Loader(Dataset ds, LoaderOptions opt)
 Loader::~Loader() { stop_workers(); }
 
 int64_t Loader::samples_per_epoch() const {
+  if (opt_.global_block > 0)
+    return ds_.count / opt_.global_block * (opt_.global_block / std::max<int64_t>(1, opt_.world));
   if (opt_.world > 1 && opt_.cover_all)  // ranks below the remainder take one more
     return ds_.count / opt_.world + (opt_.rank < ds_.count % opt_.world ? 1 : 0);
   const int64_t per_rank = opt_.world > 1 ? ds_.count / opt_.world : ds_.count;
@@ -165,7 +177,10 @@ int64_t Loader::batches_per_epoch() const { return batches_after(0); }
 
 int64_t Loader::batches_after(int64_t skip) const {
   int64_t n = samples_per_epoch();
-  if (skip > 0 && !(opt_.world > 1 && opt_.cover_all))
+  if (opt_.global_block > 0)
+    n = (ds_.count - std::min(skip, ds_.count)) / opt_.global_block *
+        (opt_.global_block / std::max<int64_t>(1, opt_.world));
+  else if (skip > 0 && !(opt_.world > 1 && opt_.cover_all))
     n = (ds_.count - std::min(skip, ds_.count)) / std::max<int64_t>(1, opt_.world);
   return opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
 }
@@ -205,6 +220,20 @@ static void fill_windows(const Dataset& ds, const std::vector<int64_t>& order, i
   }
 }
 
+// With global blocks (distributed.invariance: bitwise) a sample's augmentation is keyed by its
+// place in the epoch's global order and the window's progress by the global batch, so neither
+// depends on the rank that reads it, the world, or a resume in between; otherwise the rank's own
+// position, as before.
+int64_t Loader::epoch_position(int64_t i) const {
+  if (opt_.global_block <= 0) return i;
+  const int64_t part = opt_.global_block / std::max<int64_t>(1, opt_.world);
+  return st_->skip + i / part * opt_.global_block + opt_.rank * part + i % part;
+}
+
+int64_t Loader::global_batch(int64_t b) const {
+  return opt_.global_block > 0 ? st_->skip / opt_.global_block + b : b;
+}
+
 void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& y2, double& lam) {
   const auto& ds = ds_;
   if (ds.token_windows) {
@@ -227,8 +256,8 @@ void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& 
   const float inv_std = 1.f / opt.std;
   const size_t bytes = ds.sample_bytes();
   const bool augment = aug_ && aug_->any_sample_op() && ds.sample_shape.size() == 3;
-  const double progress =
-      static_cast<double>(epoch_ * batches_per_epoch() + b) / static_cast<double>(total_batches_);
+  const double progress = static_cast<double>(epoch_ * batches_per_epoch() + global_batch(b)) /
+                          static_cast<double>(total_batches_);
   thread_local std::vector<float> pixels;
   thread_local std::vector<uint8_t> made;  // on-demand samples (image folders, chunk sets)
   double aug_s = 0;
@@ -251,7 +280,7 @@ void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& 
         std::memcpy(pixels.data(), src, static_cast<size_t>(elems) * 4);
       const auto ta = std::chrono::steady_clock::now();
       const uint64_t key = static_cast<uint64_t>(epoch_) * static_cast<uint64_t>(ds.count) +
-                           static_cast<uint64_t>(i);
+                           static_cast<uint64_t>(epoch_position(i));
       aug_->sample(pixels.data(), ds.sample_shape[0], ds.sample_shape[1], ds.sample_shape[2],
                    progress, key);
       aug_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
@@ -273,7 +302,7 @@ void Loader::fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& 
     const auto ta = std::chrono::steady_clock::now();
     auto xb = x.narrow(0, 0, end - begin);
     auto m = aug_->batch(xb, y.narrow(0, 0, end - begin), progress,
-                         static_cast<uint64_t>(epoch_ * batches_per_epoch() + b));
+                         static_cast<uint64_t>(epoch_ * batches_per_epoch() + global_batch(b)));
     if (m.mixed) lam = m.lam, y2 = m.y2;
     aug_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
   }
@@ -330,18 +359,20 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch, int64_t skip) {
     st.order.clear();
     for (int64_t i = opt_.rank; i < ds_.count; i += opt_.world) st.order.push_back(i);
   } else {
-    st.order =
-        !opt_.class_weights.empty()
-            ? weighted_order(ds_, opt_.class_weights, opt_.seed, epoch, opt_.rank, opt_.world, skip)
-        : ds_.chunk_samples > 0 && opt_.shuffle
-            ? chunked_order(ds_.count, ds_.reader_offset, ds_.chunk_samples,
-                            std::max<int64_t>(1, opt_.shuffle_window), opt_.seed, epoch, opt_.rank,
-                            opt_.world, skip)
-            : epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle, skip);
+    st.order = !opt_.class_weights.empty()
+                   ? weighted_order(ds_, opt_.class_weights, opt_.seed, epoch, opt_.rank,
+                                    opt_.world, skip, opt_.global_block)
+               : ds_.chunk_samples > 0 && opt_.shuffle
+                   ? chunked_order(ds_.count, ds_.reader_offset, ds_.chunk_samples,
+                                   std::max<int64_t>(1, opt_.shuffle_window), opt_.seed, epoch,
+                                   opt_.rank, opt_.world, skip, opt_.global_block)
+                   : epoch_order(ds_.count, opt_.seed, epoch, opt_.rank, opt_.world, opt_.shuffle,
+                                 skip, opt_.global_block);
   }
   const int64_t batches = batches_after(skip);
   if (opt_.drop_last) st.order.resize(static_cast<size_t>(batches * opt_.batch_size));
   st.num_batches = batches;
+  st.skip = skip;
   epoch_ = epoch;
   st.next_batch = std::min(first_batch, st.num_batches);
   const int64_t P = static_cast<int64_t>(st.slots.size());

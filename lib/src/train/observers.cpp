@@ -1,4 +1,5 @@
 #include "mltrain/train/observers.hpp"
+#include "mltrain/train/invariant.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -230,6 +231,9 @@ void CheckpointWriter::save(Trainer& t) {
                        {"lr_scale", p.lr_scale},
                        {"skipped_steps", p.skipped_steps},
                        {"techniques", t.technique_state()}};
+  if (t.cfg().distributed.invariance == "bitwise")
+    ts["virtual_shards"] = t.cfg().distributed.virtual_shards;
+  ts["invariance"] = t.cfg().distributed.invariance;
   if (p.time_to_target) ts["time_to_target"] = *p.time_to_target;
   ts["schedule_history"] = t.schedule().history();
   std::optional<double> monitor;
@@ -279,6 +283,28 @@ void CheckpointWriter::on_stop_request(Trainer& t, int signal) {
 
 void CheckpointWriter::on_train_end(Trainer& t) { save(t); }
 
+// A checkpoint continues bitwise only in the mode, and with the virtual shards, that wrote it.
+static void check_invariance(const LoadedCheckpoint& ck, const config::ExperimentConfig& cfg) {
+  const auto& ts = ck.trainer_state;
+  const std::string was = ts.value("invariance", std::string("none"));
+  const std::string now = cfg.distributed.invariance;
+  const std::string file = (ck.dir / "trainer.json").string();
+  if (was != now)
+    throw ConfigError("distributed.invariance",
+                      "is " + now + ", and the checkpoint " + file + " was written with " + was,
+                      "resume with distributed.invariance=" + was +
+                          ", or start a new run (checkpoint.resume=never or another run.name)");
+  if (now != "bitwise") return;
+  const int64_t v = ts.value("virtual_shards", int64_t{0});
+  if (v != cfg.distributed.virtual_shards)
+    throw ConfigError("distributed.virtual_shards",
+                      "is " + std::to_string(cfg.distributed.virtual_shards) +
+                          ", and the checkpoint " + file + " was written with " +
+                          std::to_string(v) + " virtual shards",
+                      "resume with distributed.virtual_shards=" + std::to_string(v) + " (worlds " +
+                          invariant_worlds(v) + ")");
+}
+
 void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
   const std::string mpath = (ck.dir / "model.safetensors").string();
   auto weights = formats::load_safetensors(mpath);
@@ -310,6 +336,7 @@ void restore_checkpoint(const LoadedCheckpoint& ck, Trainer& t) {
   t.load_technique_tensors(state);
   t.optimizer().load_state(state);
   const auto& ts = ck.trainer_state;
+  check_invariance(ck, t.cfg());
   auto& p = t.progress();
   p.step = ck.step;
   p.epoch = ts.at("epoch").get<int64_t>();

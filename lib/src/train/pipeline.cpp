@@ -1,4 +1,5 @@
 #include "mltrain/train/pipeline.hpp"
+#include "mltrain/train/invariant.hpp"
 
 #include "mltrain/runtime/memory.hpp"
 #include "mltrain/train/micro_batch.hpp"
@@ -54,6 +55,9 @@ Splits load_splits(const config::ExperimentConfig& cfg) {
 }
 
 int resolve_threads(const config::ExperimentConfig& cfg, const dist::World& world) {
+  // Every world computes a shard with the same threads (kernels may block by thread count).
+  if (cfg.distributed.invariance == "bitwise")
+    return static_cast<int>(cfg.distributed.invariance_threads);
   if (!cfg.runtime.threads.is_auto()) return static_cast<int>(cfg.runtime.threads.resolve(0));
   const char* omp = std::getenv("OMP_NUM_THREADS");
   if (const int omp_threads = omp ? std::atoi(omp) : 0; omp_threads > 0) return omp_threads;
@@ -185,6 +189,8 @@ static data::LoaderOptions eval_options_for(const config::ExperimentConfig& cfg,
 // The micro-batch of the run: memory.micro_batch, or with data.batch_size=auto the probe's.
 static int64_t choose_micro_batch(const config::ExperimentConfig& cfg, bool auto_batch,
                                   Pipeline& p) {
+  if (cfg.distributed.invariance == "bitwise")  // a virtual shard per forward and backward
+    return cfg.train.global_batch / cfg.distributed.virtual_shards;
   if (!cfg.memory.micro_batch.is_auto()) return cfg.memory.micro_batch.value;
   if (!auto_batch) return cfg.data.batch_size;
   // The evaluation loader's slots scale with the micro-batch too: measured by building one.
@@ -222,6 +228,7 @@ static std::unique_ptr<PipelineStages> make_stages(const config::ExperimentConfi
 std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
                                          const dist::World& world, const PipelineOptions& opt) {
   const bool auto_batch = config.data.batch_size.is_auto();
+  check_invariant_world(config, std::max(1, world.size));
   auto p = std::make_unique<Pipeline>(resolve_batch(config, std::max(1, world.size)));
   const config::ExperimentConfig& cfg = p->cfg;
   const bool distributed = world.size > 1;
@@ -231,6 +238,11 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   memory::set_cpu_limit(0);             // a previous pipeline's budget binds nothing here
   runtime::apply({resolve_threads(cfg, world), cfg.runtime.allocator, cfg.runtime.kernel_route});
   p->device = prepare_device(cfg, distributed ? world.local_rank : 0);
+  if (cfg.distributed.invariance == "bitwise" && !p->device.is_cpu())
+    throw ConfigError("runtime.device",
+                      "resolved to " + p->device.str() +
+                          "; distributed.invariance=bitwise is built and verified on CPU ranks",
+                      "set runtime.device=cpu, or distributed.invariance=none");
   // Data, model and optimizer before anything is written: bad input fails first.
   p->splits = opt.splits ? *opt.splits : load_splits(cfg);
   for (const data::Dataset* d : {&p->splits.train, &p->splits.test})
@@ -260,6 +272,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
     lo.rank = world.rank / int(stages), lo.world = world.size / int(stages);
   }
   if (distributed && cfg.data.workers.is_auto()) lo.workers = std::min<int64_t>(lo.workers, 1);
+  if (cfg.distributed.invariance == "bitwise") lo.global_block = cfg.train.global_batch;
   p->train_loader = std::make_unique<data::Loader>(p->splits.train, lo);
   p->train_options = lo;
   config::OptimConfig oc = cfg.optim;
@@ -292,7 +305,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
         p->dp = std::make_unique<dist::DataParallel>(
             *replicas, p->stages->stage_parameters(), p->stages->stage_buffers(), bucket,
             cfg.distributed.overlap, cfg.distributed.compress);
-    } else {
+    } else if (cfg.distributed.invariance != "bitwise") {  // else the shards' exact mean
       p->dp = std::make_unique<dist::DataParallel>(
           *p->comm, p->model->named_parameters(), p->model->named_buffers(), bucket,
           cfg.distributed.overlap, cfg.distributed.compress);

@@ -252,6 +252,9 @@ static nlohmann::json finish_summary(Pipeline& p, RunResult& result) {
                             {"final_eval_seconds", final_s},
                             {"eval_seconds", trainer.eval_seconds()}};
   if (final_eval) summary["test_samples"] = test.count;
+  summary["peak_rss_mib"] = double(runtime::peak_rss_kib()) / 1024.0;  // this rank's (rank 0)
+  if (p.cfg.distributed.invariance == "bitwise")
+    summary["virtual_shards"] = p.cfg.distributed.virtual_shards;
   if (std::isfinite(trainer.first_step_seconds())) {
     summary["setup_s"] = trainer.fit_start_seconds();
     summary["first_step_s"] = trainer.first_step_seconds();
@@ -261,9 +264,9 @@ static nlohmann::json finish_summary(Pipeline& p, RunResult& result) {
   if (result.time_to_target) summary["time_to_target_s"] = *result.time_to_target;
   if (const int64_t skipped = p.splits.train.skipped + p.splits.test.skipped; skipped > 0)
     summary["skipped_samples"] = skipped;  // data.on_bad_sample: skip
+  if (p.comm) summary["world_size"] = p.world.size;
   if (p.dp) {
     const double wait = p.dp->comm_wait_seconds();
-    summary["world_size"] = p.world.size;
     summary["allreduce_wait_s"] = wait;
     summary["allreduce_bytes"] = p.comm->bytes_sent();
     spdlog::info(

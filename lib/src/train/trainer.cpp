@@ -15,6 +15,7 @@
 #include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/signals.hpp"
 #include "mltrain/model/replay.hpp"
+#include "mltrain/train/invariant.hpp"
 #include "mltrain/train/stages.hpp"
 
 namespace mltrain::train {
@@ -117,7 +118,11 @@ Trainer::Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim
     scaler_.emplace(cfg.amp);
   }
   if (cfg.ema.enabled) ema_ = std::make_unique<Ema>(cfg.ema, model_);
+  if (cfg.distributed.invariance == "bitwise")
+    invariant_ = std::make_unique<InvariantShards>(cfg_, model_, comm_);
 }
+
+Trainer::~Trainer() = default;
 
 // Host batch -> training device. From pinned slots the copy is asynchronous; the caller fences it
 // before the loader may reuse the slot.
@@ -230,7 +235,7 @@ void Trainer::predict(data::Loader& loader, const std::function<void(const torch
 
 void Trainer::set_micro_batch(int64_t samples, bool recover) {
   micro_ = samples >= cfg_.data.batch_size ? 0 : samples;
-  oom_recover_ = recover && !(comm_ && comm_->size() > 1);
+  oom_recover_ = recover && !(comm_ && comm_->size() > 1) && !invariant_;
 }
 
 // acc += x for running sums kept on the device; an undefined acc starts at x, an undefined x adds
@@ -256,6 +261,26 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
     lap(Phase::kBackward);
     return {s.loss, s.correct, s.units, s.counted, {}, {}};
   }
+  auto add_step = [&sums](const task::Step& out, int64_t len) {
+    // The same double arithmetic as item<double>() * len, on the device (see BatchSums).
+    add_on_device(sums.loss_t, out.loss.detach().to(torch::kDouble) * static_cast<double>(len));
+    if (out.correct.defined()) {  // train accuracy (tasks that count argmax hits)
+      sums.counted = true;
+      add_on_device(sums.correct_t, out.correct.detach().to(torch::kLong));
+      sums.units += out.units;
+    }
+  };
+  if (invariant_) {  // distributed.invariance: bitwise: each virtual shard on its own
+    invariant_->run(batch, progress_.step, [&](const data::Batch& shard) {
+      const task::Step out = task_->forward(model_, shard, eps, amp());
+      lap(Phase::kForward);
+      out.loss.backward();
+      lap(Phase::kBackward);
+      add_step(out, shard.y.size(0));
+    });
+    lap(Phase::kAllreduce);
+    return sums;
+  }
   const int64_t n = batch.y.size(0);
   const int64_t m = micro_ > 0 ? micro_ : n;
   for (int64_t start = 0; start < n; start += m) {
@@ -271,14 +296,7 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
     if (dp_) dp_->begin_backward(final_micro && last && opt_.wants_gradient_sync());
     (scaler_ ? scaler_->scale(loss) : loss).backward();
     lap(Phase::kBackward);
-    // The same double arithmetic as item<double>() * len, on the device (see BatchSums).
-    const auto part_loss = out.loss.detach().to(torch::kDouble) * static_cast<double>(len);
-    add_on_device(sums.loss_t, part_loss);
-    if (out.correct.defined()) {  // train accuracy (tasks that count argmax hits)
-      sums.counted = true;
-      add_on_device(sums.correct_t, out.correct.detach().to(torch::kLong));
-      sums.units += out.units;
-    }
+    add_step(out, len);
   }
   return sums;
 }
@@ -559,6 +577,13 @@ void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
   for (const auto& [k, v] : last_eval_->metrics) values["eval_" + k] = v;
   const std::string why = early_.update(values, progress_.step);
   if (!why.empty()) stop_reason_ = why;
+  if (invariant_ && comm_ && comm_->size() > 1) {  // every rank adapts from the same counts
+    std::vector<torch::Tensor> c = {
+        torch::tensor({double(since_eval_correct_), double(since_eval_count_)}, torch::kDouble)};
+    comm_->allreduce_sum(c, "allreduce(train accuracy counts)");
+    since_eval_correct_ = static_cast<int64_t>(c[0][0].item<double>());
+    since_eval_count_ = static_cast<int64_t>(c[0][1].item<double>());
+  }
   if (auto* aug = train_.augmenter(); aug && since_eval_count_ > 0)
     aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_, last_eval_->accuracy);
   since_eval_correct_ = since_eval_count_ = 0;

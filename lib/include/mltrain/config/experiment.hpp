@@ -803,11 +803,29 @@ struct DistributedConfig {
   int64_t max_requeues = 3;
   Period rewarm = Period::never();
   Duration hang_timeout = Duration::never();
+  std::string invariance = "none";
+  int64_t virtual_shards = 12;
+  int64_t invariance_threads = 1;
   PipelineConfig pipeline;
   template <class V>
   void visit(V& v) {
     v.field("backend", backend, "process group: gloo (CPU; NCCL builds: nccl)",
             one_of({"gloo", "nccl"}));
+    v.field("invariance", invariance,
+            "none: the world's ranks each reduce their batch (results move in the last bits with "
+            "the world size) | bitwise: the same weights, bit for bit, at any world that divides "
+            "distributed.virtual_shards, resumed on any such world (train.global_batch split into "
+            "fixed virtual shards, each with its own forward and backward, summed exactly; "
+            "docs/guide/distributed.md)",
+            one_of({"none", "bitwise"}));
+    v.field("virtual_shards", virtual_shards,
+            "invariance: bitwise: shards per global batch (each always the same samples); the "
+            "world must divide it (12: worlds 1, 2, 3, 4, 6, 12)",
+            positive<int64_t>());
+    v.field("invariance_threads", invariance_threads,
+            "invariance: bitwise: intra-op threads of every rank (kernels may block by thread "
+            "count, so every world computes a shard with the same number)",
+            positive<int64_t>());
     v.field("timeout_s", timeout_s,
             "a collective that takes longer fails every rank instead of hanging",
             positive<double>());

@@ -35,6 +35,10 @@ struct LoaderOptions {
   bool cover_all = false;  // world > 1, evaluation: rank r reads samples r, r + world, ... (every
                            // sample once over the ranks, unshuffled) instead of an even share
   std::vector<double> class_weights;  // non-empty: weighted_order (data.sampler: weighted)
+  // > 0 (distributed.invariance: bitwise): the epoch's order is cut into global batches of this
+  // many samples; rank r of a world W reads the r-th contiguous 1/W of each (rank_share), and
+  // batch_size must be global_block / W.
+  int64_t global_block = 0;
 };
 
 // Indices this rank visits in `epoch`. Every rank gets floor((N - skip) / world) samples of one
@@ -43,19 +47,21 @@ struct LoaderOptions {
 // consumed (by any world) leave its rest to be shared by this one. After k batches of B on every
 // rank of a world W, exactly the first skip + k*B*W entries have been consumed.
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t rank,
-                                 int64_t world, bool shuffle, int64_t skip = 0);
+                                 int64_t world, bool shuffle, int64_t skip = 0, int64_t block = 0);
 
 // data.sampler: weighted. An epoch of ds.count draws with replacement, sample i drawn with
 // probability proportional to class_weights[label(i)], from one stream per (seed, epoch), then the
 // rank share: like epoch_order a pure function of its arguments and never of the world.
 std::vector<int64_t> weighted_order(const Dataset& ds, const std::vector<double>& class_weights,
                                     uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
-                                    int64_t skip = 0);
+                                    int64_t skip = 0, int64_t block = 0);
 
 // The even rank share of a global permutation past its first `skip` entries: rank r takes
-// perm[skip + r], perm[skip + r + world], ...
+// perm[skip + r], perm[skip + r + world], ...  With `block` > 0 (a global batch; the world divides
+// it) the rest is cut into whole blocks and rank r takes the r-th contiguous block / world entries
+// of each, so the samples of any 1/V of a block are the same whatever the world.
 std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, int64_t world,
-                                int64_t skip = 0);
+                                int64_t skip = 0, int64_t block = 0);
 
 // Chunk sets: the chunks of samples [offset, offset + n) in a seeded order, the samples of each
 // group of `window` chunks shuffled together, then the rank share. A pure function of its
@@ -63,7 +69,7 @@ std::vector<int64_t> rank_share(const std::vector<int64_t>& perm, int64_t rank, 
 // being read at any time.
 std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int64_t window,
                                    uint64_t seed, int64_t epoch, int64_t rank, int64_t world,
-                                   int64_t skip = 0);
+                                   int64_t skip = 0, int64_t block = 0);
 
 // Workers for `auto`: enough to keep one consumer fed without starving the compute threads.
 // The field guide's rule: min(usable cores, 4 x GPUs where there are GPUs, chunks where the data
@@ -123,6 +129,8 @@ class Loader {
  private:
   struct State;
   void stop_workers();
+  int64_t epoch_position(int64_t i) const;  // of the i-th sample this rank reads this epoch
+  int64_t global_batch(int64_t b) const;    // of this rank's batch b
   void fill(int64_t b, torch::Tensor& x, torch::Tensor& y, torch::Tensor& y2, double& lam);
   template <class Slot>
   void timed_fill(int64_t b, Slot& slot);

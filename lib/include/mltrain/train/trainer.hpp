@@ -70,6 +70,7 @@ struct EvalResult {
 
 class Trainer;
 class PipelineStages;
+class InvariantShards;
 
 // Where a training step's wall time goes (`mltrain profile`). The trainer laps the clock at each
 // phase boundary when one is attached; on CUDA the clock can synchronise first, so each phase is
@@ -132,6 +133,7 @@ class Trainer {
   // Built by train::build_pipeline (pipeline.hpp), which owns everything it refers to.
   Trainer(const config::ExperimentConfig& cfg, model::Model& model, optim::Optimizer& opt,
           data::Loader& train, data::Loader& eval, Distributed distributed = {});
+  ~Trainer();
   void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
   void set_phase_clock(PhaseClock* clock) { phases_ = clock; }
   // memory.micro_batch resolved: each loader batch runs as micro-batches of `samples` (0: whole).
@@ -243,6 +245,7 @@ class Trainer {
   GradClipper clipper_;
   GradHealth health_;
   std::unique_ptr<Ema> ema_;
+  std::unique_ptr<InvariantShards> invariant_;  // distributed.invariance: bitwise
   EarlyStopping early_;
   std::deque<Snapshot> snapshots_;
   std::string stop_reason_, failure_;
