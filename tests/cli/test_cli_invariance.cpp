@@ -204,3 +204,38 @@ TEST_CASE(
   CHECK(r.code == 0);
   CHECK(r.out.find("(step 2, epoch 0, batch 2)") != std::string::npos);
 }
+
+TEST_CASE(
+    "invariance bitwise under mltrain tune: trials run the mode; pipeline stages with it fail the "
+    "first trial with the config error and stop the study",
+    "[cli][invariance][tune]") {
+  const auto d = tmpdir("invariance_tune");
+  auto study = [&](const std::string& name, const std::string& extra) {
+    const fs::path yaml = d / (name + ".yaml");
+    std::ofstream(yaml) << "study: {name: " << name << ", dir: " << d.string()
+                        << ", seed: 0, n_trials: 2}\n"
+                           "sampler: {name: random}\n"
+                           "objective: {metric: accuracy, direction: maximize}\n"
+                           "trial:\n  train: "
+                        << kSrc
+                        << "/configs/fashion_mnist_mlp.yaml\n"
+                           "  overrides: [train.duration=1ep, data.limit_train=1200, "
+                           "data.val_fraction=0.1, distributed.invariance=bitwise, "
+                           "train.global_batch=120, data.batch_size=auto"
+                        << extra
+                        << "]\n"
+                           "space:\n  optim.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: "
+                           "true}\n";
+    return run("tune " + yaml.string());
+  };
+  auto ok = study("plain", "");
+  INFO(ok.out);
+  REQUIRE(ok.code == 0);
+  CHECK(ok.out.find("2 trials: 2 complete") != std::string::npos);
+  auto bad = study("piped", ", distributed.pipeline.stages=2");
+  INFO(bad.out);
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("rejected its configuration") != std::string::npos);
+  CHECK(slurp(d / "piped" / "trials" / "t0000.log").find("distributed.pipeline.stages") !=
+        std::string::npos);
+}
