@@ -18,6 +18,7 @@ pkgs=(
   fortunes                            # real English text for the character-level GPT job (/usr/share/games/fortunes)
   chromium                            # renders `mltrain report` pages in the report test (headless)
   slurmctld slurmd slurm-client munge # a real single-node Slurm for the Slurm tests (scripts/slurm/cluster.sh)
+  openmpi-bin mpich                   # real mpirun (Open MPI) and mpiexec.hydra (MPICH) for the MPI-launcher tests
 )
 
 missing=()

@@ -522,3 +522,31 @@ TEST_CASE(
   CHECK(bad.code == 2);
   CHECK(bad.out.find("PET_NPROC_PER_NODE") != std::string::npos);
 }
+
+// The world from an MPI launcher's own variables: Open MPI's mpirun (OMPI_COMM_WORLD_*, PMIX_RANK)
+// and MPICH's Hydra (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID), each starting 2 real processes.
+TEST_CASE(
+    "MPI launchers: mpirun (Open MPI 4) and mpiexec.hydra (MPICH) start 2 ranks that train "
+    "together, parameters bitwise equal every step",
+    "[cli][dist][launchers]") {
+  const auto d = tmpdir("mpi_launchers");
+  const std::vector<std::pair<std::string, std::string>> launchers = {
+      {"openmpi", "mpirun.openmpi --allow-run-as-root --oversubscribe -np 2"},
+      {"mpich", "mpiexec.hydra -n 2"},
+  };
+  for (const auto& [name, launcher] : launchers) {
+    const std::string digest = (d / ("digest_" + name)).string();
+    ScopedEnv env({{"MLTRAIN_TEST_PARAM_DIGEST", digest}});
+    const auto r = sh(launcher + " " + kBin + " " +
+                      tiny_mlp(d, name, 1024,
+                               "train.duration=8u data.batch_size=32 distributed.timeout_s=60 "
+                               "checkpoint.every=8u"));
+    INFO(name << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("rank 0/2 (local 0/2, node 0/1, " + name + ")") != std::string::npos);
+    const auto r0 = lines_of(digest + ".0"), r1 = lines_of(digest + ".1");
+    REQUIRE(r0.size() == 8);
+    CHECK(r0 == r1);
+    CHECK_FALSE(fs::exists(d / name / "v1"));  // one run folder, written by rank 0 only
+  }
+}

@@ -2,6 +2,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "mltrain/core/error.hpp"
@@ -315,4 +317,124 @@ TEST_CASE("pipeline balance: contiguous stages minimising the slowest one", "[di
   REQUIRE(z.size() == 4);
   for (size_t s = 0; s + 1 < z.size(); ++s) CHECK(z[s] < z[s + 1]);
   CHECK_THROWS_AS(balance_stages({1, 1}, 3), mltrain::ConfigError);
+}
+
+TEST_CASE("world from MPI launchers: Open MPI, MPICH/PMI, PMIx, PBS/PALS, LSF jsrun, Flux",
+          "[dist][launchers]") {
+  // Open MPI 4.1's variables as mpirun sets them for rank 3 of 4 (2 per node), PMIX_RANK too.
+  World w = from({{"OMPI_COMM_WORLD_RANK", "3"},
+                  {"OMPI_COMM_WORLD_SIZE", "4"},
+                  {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                  {"OMPI_MCA_ess_base_jobid", "1541144577"},
+                  {"PMIX_RANK", "3"},
+                  {"PMIX_NAMESPACE", "1541144577"},
+                  {"MASTER_ADDR", "node01"}});
+  CHECK(w.source == "openmpi");
+  CHECK((w.rank == 3 && w.size == 4 && w.local_rank == 1 && w.local_size == 2));
+  CHECK((w.node_rank == 1 && w.nodes == 2));
+  CHECK(w.master_addr == "node01");
+  CHECK((w.master_port >= 20000 && w.master_port < 40000));  // a port per job
+  CHECK(w.run_id.find("1541144577") != std::string::npos);
+  // Two nodes and no MASTER_ADDR: Open MPI does not say where rank 0 is.
+  CHECK_THROWS_WITH(from({{"OMPI_COMM_WORLD_RANK", "0"},
+                          {"OMPI_COMM_WORLD_SIZE", "4"},
+                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+                    Catch::Contains("MASTER_ADDR") && Catch::Contains("mpirun -x MASTER_ADDR"));
+  // One node: loopback.
+  w = from({{"OMPI_COMM_WORLD_RANK", "1"},
+            {"OMPI_COMM_WORLD_SIZE", "2"},
+            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  CHECK((w.master_addr == "127.0.0.1" && w.single_node()));
+
+  // MPICH's Hydra: PMI_RANK/PMI_SIZE and MPI_LOCALRANKID/MPI_LOCALNRANKS, no job id.
+  w = from({{"PMI_RANK", "1"},
+            {"PMI_SIZE", "2"},
+            {"MPI_LOCALRANKID", "1"},
+            {"MPI_LOCALNRANKS", "2"},
+            {"PMI_FD", "6"}});
+  CHECK(w.source == "mpich");
+  CHECK((w.rank == 1 && w.size == 2 && w.local_rank == 1 && w.nodes == 1));
+  CHECK(w.master_port == 29500);
+  CHECK(w.run_id.find("mpich.parent") == 0);
+
+  // PMIx alone gives no size; with Open MPI's it is the same process.
+  CHECK_THROWS_WITH(from({{"PMIX_RANK", "0"}}), Catch::Contains("no world size"));
+
+  // PBS/PALS (Cray MPICH: PMI_SIZE too) with a node file of 2 nodes x 2 slots.
+  const auto dir = std::filesystem::temp_directory_path() / "mltrain_test_launchers";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "nodefile") << "x1001c0s0b0n0.hsn\nx1001c0s0b0n0.hsn\nx1001c0s1b0n0.hsn\n"
+                                     "x1001c0s1b0n0.hsn\n";
+  const std::string nodefile = (dir / "nodefile").string();
+  w = from({{"PALS_RANKID", "2"},
+            {"PALS_LOCAL_RANKID", "0"},
+            {"PMI_RANK", "2"},
+            {"PMI_SIZE", "4"},
+            {"PBS_NODEFILE", nodefile.c_str()},
+            {"PBS_JOBID", "4242.pbs01"}});
+  CHECK(w.source == "pals");
+  CHECK((w.rank == 2 && w.size == 4 && w.nodes == 2 && w.local_size == 2 && w.node_rank == 1));
+  CHECK(w.master_addr == "x1001c0s0b0n0.hsn");
+  CHECK_THROWS_WITH(
+      from({{"PALS_RANKID", "0"}, {"PMI_SIZE", "2"}, {"PBS_NODEFILE", (dir / "missing").c_str()}}),
+      Catch::Contains("PBS_NODEFILE") && Catch::Contains("cannot be read"));
+
+  // LSF jsrun: the host file lists the launch node first, once per slot.
+  std::ofstream(dir / "djob") << "batch3\nh01\nh01\nh02\nh02\n";
+  const std::string djob = (dir / "djob").string();
+  w = from({{"JSM_NAMESPACE_RANK", "1"},
+            {"JSM_NAMESPACE_SIZE", "4"},
+            {"JSM_NAMESPACE_LOCAL_RANK", "1"},
+            {"JSM_NAMESPACE_LOCAL_SIZE", "2"},
+            {"LSB_DJOB_HOSTFILE", djob.c_str()},
+            {"LSB_JOBID", "77"},
+            {"MASTER_ADDR", "h01"}});
+  CHECK(w.source == "lsf");
+  CHECK(
+      (w.rank == 1 && w.size == 4 && w.local_size == 2 && w.nodes == 2 && w.master_addr == "h01"));
+
+  // Flux: FLUX_TASK_RANK, FLUX_TASK_LOCAL_ID, FLUX_JOB_SIZE, FLUX_JOB_NNODES.
+  w = from({{"FLUX_TASK_RANK", "5"},
+            {"FLUX_TASK_LOCAL_ID", "1"},
+            {"FLUX_JOB_SIZE", "8"},
+            {"FLUX_JOB_NNODES", "4"},
+            {"FLUX_JOB_ID", "f3ETxsR9H"},
+            {"MASTER_ADDR", "tioga1"}});
+  CHECK(w.source == "flux");
+  CHECK((w.rank == 5 && w.size == 8 && w.local_rank == 1 && w.local_size == 2 && w.nodes == 4 &&
+         w.node_rank == 2));
+
+  // Conflicting sources: exit 2 (ConfigError) naming both variables.
+  CHECK_THROWS_WITH(from({{"OMPI_COMM_WORLD_RANK", "1"},
+                          {"OMPI_COMM_WORLD_SIZE", "4"},
+                          {"PMI_RANK", "2"},
+                          {"PMI_SIZE", "4"}}),
+                    Catch::Contains("OMPI_COMM_WORLD_RANK and PMI_RANK") &&
+                        Catch::Contains("Open MPI says rank 1 of 4, MPICH/PMI says rank 2 of 4"));
+  CHECK_THROWS_WITH(from({{"FLUX_TASK_RANK", "0"},
+                          {"FLUX_JOB_SIZE", "2"},
+                          {"JSM_NAMESPACE_RANK", "0"},
+                          {"JSM_NAMESPACE_SIZE", "4"}}),
+                    Catch::Contains("JSM_NAMESPACE_RANK and FLUX_TASK_RANK"));
+  CHECK_THROWS_WITH(from({{"PMI_RANK", "x"}, {"PMI_SIZE", "2"}}),
+                    Catch::Contains("PMI_RANK") && Catch::Contains("not an integer"));
+  // An MPI launcher inside an sbatch: its ranks win over the batch step's SLURM_PROCID 0; torchrun
+  // under mpirun (one launcher per node) is torchrun's world.
+  w = from({{"OMPI_COMM_WORLD_RANK", "1"},
+            {"OMPI_COMM_WORLD_SIZE", "2"},
+            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+            {"SLURM_PROCID", "0"},
+            {"SLURM_NTASKS", "1"},
+            {"SLURM_JOB_ID", "9"}});
+  CHECK((w.source == "openmpi" && w.rank == 1));
+  w = from({{"RANK", "5"},
+            {"WORLD_SIZE", "8"},
+            {"LOCAL_RANK", "1"},
+            {"LOCAL_WORLD_SIZE", "4"},
+            {"OMPI_COMM_WORLD_RANK", "1"},
+            {"OMPI_COMM_WORLD_SIZE", "2"}});
+  CHECK((w.source == "torchrun" && w.rank == 5));
+  std::filesystem::remove_all(dir);
 }

@@ -1,9 +1,14 @@
 #include "mltrain/dist/world.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "mltrain/core/error.hpp"
@@ -263,6 +268,128 @@ int resolve_nproc(const std::string& value, int cores, int gpus) {
   return n;
 }
 
+namespace {
+
+// One MPI-family launcher's variables for the rank of this process. A source names its variables;
+// empty names are not set by that launcher.
+struct MpiSource {
+  const char* name;  // as World::source
+  const char* who;   // in messages
+  const char *rank, *size, *local_rank, *local_size, *nodes, *hostfile, *job;
+  const char* alt_local_rank = "";  // a second spelling some builds use
+  const char* alt_local_size = "";
+};
+
+// In priority order when several agree (they describe the same process: Open MPI 5 also sets
+// PMIX_RANK, Cray MPICH under PALS also PMI_RANK).
+const MpiSource kMpiSources[] = {
+    {"openmpi", "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "", "", "OMPI_MCA_ess_base_jobid"},
+    {"lsf", "LSF jsrun", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK",
+     "JSM_NAMESPACE_LOCAL_SIZE", "", "LSB_DJOB_HOSTFILE", "LSB_JOBID"},
+    {"flux", "Flux", "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID", "", "FLUX_JOB_NNODES",
+     "", "FLUX_JOB_ID"},
+    {"pals", "PBS/PALS", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE", "",
+     "PBS_NODEFILE", "PBS_JOBID"},
+    {"mpich", "MPICH/PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "", "", "",
+     "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE"},
+    {"pmix", "PMIx", "PMIX_RANK", "", "", "", "", "", "PMIX_NAMESPACE"},
+};
+
+// The distinct host names of a host file (one per line, repeated per slot; PBS_NODEFILE,
+// LSB_DJOB_HOSTFILE), in order.
+std::vector<std::string> hosts_of(const char* var, const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw ConfigError(var, "'" + path + "' cannot be read",
+                      "run inside the job's allocation, or unset it");
+  std::vector<std::string> hosts;
+  for (std::string line; std::getline(in, line);) {
+    const auto end = line.find_first_of(" \t\r");
+    line = line.substr(0, end);
+    if (!line.empty() && std::find(hosts.begin(), hosts.end(), line) == hosts.end())
+      hosts.push_back(line);
+  }
+  if (hosts.empty()) throw ConfigError(var, "'" + path + "' lists no host", "check the job");
+  return hosts;
+}
+
+// The world from the first MPI-family launcher present; nullopt without one. Two present that
+// disagree on this process's rank or the world size: ConfigError naming both.
+std::optional<World> mpi_world(const Getenv& env) {
+  const MpiSource* first = nullptr;
+  int rank = 0, size = 0;
+  for (const auto& src : kMpiSources) {
+    if (!env(src.rank)) continue;
+    const int r = to_int(env, src.rank, 0);
+    const int n = *src.size ? to_int(env, src.size, 0) : 0;
+    if (!first) {
+      first = &src, rank = r, size = n;
+      continue;
+    }
+    if (r != rank || (n > 0 && size > 0 && n != size))
+      throw ConfigError(
+          std::string(first->rank) + " and " + src.rank,
+          std::string(first->who) + " says rank " + std::to_string(rank) + " of " +
+              (size > 0 ? std::to_string(size) : "?") + ", " + src.who + " says rank " +
+              std::to_string(r) + " of " + (n > 0 ? std::to_string(n) : "?"),
+          "launch with one launcher: unset the other's variables in the job's environment");
+    if (size <= 0) size = n;
+  }
+  if (!first) return std::nullopt;
+  const MpiSource& src = *first;
+  if (size <= 0)
+    throw ConfigError(src.rank,
+                      std::string(src.who) + " gives this process's rank but no world size",
+                      "launch through mpirun/mpiexec/srun, which also set the size, or set "
+                      "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+  World w;
+  w.source = src.name;
+  w.rank = rank, w.size = size;
+  std::vector<std::string> hosts;
+  if (*src.hostfile && env(src.hostfile)) hosts = hosts_of(src.hostfile, env(src.hostfile));
+  auto local = [&](const char* a, const char* b, int fallback) {
+    return *a && env(a)   ? to_int(env, a, fallback)
+           : *b && env(b) ? to_int(env, b, fallback)
+                          : fallback;
+  };
+  // Nodes: the launcher's count, else the world over the local size it gives, else the host
+  // file's hosts (LSF's lists the launch node too), else one.
+  const int given_local = local(src.local_size, src.alt_local_size, 0);
+  w.nodes = *src.nodes && env(src.nodes) ? to_int(env, src.nodes, 1)
+            : given_local > 0            ? (size + given_local - 1) / given_local
+            : !hosts.empty()             ? int(hosts.size())
+                                         : 0;
+  w.local_size = given_local > 0 ? given_local
+                 : w.nodes > 0   ? (size + w.nodes - 1) / w.nodes
+                                 : size;
+  w.local_rank = local(src.local_rank, src.alt_local_rank, rank % std::max(1, w.local_size));
+  if (w.nodes <= 0) w.nodes = (size + w.local_size - 1) / std::max(1, w.local_size);
+  w.node_rank = rank / std::max(1, w.local_size);  // ranks placed by node, in blocks
+  const std::string job = *src.job ? str_of(env, src.job, "") : "";
+  if (const char* addr = env("MASTER_ADDR"); addr && *addr)
+    w.master_addr = addr;
+  else if (!hosts.empty())
+    w.master_addr = hosts.front();
+  else if (w.nodes > 1)
+    throw ConfigError("MASTER_ADDR",
+                      std::string(src.who) + " does not say where rank 0 runs, and this job has " +
+                          std::to_string(w.nodes) + " nodes",
+                      "export MASTER_ADDR=<the first node's host name> (and MASTER_PORT) to every "
+                      "rank, e.g. mpirun -x MASTER_ADDR");
+  // A port per job, the same on every rank; the job id also names the FileStore of one node
+  // (MPICH's Hydra exports none: its proxy, every local rank's parent, stands in).
+  const uint64_t h = std::hash<std::string>{}(job);
+  w.master_port = to_int(env, "MASTER_PORT", job.empty() ? 29500 : 20000 + int(h % 20000));
+  w.run_id = str_of(env, "MLTRAIN_RUN_ID",
+                    std::string(src.name) + "." +
+                        (job.empty() ? "parent" + std::to_string(getppid()) : job) + ".port" +
+                        std::to_string(w.master_port));
+  return w;
+}
+
+}  // namespace
+
 World world_from_env(const Getenv& getenv_in) {
   const Getenv env = or_process(getenv_in);
   World w;
@@ -301,6 +428,8 @@ World world_from_env(const Getenv& getenv_in) {
     w.run_id = str("MLTRAIN_RUN_ID", str("TORCHELASTIC_RUN_ID", "run") + ".port" +
                                          std::to_string(w.master_port) + ".attempt" +
                                          std::to_string(w.restart));
+  } else if (auto mpi = mpi_world(env)) {  // an MPI launcher's ranks win over Slurm's task ids
+    w = *mpi;
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     w.source = "slurm";
     w.rank = to_int(env, "SLURM_PROCID", 0);
@@ -324,11 +453,15 @@ World world_from_env(const Getenv& getenv_in) {
     throw ConfigError(w.source == "slurm" ? "SLURM_NTASKS" : "WORLD_SIZE", "must be at least 1");
   if (w.rank < 0 || w.rank >= w.size)
     throw ConfigError(
-        w.source == "slurm" ? "SLURM_PROCID" : "RANK",
+        w.source == "slurm"      ? "SLURM_PROCID"
+        : w.source == "torchrun" ? "RANK"
+                                 : w.source + " rank",
         std::to_string(w.rank) + " is not below the world size " + std::to_string(w.size),
         "check the launcher's variables");
   if (w.local_rank < 0 || w.local_rank >= std::max(1, w.local_size))
-    throw ConfigError(w.source == "slurm" ? "SLURM_LOCALID" : "LOCAL_RANK",
+    throw ConfigError(w.source == "slurm"      ? "SLURM_LOCALID"
+                      : w.source == "torchrun" ? "LOCAL_RANK"
+                                               : w.source + " local rank",
                       std::to_string(w.local_rank) + " is not below the local size " +
                           std::to_string(w.local_size));
   if (w.master_port <= 0 || w.master_port > 65535)

@@ -11,8 +11,18 @@
 //   Slurm (srun):             SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
 //                              SLURM_JOB_NODELIST (expanded here: node[01-04,07],gpu3),
 //                              SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE, SLURM_JOB_ID
+//   MPI launchers:            Open MPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), LSF jsrun
+//                              (JSM_NAMESPACE_*, LSB_DJOB_HOSTFILE), Flux (FLUX_TASK_RANK,
+//                              FLUX_TASK_LOCAL_ID, FLUX_JOB_SIZE, FLUX_JOB_NNODES), PBS/PALS
+//                              (PALS_RANKID, PALS_LOCAL_RANKID, PBS_NODEFILE; the size from Cray
+//                              PMI's PMI_SIZE), MPICH/PMI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+//                              MPI_LOCALNRANKS), PMIx (PMIX_RANK, with a size from one of them);
+//                              rank 0's host from MASTER_ADDR, else the host file's first host,
+//                              else (one node) 127.0.0.1; two of them that disagree: ConfigError
+//                              naming both variables
 //   neither:                  a world of one.
-// torchrun's variables win when both are set (torchrun inside an salloc). Inconsistent values
+// torchrun's variables win when both are set (torchrun inside an salloc or under mpirun, one
+// launcher per node), then an MPI launcher's, then Slurm's (mpirun inside an sbatch). Inconsistent values
 // (rank >= world size, a port that is not a number) are ConfigErrors naming the variable.
 //
 //   World w = world_from_env();
@@ -31,7 +41,9 @@ struct World {
   int node_rank = 0, nodes = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string source = "single";  // single | torchrun | pytorchjob | trainer | slurm
+  std::string source =
+      "single";  // single | torchrun | pytorchjob | trainer | slurm | openmpi | lsf | flux | pals |
+                 // mpich | pmix
   std::string run_id;  // names the rendezvous (FileStore path) so a stale store is never reused
   int restart = 0;     // TORCHELASTIC_RESTART_COUNT (mltrain launch sets it too)
   bool agent_store =
