@@ -550,3 +550,62 @@ TEST_CASE(
     CHECK_FALSE(fs::exists(d / name / "v1"));  // one run folder, written by rank 0 only
   }
 }
+
+// Node-local run folders: two "nodes" (one rank each, torchrun's variables, a TCPStore) whose
+// run.dir are different folders, as two machines' own disks are.
+TEST_CASE(
+    "node-local checkpoints: rank 1 killed before its step-12 checkpoint; on restart both ranks "
+    "resume at step 12 (sent from rank 0) and end with the uninterrupted run's weights",
+    "[cli][dist][node_local]") {
+  const auto d = tmpdir("node_local");
+  const int port = free_ports();
+  auto two_nodes = [&](const std::string& name, const std::string& env, int attempt) {
+    std::string cmd;
+    for (int r = 0; r < 2; ++r)
+      cmd += env + " RANK=" + std::to_string(r) +
+             " WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK=" + std::to_string(r) +
+             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port + attempt) +
+             " TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt) + " " + kBin + " " +
+             tiny_mlp(d / (name + "_node" + std::to_string(r)), name, 2048,
+                      "train.duration=24u data.batch_size=32 checkpoint.every=4u "
+                      "checkpoint.keep_last=2 checkpoint.node_local=true runtime.threads=1 "
+                      "distributed.timeout_s=10") +
+             " > " + (d / (name + std::to_string(attempt) + ".log" + std::to_string(r))).string() +
+             " 2>&1 & p" + std::to_string(r) + "=$!; ";
+    cmd += "wait $p0; a=$?; wait $p1; b=$?; echo \"exit $a $b\"";
+    const auto r = sh(cmd);
+    const std::string log0 = slurp(d / (name + std::to_string(attempt) + ".log0"));
+    const std::string log1 = slurp(d / (name + std::to_string(attempt) + ".log1"));
+    return std::make_tuple(r.out, log0, log1);
+  };
+  auto sha = [&](const fs::path& ck) { return sh("sha256sum " + ck.string()).out.substr(0, 64); };
+  auto final_model = [&](const std::string& name, int node) {
+    return d / (name + "_node" + std::to_string(node)) / name / "v0" / "checkpoints" / "step_24" /
+           "model.safetensors";
+  };
+  // The reference: the same two nodes, uninterrupted.
+  auto [ref, ref0, ref1] = two_nodes("ref", "", 0);
+  INFO(ref << ref0 << ref1);
+  REQUIRE(ref.find("exit 0 0") != std::string::npos);
+  // Rank 1 dies at step 12 before writing it; rank 0 has written step 12 when its next collective
+  // times out.
+  auto [killed, k0, k1] = two_nodes("run", "MLTRAIN_TEST_KILL=1:12", 0);
+  INFO(killed << k0 << k1);
+  REQUIRE(killed.find("exit 0") == std::string::npos);
+  const fs::path ck0 = d / "run_node0" / "run" / "v0" / "checkpoints",
+                 ck1 = d / "run_node1" / "run" / "v0" / "checkpoints";
+  REQUIRE(fs::exists(ck0 / "step_12"));
+  REQUIRE(fs::exists(ck1 / "step_8"));
+  REQUIRE_FALSE(fs::exists(ck1 / "step_12"));
+  auto [resumed, r0, r1] = two_nodes("run", "", 1);
+  INFO(resumed << r0 << r1);
+  REQUIRE(resumed.find("exit 0 0") != std::string::npos);
+  CHECK(r0.find("rank 1 holds step 8 in its run folder: every rank resumes at step 12, its files "
+                "sent from rank 0") != std::string::npos);
+  CHECK(r1.find("received step 12 from rank 0") != std::string::npos);
+  CHECK(r0.find("restored") != std::string::npos);
+  // Both nodes' copies of the final checkpoint are the uninterrupted run's, byte for byte.
+  CHECK(sha(final_model("run", 0)) == sha(final_model("ref", 0)));
+  CHECK(sha(final_model("run", 1)) == sha(final_model("ref", 0)));
+  CHECK(sha(final_model("ref", 1)) == sha(final_model("ref", 0)));
+}

@@ -1,4 +1,5 @@
 #include "mltrain/train/run.hpp"
+#include "mltrain/train/resume.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -304,12 +305,28 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
 
   RunResult result;
   std::optional<LoadedCheckpoint> ck;
-  const fs::path run_dir = resolve_run_dir(cfg, &ck, &result.resumed);
-  // Every rank chose the same folder from the same file system state; only then may rank 0 create it.
+  fs::path run_dir = resolve_run_dir(cfg, &ck, &result.resumed);
+  if (p->comm && cfg.checkpoint.resume == "auto") {
+    // Node-local disks see different folders and checkpoints: rank 0's folder, and the newest
+    // step any rank holds, sent to the ranks without it (resume.hpp).
+    run_dir = agree_run_dir(*p->comm, cfg, run_dir);
+    std::vector<std::string> warnings;
+    ck = CheckpointStore(run_dir / "checkpoints", {}).load_latest(&warnings);
+    for (auto& w : warnings) spdlog::warn("[checkpoint] {}", w);
+    ck = agree_on_resume(*p->comm, run_dir, ck);
+    result.resumed = ck.has_value();
+  }
+  // Every rank chose the same folder; only then may rank 0 create it.
   if (p->comm) p->comm->barrier("barrier(run folder chosen)");
   const bool writer = world.rank == 0;
+  // checkpoint.node_local: every node keeps its own copy of each checkpoint.
+  const bool checkpoints_here = writer || (cfg.checkpoint.node_local && world.local_rank == 0);
   result.run_dir = run_dir;
   result.rank = world.rank;
+  if (checkpoints_here && !writer) {
+    fs::create_directories(run_dir);
+    CheckpointStore::remove_leftovers(run_dir);
+  }
   if (writer) {
     fs::create_directories(run_dir);
     for (const auto& left : CheckpointStore::remove_leftovers(run_dir))
@@ -350,8 +367,8 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     trainer.add_observer(
         std::make_unique<MetricsWriter>(run_dir, cfg.train.tensorboard, opt.jsonl_stdout));
     trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
-    trainer.add_observer(std::make_unique<CheckpointWriter>(store));
   }
+  if (checkpoints_here) trainer.add_observer(std::make_unique<CheckpointWriter>(store));
 
   install_stop_handlers();
   if (writer) write_status(run_dir, "running", trainer.progress().step);

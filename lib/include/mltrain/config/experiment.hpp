@@ -750,6 +750,7 @@ struct CheckpointConfig {
   std::string monitor = "auto";
   std::string mode = "auto";
   std::string resume = "auto";
+  bool node_local = false;
   template <class V>
   void visit(V& v) {
     v.field("every", every,
@@ -764,6 +765,10 @@ struct CheckpointConfig {
             one_of({"auto", "max", "min"}));
     v.field("resume", resume,
             "auto: continue the newest unfinished run of this name; never; or a checkpoint folder");
+    v.field("node_local", node_local,
+            "run.dir is on each node's own disk: every node's first rank also writes each "
+            "checkpoint (rank 0 alone writes metrics); a resume agrees on the newest step any "
+            "rank holds and sends it to the ranks without it, whatever this says");
   }
 };
 
