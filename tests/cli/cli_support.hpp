@@ -211,6 +211,21 @@ inline std::vector<std::string> lines_of(const fs::path& p) {
   return v;
 }
 
+// A file's SHA-256 (hex), by sha256sum: a tool that is not mltrain's.
+inline std::string sha256_of(const fs::path& p) {
+  const auto r = sh("sha256sum '" + p.string() + "'");
+  REQUIRE(r.code == 0);
+  return r.out.substr(0, 64);
+}
+
+// The SHA-256 of the model and state files of the checkpoint `latest` names in a run folder's v0.
+inline std::pair<std::string, std::string> final_digests(const fs::path& run) {
+  std::string latest = slurp(run / "v0" / "checkpoints" / "latest");
+  latest.erase(latest.find_last_not_of(" \n") + 1);
+  const fs::path ck = run / "v0" / "checkpoints" / latest;
+  return {sha256_of(ck / "model.safetensors"), sha256_of(ck / "state.safetensors")};
+}
+
 // Steps 1..n each recorded once as a train record, and every line whole.
 inline void check_metrics_once(const fs::path& metrics, int64_t n) {
   std::map<int64_t, int> seen;

@@ -113,19 +113,6 @@ std::string bitwise_mlp(const fs::path& d) {
          d.string();
 }
 
-std::pair<std::string, std::string> final_digests(const fs::path& run) {
-  // `latest` holds the newest checkpoint's folder name.
-  std::string latest = slurp(run / "v0" / "checkpoints" / "latest");
-  latest.erase(latest.find_last_not_of(" \n") + 1);
-  const fs::path ck = run / "v0" / "checkpoints" / latest;
-  auto sha = [](const fs::path& p) {
-    const auto r = sh("sha256sum " + p.string());
-    REQUIRE(r.code == 0);
-    return r.out.substr(0, 64);
-  };
-  return {sha(ck / "model.safetensors"), sha(ck / "state.safetensors")};
-}
-
 std::pair<std::string, std::string> one_process_digests(const fs::path& d) {
   const auto r = run("train " + bitwise_mlp(d) + " run.name=one_process");
   INFO(r.out);

@@ -7,21 +7,6 @@
 
 namespace {
 
-std::string sha256(const fs::path& p) {
-  const auto r = sh("sha256sum " + p.string());
-  REQUIRE(r.code == 0);
-  return r.out.substr(0, 64);
-}
-
-// The SHA-256 of the last checkpoint's model and state files of a run folder's v0.
-std::pair<std::string, std::string> final_digests(const fs::path& run) {
-  // `latest` holds the newest checkpoint's folder name.
-  std::string latest = slurp(run / "v0" / "checkpoints" / "latest");
-  latest.erase(latest.find_last_not_of(" \n") + 1);
-  const fs::path ck = run / "v0" / "checkpoints" / latest;
-  return {sha256(ck / "model.safetensors"), sha256(ck / "state.safetensors")};
-}
-
 Result train_on(int world, const std::string& args) {
   if (world == 1) return run("train " + args);
   return run("launch --nproc-per-node " + std::to_string(world) + " -- mltrain train " + args);
@@ -89,6 +74,10 @@ TEST_CASE(
         reference = got;
       else
         CHECK(got == reference);
+      if (m.name == "mlp")  // evaluations read the whole test split, not whole global batches
+        for (const auto& line : lines_of(d / name / "v0" / "metrics.jsonl"))
+          if (const auto rec = nlohmann::json::parse(line); rec.value("event", "") == "eval")
+            CHECK(rec.at("samples").get<int64_t>() == 10000);
     }
   }
   // The control: the same MLP and global batch without the mode moves with the world.

@@ -578,7 +578,6 @@ TEST_CASE(
     const std::string log1 = slurp(d / (name + std::to_string(attempt) + ".log1"));
     return std::make_tuple(r.out, log0, log1);
   };
-  auto sha = [&](const fs::path& ck) { return sh("sha256sum " + ck.string()).out.substr(0, 64); };
   auto final_model = [&](const std::string& name, int node) {
     return d / (name + "_node" + std::to_string(node)) / name / "v0" / "checkpoints" / "step_24" /
            "model.safetensors";
@@ -605,7 +604,7 @@ TEST_CASE(
   CHECK(r1.find("received step 12 from rank 0") != std::string::npos);
   CHECK(r0.find("restored") != std::string::npos);
   // Both nodes' copies of the final checkpoint are the uninterrupted run's, byte for byte.
-  CHECK(sha(final_model("run", 0)) == sha(final_model("ref", 0)));
-  CHECK(sha(final_model("run", 1)) == sha(final_model("ref", 0)));
-  CHECK(sha(final_model("ref", 1)) == sha(final_model("ref", 0)));
+  CHECK(sha256_of(final_model("run", 0)) == sha256_of(final_model("ref", 0)));
+  CHECK(sha256_of(final_model("run", 1)) == sha256_of(final_model("ref", 0)));
+  CHECK(sha256_of(final_model("ref", 1)) == sha256_of(final_model("ref", 0)));
 }

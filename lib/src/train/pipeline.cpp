@@ -182,6 +182,7 @@ static data::LoaderOptions eval_options_for(const config::ExperimentConfig& cfg,
   eo.shuffle = false;
   eo.drop_last = false;
   eo.cover_all = true;  // metrics over every held-out sample, whatever the world size
+  eo.global_block = 0;  // every held-out sample, not whole global batches (invariance: bitwise)
   eo.workers = std::min<int64_t>(p.train_options.workers, 1);
   return eo;
 }
