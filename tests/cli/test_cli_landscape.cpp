@@ -16,6 +16,18 @@ TEST_CASE("landscape: slices of a trained run; bad paths exit 3", "[cli][landsca
   const auto grid = slurp(d / "ls/v0/landscape/landscape_2d.csv");
   CHECK(std::count(grid.begin(), grid.end(), '\n') == 10);
   CHECK_THAT(slurp(d / "ls/v0/landscape/landscape_2d.svg"), Catch::Contains("<rect"));
+  // The centre is the trained weights: on batches covering the whole (3,000-sample) training
+  // split its loss is the run's training-split loss as `mltrain evaluate` computes it.
+  REQUIRE(run("landscape " + (d / "ls/v0").string() +
+              " --points 3 --grid 1 --batches 1 --batch-size 3000")
+              .code == 0);
+  const auto land =
+      nlohmann::json::parse(slurp(d / "ls/v0/landscape/landscape.json")).at("center_loss");
+  const auto ev = run("evaluate " + (d / "ls/v0").string() + " --split train --json");
+  INFO(ev.out);
+  REQUIRE(ev.code == 0);
+  const double train_loss = json_of(ev.out).at("metrics").at("loss").get<double>();
+  CHECK(land.get<double>() == Approx(train_loss).epsilon(1e-5));
   CHECK(run("landscape " + (d / "nothing").string()).code == 3);
   fs::resize_file(d / "ls/v0/checkpoints/step_20/model.safetensors", 10);
   auto bad = run("landscape " + (d / "ls/v0/checkpoints/step_20").string());

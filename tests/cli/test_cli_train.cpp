@@ -359,3 +359,83 @@ TEST_CASE("train.final_eval full|sample|none and the evaluation's share in the l
   CHECK(bad.code == 2);
   CHECK_THAT(bad.out, Catch::Contains("train.final_eval"));
 }
+
+namespace {
+// Each train record's `field` by step, from a run folder's metrics.jsonl.
+std::map<int64_t, double> per_step(const fs::path& run, const std::string& field) {
+  std::map<int64_t, double> v;
+  for (const auto& line : lines_of(run / "v0" / "metrics.jsonl"))
+    if (const auto rec = nlohmann::json::parse(line); rec.value("event", "") == "train")
+      v[rec.at("step").get<int64_t>()] = rec.at(field).get<double>();
+  return v;
+}
+}  // namespace
+
+TEST_CASE(
+    "train.lr_scaling: the learning rate each step uses is optim.lr x accumulate (linear) or "
+    "x sqrt(accumulate) (sqrt), for accumulate 1, 2 and 4",
+    "[cli][lr_scaling]") {
+  const auto d = tmpdir("lr_scaling");
+  for (const std::string rule : {"none", "linear", "sqrt"})
+    for (const int k : {1, 2, 4}) {
+      const std::string name = rule + std::to_string(k);
+      const auto r = run(tiny_mlp(d, name, 1024,
+                                  "train.duration=3u train.log_every=1u optim.lr=0.001 "
+                                  "schedule.name=constant data.batch_size=32 train.accumulate=" +
+                                      std::to_string(k) + " train.lr_scaling=" + rule));
+      INFO(name << "\n" << r.out);
+      REQUIRE(r.code == 0);
+      const double factor = rule == "linear" ? k : rule == "sqrt" ? std::sqrt(double(k)) : 1.0;
+      const auto lr = per_step(d / name, "lr");
+      REQUIRE(lr.size() == 3);
+      for (const auto& [step, v] : lr) CHECK(v == Approx(0.001 * factor).epsilon(1e-12));
+    }
+}
+
+TEST_CASE(
+    "distributed.rewarm: after a resume the learning rate climbs k/n of the schedule's at the "
+    "k-th step, then is the schedule's",
+    "[cli][rewarm]") {
+  const auto d = tmpdir("rewarm");
+  const std::string args = tiny_mlp(d, "r", 1024,
+                                    "train.duration=10u train.log_every=1u optim.lr=0.002 "
+                                    "schedule.name=constant data.batch_size=32 checkpoint.every=4u "
+                                    "distributed.rewarm=4u");
+  {
+    ScopedEnv kill({{"MLTRAIN_TEST_KILL", "0:6"}});
+    REQUIRE(run(args).code != 0);
+  }
+  const auto r = run(args);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto lr = per_step(d / "r", "lr");
+  REQUIRE(lr.size() == 10);
+  for (int64_t s = 1; s <= 4; ++s) CHECK(lr.at(s) == Approx(0.002).epsilon(1e-12));  // before
+  for (int64_t s = 5; s <= 8; ++s)  // resumed from step 4: 1/4, 2/4, 3/4, 4/4 of the schedule's
+    CHECK(lr.at(s) == Approx(0.002 * double(s - 4) / 4).epsilon(1e-12));
+  for (int64_t s = 9; s <= 10; ++s) CHECK(lr.at(s) == Approx(0.002).epsilon(1e-12));
+}
+
+TEST_CASE(
+    "label smoothing on a schedule: the epsilon each step trains with is the schedule's at that "
+    "step (cosine from 0.2 to 0.05 over 12 steps)",
+    "[cli][smoothing]") {
+  const auto d = tmpdir("smoothing_schedule");
+  const auto r = run(tiny_mlp(d, "s", 1024,
+                              "train.duration=12u train.log_every=1u data.batch_size=32 "
+                              "label_smoothing.value=0.2 label_smoothing.schedule.name=cosine "
+                              "label_smoothing.schedule.eta_min=0.05"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto eps = per_step(d / "s", "label_smoothing");
+  REQUIRE(eps.size() == 12);
+  const double pi = std::acos(-1.0);
+  for (const auto& [step, v] : eps) {
+    const double t = double(step - 1);  // the update that ends at `step` starts at t = step - 1
+    CHECK(v == Approx(0.05 + (0.2 - 0.05) * (1 + std::cos(pi * t / 12)) / 2).epsilon(1e-12));
+  }
+  // and it reaches the loss: the same run without smoothing has another loss at step 1
+  REQUIRE(run(tiny_mlp(d, "plain", 1024, "train.duration=1u train.log_every=1u data.batch_size=32"))
+              .code == 0);
+  CHECK(per_step(d / "plain", "loss").at(1) != Approx(per_step(d / "s", "loss").at(1)));
+}

@@ -100,6 +100,11 @@ LandscapeResult compute_landscape(const fs::path& where, const LandscapeOptions&
   set_point(0, 0);
   double acc0;
   measure(r.center_loss, acc0);
+  summarize(r, opt);
+  return r;
+}
+
+void summarize(LandscapeResult& r, const LandscapeOptions& opt) {
   double worst = r.center_loss;
   for (size_t i = 0; i < r.alphas.size(); ++i)
     if (std::abs(r.alphas[i]) <= opt.sharpness_radius + 1e-12)
@@ -114,7 +119,6 @@ LandscapeResult compute_landscape(const fs::path& where, const LandscapeOptions&
   const size_t mid = r.alphas.size() / 2;
   if (r.alphas.size() >= 3 && r.alphas.size() % 2 == 1)
     r.curvature = (r.loss_1d[mid - 1] - 2 * r.loss_1d[mid] + r.loss_1d[mid + 1]) / (h * h);
-  return r;
 }
 
 void write_landscape(const LandscapeResult& r, const fs::path& out) {

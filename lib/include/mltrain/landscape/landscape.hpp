@@ -35,6 +35,9 @@ struct LandscapeResult {
 
 LandscapeResult compute_landscape(const std::filesystem::path& run_or_checkpoint,
                                   const LandscapeOptions& opt);
+// Sharpness and curvature from r's sampled losses (alphas, loss_1d, grid_axis, loss_2d,
+// center_loss): what compute_landscape does after measuring, exposed for tests.
+void summarize(LandscapeResult& r, const LandscapeOptions& opt);
 void write_landscape(const LandscapeResult& r, const std::filesystem::path& out_dir);
 
 }  // namespace mltrain::landscape
