@@ -720,3 +720,20 @@ TEST_CASE("k-fold split: disjoint folds covering the data, pure in the seed; gat
   CHECK(g.sample(1)[0] == 1);
   CHECK(g.label(1) == 1);
 }
+
+TEST_CASE(
+    "data.workers auto: min(cores, 4 x GPUs, chunks) per node, shared among the node's local "
+    "ranks, at least 1 each",
+    "[loader][workers]") {
+  CHECK(auto_workers(2) == 2);               // this VM, one process
+  CHECK(auto_workers(2, 0, 0, 2) == 1);      // two ranks share its two cores
+  CHECK(auto_workers(64) == 64);             // a CPU node
+  CHECK(auto_workers(64, 0, 0, 8) == 8);     // eight ranks on it
+  CHECK(auto_workers(64, 8) == 32);          // 8 GPUs: 4 each bound the node's workers
+  CHECK(auto_workers(64, 8, 0, 8) == 4);     // one rank per GPU: 4 each (was 1 per rank)
+  CHECK(auto_workers(16, 8, 0, 8) == 2);     // fewer cores than 4 x GPUs: the cores bound it
+  CHECK(auto_workers(64, 8, 12, 8) == 1);    // a set of 12 chunks: 12 for the node, 1 each
+  CHECK(auto_workers(64, 0, 100, 4) == 16);  // more chunks than cores: the cores bound it
+  CHECK(auto_workers(0, 0, 0, 3) == 1);      // never 0 workers
+  CHECK(auto_workers(4, 0, 0, 0) == 4);      // a local size of 0 counts as 1
+}

@@ -489,8 +489,10 @@ void process_checks(const Context& c, Report& rep, const Item& allocator) {
   {
     const int cores = runtime::usable_cores();
     const int threads = at::get_num_threads();
-    const int64_t workers =
-        c.o.cfg ? c.cfg.data.workers.resolve(data::auto_workers(cores)) : data::auto_workers(cores);
+    // The rule with this node's GPUs, as a run on it would resolve data.workers: auto.
+    const int64_t gpus = compat::cuda_available() ? compat::cuda_device_count() : 0;
+    const int64_t rule = data::auto_workers(cores, gpus);
+    const int64_t workers = c.o.cfg ? c.cfg.data.workers.resolve(rule) : rule;
     auto j = judge_threads(threads, cores);
     rep.add({"system.threads",
              "system",

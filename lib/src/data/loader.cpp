@@ -103,11 +103,11 @@ std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int
   return rank_share(perm, rank, world, skip, block);
 }
 
-int64_t auto_workers(int64_t cores, int64_t gpus, int64_t chunks) {
+int64_t auto_workers(int64_t cores, int64_t gpus, int64_t chunks, int64_t local_ranks) {
   int64_t n = std::max<int64_t>(cores, 1);
   if (gpus > 0) n = std::min(n, 4 * gpus);
   if (chunks > 0) n = std::min(n, chunks);
-  return n;
+  return std::max<int64_t>(1, n / std::max<int64_t>(1, local_ranks));
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void normalize_u8(

@@ -96,14 +96,16 @@ static void set_normalisation(const config::ExperimentConfig& cfg, data::LoaderO
 }
 
 data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg,
-                                         const torch::Device& device, const data::Dataset* train) {
+                                         const torch::Device& device, const data::Dataset* train,
+                                         int local_ranks) {
   data::LoaderOptions lo;
   lo.batch_size = cfg.data.batch_size;
   const int64_t chunks = train && train->chunk_samples > 0
                              ? (train->count + train->chunk_samples - 1) / train->chunk_samples
                              : 0;
   lo.workers = cfg.data.workers.resolve(data::auto_workers(
-      runtime::usable_cores(), device.is_cuda() ? compat::cuda_device_count() : 0, chunks));
+      runtime::usable_cores(), device.is_cuda() ? compat::cuda_device_count() : 0, chunks,
+      std::max(1, local_ranks)));
   lo.shuffle_window = cfg.data.shuffle_window;
   lo.prefetch = cfg.data.prefetch;
   lo.shuffle = cfg.data.shuffle;
@@ -258,7 +260,9 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   apply_model_memory(cfg, *p->model);
   if (opt.until == Stage::kModel) return p;
 
-  data::LoaderOptions lo = train_loader_options(cfg, p->device, &p->splits.train);
+  // data.workers auto: the node's workers shared among its local ranks.
+  data::LoaderOptions lo =
+      train_loader_options(cfg, p->device, &p->splits.train, distributed ? world.local_size : 1);
   lo.rank = world.rank, lo.world = world.size;  // each rank its shard of one global shuffle
   const int64_t stages = cfg.distributed.pipeline.stages;
   if (stages > 1) {  // the stages of one pipeline read the same batches: shards per replica
@@ -272,7 +276,6 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
                             "distributed.pipeline.stages=1");
     lo.rank = world.rank / int(stages), lo.world = world.size / int(stages);
   }
-  if (distributed && cfg.data.workers.is_auto()) lo.workers = std::min<int64_t>(lo.workers, 1);
   if (cfg.distributed.invariance == "bitwise") lo.global_block = cfg.train.global_batch;
   p->train_loader = std::make_unique<data::Loader>(p->splits.train, lo);
   p->train_options = lo;

@@ -72,9 +72,10 @@ std::vector<int64_t> chunked_order(int64_t n, int64_t offset, int64_t chunk, int
                                    int64_t skip = 0, int64_t block = 0);
 
 // Workers for `auto`: enough to keep one consumer fed without starving the compute threads.
-// The field guide's rule: min(usable cores, 4 x GPUs where there are GPUs, chunks where the data
-// is a chunk set); `gpus` or `chunks` 0: that term is left out.
-int64_t auto_workers(int64_t cores, int64_t gpus = 0, int64_t chunks = 0);
+// The field guide's rule, per node: min(the node's usable cores, 4 x its GPUs where there are
+// GPUs, chunks where the data is a chunk set); `gpus` or `chunks` 0: that term is left out. The
+// node's workers are shared among its `local_ranks` (at least 1 each).
+int64_t auto_workers(int64_t cores, int64_t gpus = 0, int64_t chunks = 0, int64_t local_ranks = 1);
 
 struct Batch {
   torch::Tensor x, y;           // x: float [B, sample_shape...]; y: int64 [B] class ids, or float

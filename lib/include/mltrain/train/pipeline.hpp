@@ -99,10 +99,11 @@ int resolve_threads(const config::ExperimentConfig& cfg, const dist::World& worl
 torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu = 0);
 
 // The training loader's options from the config (workers `auto` by the field guide's rule over
-// this machine's cores, the GPUs in use and `train`'s chunks; pinned memory only on CUDA).
+// this node's cores, the GPUs in use and `train`'s chunks, shared among the node's `local_ranks`;
+// pinned memory only on CUDA).
 data::LoaderOptions train_loader_options(const config::ExperimentConfig& cfg,
                                          const torch::Device& device,
-                                         const data::Dataset* train = nullptr);
+                                         const data::Dataset* train = nullptr, int local_ranks = 1);
 
 // A loader over `ds` with the training loader's options and the run's augmentation sized to one
 // epoch: what `profile` and `checklist` measure the loader's supply rate with.
