@@ -216,3 +216,32 @@ TEST_CASE("pipeline stages: worlds and options that cannot hold them are refused
   CHECK(schedule.code == 2);
   CHECK(schedule.out.find("distributed.pipeline.schedule") != std::string::npos);
 }
+
+TEST_CASE(
+    "pipeline micro-batches auto: the fewest whose theoretical bubble meets the target (9 for 2 "
+    "stages at 10 %, capped at the batch), reported with the measured bubble",
+    "[cli][dist][pipeline]") {
+  const auto d = tmpdir("pipeline_auto");
+  const std::string common = kSrc +
+                             "/configs/fashion_mnist_mlp.yaml data.limit_train=2048 "
+                             "train.duration=6u runtime.threads=1 distributed.timeout_s=60 "
+                             "distributed.pipeline.stages=2 distributed.pipeline.microbatches=auto "
+                             "run.dir=" +
+                             d.string();
+  auto r = run("launch --nproc-per-node 2 -- mltrain train " + common +
+               " data.batch_size=64 run.name=auto10");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(
+      r.out.find("micro-batches auto: 9 for 2 stages (theoretical bubble 10.0 %, target 10.0 %") !=
+      std::string::npos);
+  CHECK(r.out.find("2 stages x 1 replicas, 9 micro-batches per batch") != std::string::npos);
+  CHECK(r.out.find("% measured (") != std::string::npos);
+  // A 5 % target would need 19; a batch of 8 caps it at 8 (one sample each).
+  r = run("launch --nproc-per-node 2 -- mltrain train " + common +
+          " data.batch_size=8 distributed.pipeline.target_bubble=0.05 run.name=capped");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("micro-batches auto: 8 for 2 stages (theoretical bubble 11.1 %, target 5.0 %") !=
+        std::string::npos);
+}

@@ -438,3 +438,18 @@ TEST_CASE("world from MPI launchers: Open MPI, MPICH/PMI, PMIx, PBS/PALS, LSF js
   CHECK((w.source == "torchrun" && w.rank == 5));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("pipeline micro-batches for a target bubble: the fewest M with (S-1)/(M+S-1) <= target",
+          "[dist][pipeline]") {
+  CHECK(microbatches_for_bubble(2, 0.1, 1000) == 9);   // 1/10
+  CHECK(microbatches_for_bubble(4, 0.1, 1000) == 27);  // 3/30
+  CHECK(microbatches_for_bubble(4, 0.25, 1000) == 9);  // 3/12
+  CHECK(microbatches_for_bubble(2, 0.05, 8) == 8);     // capped at the batch
+  CHECK(microbatches_for_bubble(1, 0.1, 64) == 1);     // one stage has no bubble
+  for (const int64_t s : {2, 3, 8})
+    for (const double t : {0.05, 0.2, 0.5}) {
+      const int64_t m = microbatches_for_bubble(s, t, 100000);
+      CHECK(theoretical_bubble(s, m) <= t);
+      CHECK(theoretical_bubble(s, m - 1) > t);  // and no fewer would do
+    }
+}

@@ -226,7 +226,8 @@ static void pipeline_checks(const ExperimentConfig& c, Issues& issues, const std
            "model.name=mlp, resnet or gpt, or distributed.pipeline.stages=1");
   need(c.task.name != "custom", "task.name",
        "custom models compute their own loss" + why + ": set distributed.pipeline.stages=1");
-  need(c.data.batch_size.is_auto() || pp.microbatches <= c.data.batch_size,
+  need(c.data.batch_size.is_auto() || pp.microbatches.is_auto() ||
+           pp.microbatches <= c.data.batch_size,
        "distributed.pipeline.microbatches",
        std::to_string(pp.microbatches) + " micro-batches of a batch of " +
            std::to_string(int64_t(c.data.batch_size)) +

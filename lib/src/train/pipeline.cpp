@@ -1,5 +1,6 @@
 #include "mltrain/train/pipeline.hpp"
 #include "mltrain/train/invariant.hpp"
+#include "mltrain/dist/pipe_schedule.hpp"
 
 #include "mltrain/runtime/memory.hpp"
 #include "mltrain/train/micro_batch.hpp"
@@ -214,6 +215,20 @@ static int64_t choose_micro_batch(const config::ExperimentConfig& cfg, bool auto
 
 // The pipeline stages of this rank, cut by the measured time of each unit on a micro-batch of
 // real training samples.
+// distributed.pipeline.microbatches: auto, resolved by the bubble formula for the target.
+static config::ExperimentConfig resolve_microbatches(config::ExperimentConfig cfg) {
+  auto& pp = cfg.distributed.pipeline;
+  if (pp.stages <= 1 || !pp.microbatches.is_auto()) return cfg;
+  pp.microbatches = dist::microbatches_for_bubble(pp.stages, pp.target_bubble, cfg.data.batch_size);
+  spdlog::info(
+      "[pipeline] micro-batches auto: {} for {} stages (theoretical bubble {:.1f} %, target "
+      "{:.1f} %; 1f1b holds at most {} activations whatever the count)",
+      int64_t(pp.microbatches), pp.stages,
+      100 * dist::theoretical_bubble(pp.stages, pp.microbatches), 100 * pp.target_bubble,
+      pp.stages);
+  return cfg;
+}
+
 static std::unique_ptr<PipelineStages> make_stages(const config::ExperimentConfig& cfg,
                                                    Pipeline& p) {
   auto stages = std::make_unique<PipelineStages>(cfg, *p.model, *p.comm);
@@ -232,7 +247,8 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
                                          const dist::World& world, const PipelineOptions& opt) {
   const bool auto_batch = config.data.batch_size.is_auto();
   check_invariant_world(config, std::max(1, world.size));
-  auto p = std::make_unique<Pipeline>(resolve_batch(config, std::max(1, world.size)));
+  auto p = std::make_unique<Pipeline>(
+      resolve_microbatches(resolve_batch(config, std::max(1, world.size))));
   const config::ExperimentConfig& cfg = p->cfg;
   const bool distributed = world.size > 1;
   p->world = world;

@@ -776,7 +776,8 @@ struct CheckpointConfig {
 // batch sent through them as micro-batches (world = stages x data-parallel replicas).
 struct PipelineConfig {
   int64_t stages = 1;
-  int64_t microbatches = 4;
+  AutoSize microbatches = 4;
+  double target_bubble = 0.1;
   std::string schedule = "1f1b";
   template <class V>
   void visit(V& v) {
@@ -787,8 +788,12 @@ struct PipelineConfig {
             positive<int64_t>());
     v.field("microbatches", microbatches,
             "micro-batches each loader batch is split into and sent through the stages; the "
-            "bubble (idle share) is about (stages-1)/(microbatches+stages-1)",
-            positive<int64_t>());
+            "bubble (idle share) is about (stages-1)/(microbatches+stages-1); auto: the fewest "
+            "whose bubble is at most target_bubble (at most data.batch_size)",
+            positive_size_or_auto());
+    v.field("target_bubble", target_bubble,
+            "microbatches: auto aims the formula's bubble at or below this share",
+            in_range(0.001, 0.999));
     v.field("schedule", schedule,
             "gpipe (every forward, then every backward: M activations held) | 1f1b (one forward, "
             "one backward once the pipe is full: at most stages activations held); same "

@@ -39,5 +39,12 @@ std::vector<int64_t> balance_stages(const std::vector<double>& unit_seconds, int
 inline double theoretical_bubble(int64_t stages, int64_t microbatches) {
   return double(stages - 1) / double(microbatches + stages - 1);
 }
+// distributed.pipeline.microbatches: auto — the fewest micro-batches M whose theoretical bubble
+// (S-1)/(M+S-1) is at most `target`, capped at `batch` (a micro-batch holds at least one sample).
+inline int64_t microbatches_for_bubble(int64_t stages, double target, int64_t batch) {
+  int64_t m = 1;
+  while (m < batch && theoretical_bubble(stages, m) > target) ++m;
+  return m;
+}
 
 }  // namespace mltrain::dist
