@@ -151,6 +151,8 @@ def row_augment(m, scratch, seeds, quick):
     curves = {}
     for label, ov in (("fixed", []), ("adaptive, gap rule", ["data.augment.adaptive=true"]),
                       ("adaptive, guide rule", ["data.augment.adaptive=true", "data.augment.adaptive_rule=guide"]),
+                      ("adaptive, guide (accuracy)", ["data.augment.adaptive=true",
+                                                      "data.augment.adaptive_rule=guide_accuracy"]),
                       ("three-phase curriculum", ["data.augment.curriculum=three_phase"])):
         per_epoch = [[] for _ in range(epochs)]
         for s in seeds:

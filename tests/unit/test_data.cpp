@@ -444,37 +444,60 @@ TEST_CASE("augment: identities and exact ops", "[augment]") {
   CHECK(run(a, 3) != run(a, 4));
 }
 
-TEST_CASE("adaptive augmentation: the gap rule and the field guide's x0.9 / x1.1 rule",
-          "[augment]") {
+TEST_CASE(
+    "adaptive augmentation: the field guide's rule as written (from 0.1, the validation loss "
+    "against the best so far), its accuracy reading, and the gap rule",
+    "[augment]") {
   config::AugmentConfig c;
   c.adaptive = true;
   c.adaptive_rule = "guide";
+  Augmenter w(c, 1);
+  CHECK(w.strength() == Approx(0.1));  // starts gently
+  w.adapt(0.9, 0.80, 0.60);            // first evaluation: the best so far, x 0.9
+  CHECK(w.strength() == Approx(0.09));
+  w.adapt(0.9, 0.80, 0.55);  // a new best loss: x 0.9
+  CHECK(w.strength() == Approx(0.081));
+  w.adapt(0.9, 0.85, 0.58);  // better accuracy, but the loss is worse than the best: x 1.1
+  CHECK(w.strength() == Approx(0.0891));
+  w.adapt(0.9, 0.70, 0.56);  // better than the previous evaluation, not than the best: x 1.1
+  CHECK(w.strength() == Approx(0.09801));
+  w.adapt(0.9, 0.70, 0.50);  // a new best: x 0.9
+  CHECK(w.strength() == Approx(0.088209));
+  CHECK(w.best_eval_loss() == Approx(0.50));
+  Augmenter wr(c, 1);  // resume: the best loss is part of the state
+  wr.set_strength(0.2), wr.set_best_eval_loss(0.5);
+  wr.adapt(0.9, 0.9, 0.51);
+  CHECK(wr.strength() == Approx(0.22));
+  for (int i = 0; i < 40; ++i) wr.adapt(0.9, 0.9, 0.9);  // never better: capped at 0.5
+  CHECK(wr.strength() == Approx(0.5));
+
+  c.adaptive_rule = "guide_accuracy";
   Augmenter g(c, 1);
-  CHECK(g.strength() == 0.5);  // the guide's cap from the start
-  g.adapt(0.9, 0.80);          // first evaluation: nothing to beat, x 1.1 capped at 0.5
+  CHECK(g.strength() == 0.5);  // this reading starts at the cap
+  g.adapt(0.9, 0.80, 1.0);     // first evaluation: nothing to beat, x 1.1 capped at 0.5
   CHECK(g.strength() == Approx(0.5));
-  g.adapt(0.9, 0.82);  // improved: x 0.9
+  g.adapt(0.9, 0.82, 1.0);  // improved: x 0.9
   CHECK(g.strength() == Approx(0.45));
-  g.adapt(0.9, 0.84);  // improved again: 0.405
+  g.adapt(0.9, 0.84, 1.0);  // improved again: 0.405
   CHECK(g.strength() == Approx(0.405));
-  g.adapt(0.9, 0.84);  // not improved (equal): x 1.1 = 0.4455
+  g.adapt(0.9, 0.84, 1.0);  // not improved (equal): x 1.1 = 0.4455
   CHECK(g.strength() == Approx(0.4455));
-  g.adapt(0.9, 0.83);  // worse: x 1.1 = 0.49005
+  g.adapt(0.9, 0.83, 1.0);  // worse: x 1.1 = 0.49005
   CHECK(g.strength() == Approx(0.49005));
-  g.adapt(0.9, 0.82);  // worse: 0.539 capped at 0.5
+  g.adapt(0.9, 0.82, 1.0);  // worse: 0.539 capped at 0.5
   CHECK(g.strength() == Approx(0.5));
   // resume: the previous accuracy is part of the state
   Augmenter h(c, 1);
   h.set_strength(0.45), h.set_last_eval_accuracy(0.82);
-  h.adapt(0.9, 0.83);
+  h.adapt(0.9, 0.83, 1.0);
   CHECK(h.strength() == Approx(0.405));
   // the gap rule: +step while train - eval > gap, else -step
   c.adaptive_rule = "gap";
   Augmenter a(c, 1);
   CHECK(a.strength() == 1.0);
-  a.adapt(0.95, 0.90);  // gap 0.05 > 0.02: +0.1, clamped at 1
+  a.adapt(0.95, 0.90, 1.0);  // gap 0.05 > 0.02: +0.1, clamped at 1
   CHECK(a.strength() == 1.0);
-  a.adapt(0.91, 0.90);  // gap 0.01: -0.1
+  a.adapt(0.91, 0.90, 1.0);  // gap 0.01: -0.1
   CHECK(a.strength() == Approx(0.9));
 }
 

@@ -9,7 +9,8 @@
 namespace mltrain::data {
 namespace {
 
-constexpr double kGuideCap = 0.5;  // the field guide's rule never goes above half strength
+constexpr double kGuideCap = 0.5;    // the field guide's rule never goes above half strength
+constexpr double kGuideStart = 0.1;  // and starts gently
 
 bool active(const config::AugOpConfig& op, double progress) {
   if (op.p <= 0) return false;
@@ -69,7 +70,8 @@ Augmenter::Augmenter(const config::AugmentConfig& cfg, uint64_t seed) : cfg_(cfg
     for (auto* op : {&cfg_.color, &cfg_.grayscale}) op->window = {1.0 / 3.0, 1.0};
     for (auto* op : {&cfg_.mixup, &cfg_.cutmix}) op->window = {2.0 / 3.0, 1.0};
   }
-  if (cfg_.adaptive && cfg_.adaptive_rule == "guide") set_strength(kGuideCap);
+  if (cfg_.adaptive && cfg_.adaptive_rule == "guide") set_strength(kGuideStart);
+  if (cfg_.adaptive && cfg_.adaptive_rule == "guide_accuracy") set_strength(kGuideCap);
 }
 
 bool Augmenter::any_sample_op() const {
@@ -78,9 +80,15 @@ bool Augmenter::any_sample_op() const {
 }
 bool Augmenter::any_batch_op() const { return cfg_.mixup.p > 0 || cfg_.cutmix.p > 0; }
 
-void Augmenter::adapt(double train_accuracy, double eval_accuracy) {
+void Augmenter::adapt(double train_accuracy, double eval_accuracy, double eval_loss) {
   if (!cfg_.adaptive) return;
-  if (cfg_.adaptive_rule == "guide") {
+  if (cfg_.adaptive_rule == "guide") {  // as the guide writes it: the loss against the best so far
+    const bool improved = std::isnan(best_loss_) || eval_loss < best_loss_;
+    if (improved) best_loss_ = eval_loss;
+    set_strength(std::min(kGuideCap, strength() * (improved ? 0.9 : 1.1)));
+    return;
+  }
+  if (cfg_.adaptive_rule == "guide_accuracy") {
     const bool improved = !std::isnan(last_eval_) && eval_accuracy > last_eval_;
     last_eval_ = eval_accuracy;
     set_strength(std::min(kGuideCap, strength() * (improved ? 0.9 : 1.1)));

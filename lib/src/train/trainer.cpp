@@ -585,7 +585,8 @@ void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
     since_eval_count_ = static_cast<int64_t>(c[0][1].item<double>());
   }
   if (auto* aug = train_.augmenter(); aug && since_eval_count_ > 0)
-    aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_, last_eval_->accuracy);
+    aug->adapt(static_cast<double>(since_eval_correct_) / since_eval_count_, last_eval_->accuracy,
+               last_eval_->loss);
   since_eval_correct_ = since_eval_count_ = 0;
   for (auto& o : observers_) o->on_eval_end(*this, *last_eval_);
 }
@@ -707,6 +708,7 @@ nlohmann::json Trainer::technique_state() const {
     j["augment_strength"] = aug->strength();
     if (!std::isnan(aug->last_eval_accuracy()))
       j["augment_last_eval_accuracy"] = aug->last_eval_accuracy();
+    if (!std::isnan(aug->best_eval_loss())) j["augment_best_eval_loss"] = aug->best_eval_loss();
   }
   j["micro_batch"] = micro_;  // a micro-batch halved after running out of memory stays halved
   j["oom_events"] = oom_events_;
@@ -724,6 +726,8 @@ void Trainer::load_technique_state(const nlohmann::json& j) {
     aug->set_strength(j["augment_strength"]);
   if (auto* aug = train_.augmenter(); aug && j.contains("augment_last_eval_accuracy"))
     aug->set_last_eval_accuracy(j["augment_last_eval_accuracy"]);
+  if (auto* aug = train_.augmenter(); aug && j.contains("augment_best_eval_loss"))
+    aug->set_best_eval_loss(j["augment_best_eval_loss"]);
   if (oom_recover_ && j.contains("micro_batch")) micro_ = j["micro_batch"].get<int64_t>();
   if (j.contains("oom_events")) oom_events_ = j["oom_events"].get<int64_t>();
 }

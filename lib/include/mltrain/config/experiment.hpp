@@ -152,9 +152,10 @@ struct AugmentConfig {
             "scale magnitudes by a strength that follows the train/eval accuracy gap");
     v.field("adaptive_rule", adaptive_rule,
             "adaptive: gap (strength +- adaptive_step by the train/eval accuracy gap) | guide "
-            "(the field guide's: strength x 0.9 when eval accuracy beat the previous evaluation, "
-            "else x 1.1, at most 0.5)",
-            one_of({"gap", "guide"}));
+            "(the field guide's as written: from strength 0.1, x 0.9 when the validation loss "
+            "beat the best so far, else x 1.1, at most 0.5) | guide_accuracy (an earlier "
+            "reading: from 0.5, eval accuracy against the previous evaluation)",
+            one_of({"gap", "guide", "guide_accuracy"}));
     v.field("adaptive_gap", adaptive_gap,
             "adaptive: raise strength while train acc - eval acc exceeds this",
             non_negative<double>());

@@ -35,19 +35,24 @@ class Augmenter {
   MixResult batch(torch::Tensor& x, const torch::Tensor& y, double progress, uint64_t key) const;
   double strength() const { return strength_.load(); }
   void set_strength(double s) { strength_.store(std::clamp(s, 0.0, 1.0)); }
-  // Adaptive strength, after each evaluation. Rule gap: raise it while the model overfits (train -
-  // eval accuracy > gap), else lower it. Rule guide: x 0.9 when eval accuracy beat the previous
-  // evaluation's, else x 1.1, capped at 0.5.
-  void adapt(double train_accuracy, double eval_accuracy);
-  // The guide rule's memory (the previous evaluation's accuracy; NaN before the first), for resume.
+  // Adaptive strength, after each evaluation, by data.augment.adaptive_rule: gap (raise it while
+  // train - eval accuracy exceeds the gap, else lower it), guide (the field guide's: from strength
+  // 0.1, x 0.9 when the validation loss beat the best so far, else x 1.1, at most 0.5) or
+  // guide_accuracy (an earlier reading: from 0.5, eval accuracy against the previous evaluation).
+  void adapt(double train_accuracy, double eval_accuracy, double eval_loss);
+  // The guide rules' memory, for resume: the previous evaluation's accuracy (guide_accuracy) and
+  // the best validation loss so far (guide); NaN before the first evaluation.
   double last_eval_accuracy() const { return last_eval_; }
   void set_last_eval_accuracy(double a) { last_eval_ = a; }
+  double best_eval_loss() const { return best_loss_; }
+  void set_best_eval_loss(double l) { best_loss_ = l; }
 
  private:
   config::AugmentConfig cfg_;
   uint64_t seed_;
   std::atomic<double> strength_{1.0};
   double last_eval_ = std::numeric_limits<double>::quiet_NaN();
+  double best_loss_ = std::numeric_limits<double>::quiet_NaN();  // guide: the best so far
 };
 
 }  // namespace mltrain::data
