@@ -25,8 +25,7 @@ void check_invariant_world(const config::ExperimentConfig& cfg, int64_t world) {
 
 InvariantShards::InvariantShards(const config::ExperimentConfig& cfg, model::Model& model,
                                  dist::Comm* comm)
-    : model_(model),
-      comm_(comm),
+    : comm_(comm),
       seed_(static_cast<uint64_t>(cfg.run.seed)),
       mean_(cfg.distributed.virtual_shards) {
   const int64_t world = comm ? comm->size() : 1;
@@ -41,8 +40,7 @@ InvariantShards::InvariantShards(const config::ExperimentConfig& cfg, model::Mod
     buffers_.emplace_back(name, b);
     if (b.is_floating_point()) float_buffers_.emplace_back(name, b);
   }
-  grads_.resize(size_t(here_));
-  buffers_after_.resize(size_t(here_));
+  shards_out_.resize(size_t(here_));
 }
 
 // The CPU generator keyed by (seed, step, slot): slot s < V before shard s, V after the step.
@@ -82,29 +80,25 @@ void InvariantShards::run(const data::Batch& batch, int64_t step,
     reseed(step, first_ + s);
     forward_backward(part);
     torch::NoGradGuard no_grad;
-    auto& g = grads_[size_t(s)];
-    g.clear();
+    auto& out = shards_out_[size_t(s)];
+    out.clear();
     for (auto& [name, p] : params_) {
       const torch::Tensor grad = p.grad();
-      g.push_back(grad.defined() ? grad.detach().contiguous().view({-1})
-                                 : torch::zeros({p.numel()}, torch::kFloat));
+      out.push_back(grad.defined() ? grad.detach().contiguous().view({-1})
+                                   : torch::zeros({p.numel()}, torch::kFloat));
       p.mutable_grad() = torch::Tensor();
     }
-    auto& b = buffers_after_[size_t(s)];
-    b.clear();
-    for (auto& [name, t] : float_buffers_) b.push_back(t.detach().reshape({-1}).clone());
+    for (auto& [name, t] : float_buffers_) out.push_back(t.detach().reshape({-1}).clone());
   }
   torch::NoGradGuard no_grad;
-  const auto mean = mean_.mean(grads_, comm_);
+  // Gradients, and running statistics as the mean of what each shard's forward made of the step's
+  // start: one exact mean (each tensor keeps its own grid), one all-gather and one all-reduce.
+  const auto mean = mean_.mean(shards_out_, comm_);
   for (size_t i = 0; i < params_.size(); ++i)
     params_[i].second.mutable_grad() = mean[i].view(params_[i].second.sizes());
-  if (!float_buffers_.empty()) {
-    // Running statistics: the mean of what each shard's forward made of the step's start.
-    const auto b = mean_.mean(buffers_after_, comm_);
-    for (size_t i = 0; i < float_buffers_.size(); ++i)
-      float_buffers_[i].second.copy_(b[i].view(float_buffers_[i].second.sizes()));
-  }
-  for (auto& g : grads_) g.clear();  // the gradients' memory goes back before the update
+  for (size_t i = 0; i < float_buffers_.size(); ++i)
+    float_buffers_[i].second.copy_(mean[params_.size() + i].view(float_buffers_[i].second.sizes()));
+  for (auto& out : shards_out_) out.clear();  // the gradients' memory goes back before the update
   reseed(step, shards_);
 }
 

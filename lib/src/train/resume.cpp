@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
@@ -41,19 +39,13 @@ fs::path agree_run_dir(dist::Comm& comm, const config::ExperimentConfig& cfg,
   return dir;
 }
 
-static std::string slurp_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw CheckpointError(p.string(), "cannot be read", "check the disk");
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // One file of the checkpoint from `root` to every rank; the ranks in `write` store it under dir.
 static void ship_file(dist::Comm& comm, int root, const fs::path& from, const fs::path& to,
                       bool write) {
   std::string bytes;
   torch::Tensor size = torch::zeros({1}, torch::kLong);
   if (comm.rank() == root) {
-    bytes = slurp_bytes(from);
+    bytes = read_file(from.string());
     size[0] = static_cast<int64_t>(bytes.size());
   }
   std::vector<torch::Tensor> s = {size};

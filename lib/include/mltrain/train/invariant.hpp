@@ -49,15 +49,14 @@ class InvariantShards {
 
  private:
   void reseed(int64_t step, int64_t slot) const;
-  model::Model& model_;
   dist::Comm* comm_;
   uint64_t seed_;
   int64_t shards_ = 1, shard_ = 1, here_ = 1, first_ = 0;
   model::NamedTensors params_, float_buffers_, buffers_;
   dist::ExactMean mean_;
-  // Per local shard: its gradient of every parameter (moved out of .grad, never copied), and its
-  // floating-point buffers after its forward.
-  std::vector<std::vector<torch::Tensor>> grads_, buffers_after_;
+  // Per local shard, one segment per tensor: its gradient of every parameter (moved out of .grad,
+  // never copied), then its floating-point buffers after its forward; one exact mean for both.
+  std::vector<std::vector<torch::Tensor>> shards_out_;
 };
 
 }  // namespace mltrain::train
