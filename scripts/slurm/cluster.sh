@@ -7,6 +7,7 @@
 # pids recorded, and `stop` kills exactly those.
 #   eval "$(scripts/slurm/cluster.sh start)"   # prints `export SLURM_CONF=...`
 #   scripts/slurm/cluster.sh stop
+#   scripts/slurm/cluster.sh lose node1 / revive node1   # a node lost without notice, and back
 # State lives in $MLTRAIN_SLURM_DIR (default /tmp/mltrain-slurm). Settings that make requeue fast:
 # cred_expire=10 (a requeued job otherwise waits 120 s) and a 2 s scheduler interval.
 set -euo pipefail
@@ -78,7 +79,15 @@ KillWait=10
 MinJobAge=300
 NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=17101 CPUs=$cpus RealMemory=$((mem / 2)) State=UNKNOWN
 NodeName=node2 NodeHostname=$host NodeAddr=127.0.0.1 Port=17102 CPUs=$cpus RealMemory=$((mem / 2)) State=UNKNOWN
-PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+# Preemption (tests/cli/test_cli_preempt.cpp): a job in \`urgent\` requeues the jobs it needs the
+# CPUs of in \`grace\` (SIGTERM, SIGKILL 15 s later) or \`nograce\` (no notice), as a site's
+# preemptible partitions do. \`debug\` jobs are never preempted.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES PriorityTier=5 PreemptMode=OFF
+PartitionName=grace Nodes=node[1-2] MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1 GraceTime=15
+PartitionName=nograce Nodes=node[1-2] MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1 GraceTime=0
+PartitionName=urgent Nodes=node[1-2] MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=10 PreemptMode=OFF
 CONF
   export SLURM_CONF="$D/slurm.conf"
   slurmctld -f "$SLURM_CONF"
@@ -87,7 +96,7 @@ CONF
     slurmd -f "$SLURM_CONF" -N "$n"
   done
   # Every node up: sinfo prints one state per node line (-N), none of them unknown or down.
-  up() { [ "$(sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)')" -eq 2 ]; }
+  up() { [ "$(sinfo -h -N -p debug -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)')" -eq 2 ]; }
   for _ in $(seq 100); do up && break; sleep 0.2; done
   scontrol update nodename=node[1-2] state=resume >/dev/null 2>&1 || true
   for _ in $(seq 25); do up && break; sleep 0.2; done
@@ -95,8 +104,29 @@ CONF
   echo "export SLURM_CONF=$D/slurm.conf"
   ;;
 stop) stop ;;
+lose)
+  # A node lost without notice (power, kernel panic): SIGKILL to its slurmd and to every process of
+  # the jobs on it, then marked down, as slurmctld does once the node stops answering. Jobs with
+  # --requeue go back to the queue. `revive` brings the node back.
+  n=${2:?usage: cluster.sh lose NODE}
+  export SLURM_CONF="$D/slurm.conf"
+  tree() { echo "$1"; for c in $(pgrep -P "$1"); do tree "$c"; done; }
+  pids=$(cat "$D/slurmd-$n.pid")
+  for j in $(squeue -h -w "$n" -t running -o %A); do
+    for s in $(pgrep -f "slurmstepd: \\[$j\\."); do pids="$pids $(tree "$s")"; done
+  done
+  kill -9 $pids 2>/dev/null || true
+  rm -f "$D/slurmd-$n.pid"
+  scontrol update nodename="$n" state=down reason="lost (cluster.sh lose)"
+  ;;
+revive)
+  n=${2:?usage: cluster.sh revive NODE}
+  export SLURM_CONF="$D/slurm.conf"
+  slurmd -f "$SLURM_CONF" -N "$n"
+  for _ in $(seq 50); do scontrol update nodename="$n" state=resume 2>/dev/null && break; sleep 0.2; done
+  ;;
 status)
   [ -f "$D/slurm.conf" ] && SLURM_CONF="$D/slurm.conf" sinfo || echo "not running"
   ;;
-*) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+*) echo "usage: $0 start|stop|status|lose NODE|revive NODE" >&2; exit 2 ;;
 esac

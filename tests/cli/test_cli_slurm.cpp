@@ -19,8 +19,8 @@ struct SlurmCluster {
 };
 
 TEST_CASE(
-    "Slurm: a 2-task srun job trains over Gloo; a USR1-signalled batch job checkpoints, requeues "
-    "and ends with the uninterrupted weights",
+    "Slurm: a 2-task srun job trains over Gloo, on one node and across two; a two-node batch job "
+    "from `mltrain slurm --nodes 2` ends with the same weights",
     "[cli][slurm]") {
   SlurmCluster cluster;
   const auto d = tmpdir("slurm");
@@ -105,47 +105,7 @@ TEST_CASE(
         std::string::npos);
   CHECK(lines_of(d / "batch2.0") == one);
 
-  // 2. The batch job: signalled mid-run, it must come back and finish exactly as an uninterrupted run.
-  const std::string common =
-      " data.limit_train=8192 train.duration=30ep train.eval_every=5ep checkpoint.every=5ep "
-      "data.workers=1 run.dir=" +
-      d.string();
-  REQUIRE(run("train " + cfg + common + " run.name=reference").code == 0);
-  auto w = run("slurm " + cfg + " --time 00:10:00 --submit" + common + " run.name=batch");
-  INFO(w.out);
-  REQUIRE(w.code == 0);
-  const auto script = slurp(d / "batch" / "slurm.sbatch");
-  CHECK(script.find("#SBATCH --signal=USR1@90") != std::string::npos);
-  CHECK(script.find("#SBATCH --requeue") != std::string::npos);
-  CHECK(script.find("#SBATCH --open-mode=append") != std::string::npos);
-  const std::string job = submitted(w.out);
-  // Wait until it has trained a little, then send USR1 to its tasks (what --signal=USR1@90 does).
-  const auto metrics = d / "batch" / "v0" / "metrics.jsonl";
-  bool signalled = false;
-  for (int i = 0; i < 600 && !signalled; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    if (fs::exists(metrics) && slurp(metrics).find("\"step\":100") != std::string::npos) {
-      REQUIRE(std::system(("scancel --signal=USR1 " + job).c_str()) == 0);
-      signalled = true;
-    }
-  }
-  REQUIRE(signalled);
-  const std::string state = wait_job(job);
-  const std::string log = job_log("batch");
-  INFO("job " << job << " state " << state << "\n" << log);
-  REQUIRE(state == "COMPLETED");
-  CHECK(log.find("requeueing job " + job) != std::string::npos);
-  CHECK(log.find("restart count 1") != std::string::npos);
-  CHECK(log.find("resuming in") != std::string::npos);
-  auto final_of = [&](const std::string& name) {
-    const auto dir = d / name / "v0" / "checkpoints";
-    std::string latest;
-    std::ifstream(dir / "latest") >> latest;
-    return slurp(dir / latest / "model.safetensors");
-  };
-  const auto a = final_of("reference"), b = final_of("batch");
-  REQUIRE(!a.empty());
-  CHECK(a == b);  // the same final weights, byte for byte
+  // A batch job signalled mid-run, preempted, timed out, ...: tests/cli/test_cli_preempt.cpp.
 }
 
 // The journal of a study, parsed.

@@ -3,10 +3,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace mltrain::fault {
 
@@ -39,7 +42,43 @@ Armed& state() {
   }();
   return *a;
 }
+
+// MLTRAIN_PAUSE=<point>[@<n>]:<ms>
+struct Pause {
+  std::string point;  // empty: off
+  long nth = 1, ms = 0;
+  std::atomic<long> hits{0};
+};
+
+Pause& pause_state() {
+  static Pause* p = [] {
+    auto* s = new Pause;
+    const char* env = std::getenv("MLTRAIN_PAUSE");
+    if (!env || !*env) return s;
+    std::string v = env;
+    const size_t colon = v.rfind(':');
+    if (colon == std::string::npos) return s;
+    s->ms = std::strtol(v.c_str() + colon + 1, nullptr, 10);
+    v.resize(colon);
+    if (const size_t at = v.rfind('@'); at != std::string::npos) {
+      s->nth = std::max(1L, std::strtol(v.c_str() + at + 1, nullptr, 10));
+      v.resize(at);
+    }
+    if (s->ms > 0) s->point = v;
+    return s;
+  }();
+  return *p;
+}
 }  // namespace
+
+void pause(std::string_view point) {
+  Pause& p = pause_state();
+  if (p.point.empty() || point != p.point || p.hits.fetch_add(1) + 1 != p.nth) return;
+  std::fprintf(stderr, "[fault] paused at %s@%ld (pid %d) for %ld ms\n", p.point.c_str(), p.nth,
+               int(::getpid()), p.ms);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(p.ms));
+}
 
 bool enabled() { return !state().point.empty(); }
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <ctime>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -16,13 +17,32 @@ namespace mltrain {
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
 bool g_watching = false;
+// When the first stop signal came (CLOCK_MONOTONIC, seconds). A second SIGINT within a second of it is
+// the same request arriving twice: a terminal's Ctrl-C, or a scheduler signalling the whole
+// process group (LSF's SIGINT to every process of a job), reaches a rank directly and again through
+// `mltrain launch`, which forwards what it receives. Only a later one means "stop now".
+volatile std::sig_atomic_t g_first_s = 0;
+constexpr long kSameRequestS = 1;
+
+long now_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<long>(ts.tv_sec);
+}
+bool second_interrupt(int sig) {
+  return g_signal != 0 && sig == SIGINT && now_s() - g_first_s > kSameRequestS;
+}
+void record(int sig) {
+  if (g_signal == 0) g_first_s = static_cast<std::sig_atomic_t>(now_s());
+  g_signal = sig;
+}
 
 void on_signal(int sig) {
-  if (g_signal != 0 && sig == SIGINT) {  // a second Ctrl-C: stop now, without a checkpoint
+  if (second_interrupt(sig)) {  // a second Ctrl-C: stop now, without a checkpoint
     std::signal(SIGINT, SIG_DFL);
     std::raise(SIGINT);
   }
-  g_signal = sig;
+  record(sig);
 }
 
 sigset_t stop_set() {
@@ -44,8 +64,8 @@ void watch_stop_signals() {
     for (;;) {
       int sig = 0;
       if (sigwait(&s, &sig) != 0) continue;
-      if (g_signal != 0 && sig == SIGINT) _exit(128 + SIGINT);
-      g_signal = sig;
+      if (second_interrupt(sig)) _exit(128 + SIGINT);
+      record(sig);
     }
   }).detach();
 }

@@ -12,6 +12,7 @@
 #include "mltrain/config/format.hpp"
 #include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/fault.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/runtime/runtime.hpp"
 #include "mltrain/formats/safetensors.hpp"
@@ -251,6 +252,7 @@ void CheckpointWriter::save(Trainer& t) {
             "lower optim.lr; the previous checkpoint is intact");
     formats::save_safetensors((dir / "model.safetensors").string(), weights,
                               {{"format", "pt"}, {"step", std::to_string(p.step)}});
+    fault::pause("ckpt.write");  // the preemption tests signal here, mid-write
     auto state = t.optimizer().state();
     for (auto& e : t.technique_tensors()) state.push_back(e);
     for (auto& [name, w] : state)

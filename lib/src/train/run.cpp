@@ -378,7 +378,11 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     if (writer) {
       write_status(run_dir, "interrupted", trainer.progress().step, e.what());
       // Under `mltrain slurm`'s batch script the checkpoint is written: back into the queue.
-      dist::requeue_after_checkpoint(cfg.distributed.max_requeues, trainer.progress().step);
+      if (const std::string requeue =
+              dist::requeue_after_checkpoint(cfg.distributed.max_requeues, trainer.progress().step);
+          !requeue.empty())
+        write_status(run_dir, "interrupted", trainer.progress().step,
+                     std::string(e.what()) + "; " + requeue);
     }
     throw;
   } catch (const std::exception& e) {

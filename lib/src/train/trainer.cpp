@@ -11,6 +11,7 @@
 
 #include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/core/fault.hpp"
 #include "mltrain/runtime/memory.hpp"
 #include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/signals.hpp"
@@ -567,6 +568,7 @@ double Trainer::rewarm_factor(int64_t optimizer_step) const {
 // augmentation learn from it, then the observers see it.
 void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
                                   std::chrono::steady_clock::time_point fit_start) {
+  fault::pause("eval");  // the preemption tests signal here, mid-evaluation
   last_eval_ = evaluate(eval_);
   if (cfg_.schedule.name == "plateau")
     schedule_->observe(opt_.steps(), last_eval_->metric(cfg_.schedule.monitor, "schedule.monitor"));
@@ -615,6 +617,7 @@ void Trainer::fit() {
   for (auto& o : observers_) o->on_train_begin(*this);
   model_.set_training(true);
   if (cfg_.grad_health.policy == "rollback" && snapshots_.empty()) take_snapshot();
+  fault::pause("fit.begin");  // the preemption tests signal here, before the first step
 
   while (progress_.step < total_steps_ && stop_reason_.empty() && failure_.empty()) {
     train_.start_epoch(progress_.epoch, progress_.batch_in_epoch, progress_.epoch_skip);

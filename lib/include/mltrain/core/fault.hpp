@@ -21,6 +21,14 @@
 //   journal.write        tune journal append: half of the records' bytes written
 //   journal.fsync        tune journal append: all bytes written, before fdatasync
 // For write:<file>, <n> counts files (the n-th time that file is written), not write calls.
+//
+// `MLTRAIN_PAUSE=<point>[@<n>]:<ms>` instead holds the process at the n-th hit of <point> for <ms>
+// milliseconds, after a line on stderr ("[fault] paused at <point>@<n> (pid P) for <ms> ms"), so
+// a test can send a signal while a run is at that point (the preemption tests): the line is the
+// event it waits on. Its points (fault::pause):
+//   ckpt.write      CheckpointStore::save, between the weights and the optimizer state
+//   eval            Trainer::evaluate, before the first batch
+//   fit.begin       Trainer::fit, before the first step of this process
 #include <string_view>
 
 namespace mltrain::fault {
@@ -34,5 +42,7 @@ bool armed(std::string_view point);
 inline void at(std::string_view point) {
   if (enabled() && armed(point)) die();
 }
+// Holds here when MLTRAIN_PAUSE names this point's current hit; otherwise one flag read.
+void pause(std::string_view point);
 
 }  // namespace mltrain::fault

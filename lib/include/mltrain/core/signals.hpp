@@ -6,7 +6,9 @@
 // so every thread created later inherits the block, and a watcher thread takes them with sigwait.
 // No worker, OpenMP or oneDNN thread is ever interrupted: with plain handlers a USR1 landing
 // mid-sgemm aborted about 1 run in 8 with "corrupted size vs. prev_size" inside libdnnl (measured,
-// `kill -USR1` at step 100). A second SIGINT exits at once (130), without a checkpoint.
+// `kill -USR1` at step 100). A second SIGINT more than a second after the first exits at once
+// (130), without a checkpoint; one within the second is the same request delivered twice (a
+// process-group signal reaching a rank directly and through `mltrain launch`).
 //   watch_stop_signals();  ...  if (int sig = stop_signal()) { checkpoint(); throw Interrupted(sig); }
 namespace mltrain {
 void watch_stop_signals();
