@@ -19,6 +19,7 @@ pkgs=(
   chromium                            # renders `mltrain report` pages in the report test (headless)
   slurmctld slurmd slurm-client munge # a real single-node Slurm for the Slurm tests (scripts/slurm/cluster.sh)
   openmpi-bin mpich                   # real mpirun (Open MPI) and mpiexec.hydra (MPICH) for the MPI-launcher tests
+  nftables                            # the doctor test drops loopback packets in a network namespace of its own
 )
 
 missing=()

@@ -91,5 +91,5 @@ TEST_CASE(
   INFO(fail.out);
   CHECK(fail.code != 0);
   CHECK(fail.out.find("traceback : mltrain: distributed: rank 0: ") != std::string::npos);
-  CHECK(fail.out.find("missing: rank 1 (pid ") != std::string::npos);
+  CHECK(fail.out.find("missing: rank 1 (host ") != std::string::npos);
 }

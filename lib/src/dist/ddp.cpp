@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <future>
 #include <thread>
 
 #include "mltrain/runtime/compat.hpp"
@@ -59,6 +60,16 @@ struct Comm::Impl {
   torch::Device device = torch::kCPU;  // where the group's tensors must live
   bool nccl = false;
   std::thread watchdog;  // distributed.hang_timeout: Comm::watch()
+#ifdef MLTRAIN_WITH_GLOO
+  // The watchdog's own client of a TCP store, with a short timeout: a store whose host is lost
+  // or frozen is named instead of blocking the watchdog for the collectives' timeout.
+  c10::intrusive_ptr<c10d::Store> watch_store;
+#endif
+  std::string store_at;  // "host:port (rank 0's)" or "(torchrun's agent)"; empty: a FileStore
+  // What the watchdog last read of every rank, for reports when the store is gone.
+  std::mutex cache_mu;
+  std::vector<std::string> who;
+  std::vector<Beat> beats;
   std::mutex watch_mu;
   std::condition_variable watch_cv;
   bool stop_watch = false;
@@ -84,7 +95,41 @@ struct Comm::Pending {
 };
 
 Comm::Comm() : impl_(std::make_unique<Impl>()) {}
+// A collective whose size differs between ranks is caught by Gloo in one of its threads, which
+// throws where nothing catches (std::terminate). The doctor's last word from that rank: its beat,
+// with the collective it had just issued, for the survivors to compare, and a line naming it.
+namespace {
+constexpr int64_t kStoreAnswerMs = 5000;  // the watchdog's store: a host silent this long is lost
+std::atomic<const Comm*> g_doctor_comm{nullptr};
+std::terminate_handler g_previous_terminate = nullptr;
+[[noreturn]] void doctor_terminate() {
+  std::string what = "an exception nothing caught";
+  try {
+    if (auto e = std::current_exception()) std::rethrow_exception(e);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  const Comm* c = g_doctor_comm.load();
+  if (c && what.find("collective mismatch") != std::string::npos) {
+    try {
+      c->publish_beat();
+    } catch (...) {
+    }
+    std::fprintf(stderr,
+                 "[doctor] rank %d: Gloo found a collective of another size on a peer: %s\n",
+                 c->rank(), what.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
+}  // namespace
+
 Comm::~Comm() {
+  const Comm* self = this;
+  g_doctor_comm.compare_exchange_strong(self, nullptr);
   if (impl_->watchdog.joinable()) {
     {
       std::lock_guard<std::mutex> l(impl_->watch_mu);
@@ -228,10 +273,35 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   const std::string me = std::string(host) + ":" + std::to_string(::getpid());
   c->impl_->store->set("mltrain/pid/" + std::to_string(w.rank),
                        std::vector<uint8_t>(me.begin(), me.end()));
+  here::set_rank(w.rank);
   spdlog::info("[dist] rank {}/{} (local {}/{}, node {}/{}, {}) joined {} over {}", w.rank, w.size,
                w.local_rank, w.local_size, w.node_rank, w.nodes, w.source,
                nccl ? "NCCL on " + c->impl_->device.str() : std::string("Gloo"), store_kind);
-  if (o.hang_timeout_s > 0 && w.size > 1) {
+  if ((o.hang_timeout_s > 0 || o.doctor) && w.size > 1) {
+    c->impl_->watch_store = c->impl_->store;
+    if (store_kind != "FileStore") {
+      c->impl_->store_at = w.master_addr + ":" + std::to_string(w.master_port) +
+                           (w.agent_store ? " (torchrun's agent)" : " (served by rank 0)");
+      try {
+        c10d::TCPStoreOptions so;
+        so.port = uint16_t(w.master_port);
+        so.isServer = false;
+        so.timeout = std::chrono::milliseconds(kStoreAnswerMs);
+        c10::intrusive_ptr<c10d::Store> tcp =
+            c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+        c->impl_->watch_store = tcp;
+        if (w.agent_store)
+          c->impl_->watch_store = c10::make_intrusive<c10d::PrefixStore>(
+              "mltrain/attempt_" + std::to_string(w.restart), tcp);
+      } catch (const std::exception& e) {
+        spdlog::warn(
+            "[doctor] a second client of the store failed ({}): the watchdog shares the "
+            "collectives' client",
+            e.what());
+      }
+    }
+    if (!g_previous_terminate) g_previous_terminate = std::set_terminate(doctor_terminate);
+    g_doctor_comm = c.get();
     Comm* self = c.get();
     c->impl_->watchdog = std::thread([self, h = o.hang_timeout_s] { self->watch(h); });
   }
@@ -243,18 +313,37 @@ bool Comm::nccl() const { return impl_->nccl; }
 
 void Comm::record(const char* op, int64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
-  std::ostringstream o;
-  o << "#" << ++seq_ << " " << op << " " << bytes << " B";
-  ring_.push_back(o.str());
+  ring_.push_back(Op{++seq_, op, bytes});
   if (ring_.size() > 32) ring_.pop_front();
   bytes_ += bytes;
+}
+
+static std::string op_text(const Op& op) {
+  return "#" + std::to_string(op.seq) + " " + op.name + " " + std::to_string(op.bytes) + " B";
 }
 
 std::string Comm::recent() const {
   std::lock_guard<std::mutex> l(mu_);
   std::string s;
-  for (const auto& r : ring_) s += "  " + r + "\n";
+  for (const auto& r : ring_) s += "  " + op_text(r) + "\n";
   return s;
+}
+
+template <class F>
+void Comm::blocked(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  blocked_since_ms_ =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t0.time_since_epoch()).count();
+  struct Add {
+    double& to;
+    std::atomic<int64_t>& since;
+    std::chrono::steady_clock::time_point t0;
+    ~Add() {
+      to += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      since = 0;
+    }
+  } add{blocked_s_, blocked_since_ms_, t0};
+  f();
 }
 
 // Gone: no such process, or a zombie its launcher has not reaped yet (torchrun polls its workers
@@ -271,6 +360,40 @@ static bool process_gone(int pid) {
 
 static const char* const kAllAlive =
     "every rank on this host is alive (a peer on another host, or a hang)";
+
+namespace {
+std::string heartbeat_key(int rank) { return "mltrain/heartbeat/" + std::to_string(rank); }
+}  // namespace
+
+static std::string where_text(const Beat& b) {
+  const bool within = b.where == Where::kData || b.where == Where::kForward ||
+                      b.where == Where::kBackward || b.where == Where::kAllreduce ||
+                      b.where == Where::kOptimizer;
+  std::string s = std::string("in ") + where_name(b.where) +
+                  (b.where == Where::kSetup ? std::string()
+                   : within                 ? " of step " + std::to_string(b.step + 1)
+                                            : " after step " + std::to_string(b.step));
+  if (!b.recent.empty()) {
+    const Op& op = b.recent.back();
+    s += ", its last collective: #" + std::to_string(op.seq) + " " + op.name + " (" +
+         std::to_string(op.bytes) + " B)";
+  } else {
+    s += ", no collective yet";
+  }
+  return s;
+}
+
+// The report of a doctor's finding, then the end of this process: the main thread is blocked in a
+// collective the faulty rank never completes, so only an exit lets the launcher see a failure
+// and restart the group.
+[[noreturn]] static void doctor_exit(int me, const std::string& what, const std::string& fix) {
+  spdlog::error("[doctor] rank {}: {}", me, what);
+  spdlog::default_logger()->flush();
+  std::fprintf(stderr, "error: distributed: %s\n  fix: %s\n", what.c_str(), fix.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(1);
+}
 
 // Ranks on this host whose process is gone, from the pids every rank stored when it joined.
 static std::string missing_ranks(Comm::Impl& impl, int size) {
@@ -289,9 +412,17 @@ static std::string missing_ranks(Comm::Impl& impl, int size) {
       const std::string hp(v.begin(), v.end());
       const auto colon = hp.rfind(':');
       const int pid = std::atoi(hp.c_str() + colon + 1);
-      if (hp.substr(0, colon) == host && pid > 0 && process_gone(pid))
-        gone += (gone.empty() ? "rank " : ", rank ") + std::to_string(r) + " (pid " +
-                std::to_string(pid) + ")";
+      if (hp.substr(0, colon) == host && pid > 0 && process_gone(pid)) {
+        gone += (gone.empty() ? "rank " : ", rank ") + std::to_string(r) + " (host " + host +
+                ", pid " + std::to_string(pid);
+        // Where it was: its last beat, when the doctor published one.
+        if (impl.store->check({heartbeat_key(r)})) {
+          const auto b = impl.store->get(heartbeat_key(r));
+          const Beat beat = decode_beat(std::string(b.begin(), b.end()));
+          if (beat.issued > 0) gone += "; last seen " + where_text(beat);
+        }
+        gone += ")";
+      }
     } catch (const std::exception&) {
       unknown += (unknown.empty() ? "" : ", ") + std::to_string(r);
     }
@@ -307,88 +438,15 @@ static std::string missing_ranks(Comm::Impl& impl, int size) {
 #endif
 }
 
-namespace {
-std::string heartbeat_key(int rank) { return "mltrain/heartbeat/" + std::to_string(rank); }
-}  // namespace
-
-// The watchdog: every fifth of the timeout (50 ms .. 1 s) publish this rank's collective count
-// and last collective when it changed, read the others', and stop the group when one is hung.
-void Comm::watch(double hang_timeout_s) {
-#ifdef MLTRAIN_WITH_GLOO
-  using Clock = std::chrono::steady_clock;
-  Impl& im = *impl_;
-  const auto period =
-      std::chrono::milliseconds(std::clamp<int64_t>(int64_t(hang_timeout_s * 200), 50, 1000));
-  const int n = world_.size, me = world_.rank;
-  std::vector<uint64_t> seen(size_t(n), 0);
-  std::vector<std::string> last(static_cast<size_t>(n));
-  std::vector<Clock::time_point> moved(size_t(n), Clock::now());
-  uint64_t published = UINT64_MAX;
-  std::unique_lock<std::mutex> lock(im.watch_mu);
-  while (!im.watch_cv.wait_for(lock, period, [&] { return im.stop_watch; })) {
-    lock.unlock();  // the destructor may stop the watch while the store is slow to answer
-    struct Relock {
-      std::unique_lock<std::mutex>& l;
-      ~Relock() { l.lock(); }
-    } relock{lock};
-    try {
-      uint64_t issued = 0;
-      std::string op = "none yet";
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        issued = seq_;
-        if (!ring_.empty()) op = ring_.back();
-      }
-      if (issued != published) {
-        const std::string v = std::to_string(issued) + "\n" + op;
-        im.store->set(heartbeat_key(me), std::vector<uint8_t>(v.begin(), v.end()));
-        published = issued;
-      }
-      const auto now = Clock::now();
-      std::vector<Beat> beats(static_cast<size_t>(n));
-      for (int r = 0; r < n; ++r) {
-        uint64_t s = issued;
-        std::string o = op;
-        if (r != me) {
-          s = 0, o = "none yet";
-          if (im.store->check({heartbeat_key(r)})) {
-            const auto v = im.store->get(heartbeat_key(r));
-            const std::string text(v.begin(), v.end());
-            const auto nl = text.find('\n');
-            s = std::strtoull(text.c_str(), nullptr, 10);
-            if (nl != std::string::npos) o = text.substr(nl + 1);
-          }
-        }
-        if (s != seen[size_t(r)]) seen[size_t(r)] = s, moved[size_t(r)] = now;
-        last[size_t(r)] = o;
-        beats[size_t(r)] = {s, std::chrono::duration<double>(now - moved[size_t(r)]).count()};
-      }
-      const int hung = find_hung(beats, hang_timeout_s);
-      if (hung >= 0 && hung != me) {
-        int front = 0;
-        for (int r = 0; r < n; ++r)
-          if (beats[size_t(r)].issued > beats[size_t(front)].issued) front = r;
-        report_hang(hung, beats[size_t(hung)].idle_s, last[size_t(hung)], last[size_t(front)],
-                    hang_timeout_s);
-      }
-    } catch (const std::exception&) {
-      return;  // the store is gone (its host exited): the collectives' own failure path reports
-    }
+std::string Comm::who(int rank) const {
+  if (impl_->watchdog.joinable()) {  // the doctor's: from what its watchdog read, never the store
+    std::lock_guard<std::mutex> l(impl_->cache_mu);
+    return size_t(rank) < impl_->who.size() ? impl_->who[size_t(rank)] : "pid unknown";
   }
-#else
-  (void)hang_timeout_s;
-#endif
-}
-
-// Names the hung rank (host and pid from the rendezvous, its last collective from its heartbeat)
-// and ends this process: the main thread is blocked in a collective the hung rank never joins,
-// so only an exit lets the launcher see a failure and restart the group.
-void Comm::report_hang(int hung, double idle_s, const std::string& hung_op,
-                       const std::string& front_op, double hang_timeout_s) {
   std::string who = "pid unknown";
 #ifdef MLTRAIN_WITH_GLOO
   try {
-    const auto key = "mltrain/pid/" + std::to_string(hung);
+    const auto key = "mltrain/pid/" + std::to_string(rank);
     if (impl_->store->check({key})) {
       const auto v = impl_->store->get(key);
       who = std::string(v.begin(), v.end());
@@ -398,24 +456,230 @@ void Comm::report_hang(int hung, double idle_s, const std::string& hung_op,
     }
   } catch (const std::exception&) {
   }
+#else
+  (void)rank;
 #endif
-  char idle[32];
-  std::snprintf(idle, sizeof idle, "%.1f", idle_s);
-  const std::string what = "rank " + std::to_string(hung) + " (" + who +
+  return who;
+}
+
+Beat Comm::own_beat() const {
+  Beat b;
+  b.where = here::where();
+  b.step = here::step();
+  b.progress = here::progress();
+  b.step_s = here::step_median_s();
+  b.busy_s = here::busy_median_s();
+  b.steps = here::steps_seen();
+  std::lock_guard<std::mutex> l(mu_);
+  b.issued = seq_;
+  const size_t keep = std::min<size_t>(ring_.size(), 8);
+  b.recent.assign(ring_.end() - std::ptrdiff_t(keep), ring_.end());
+  return b;
+}
+
+void Comm::publish_beat() const {
+#ifdef MLTRAIN_WITH_GLOO
+  const std::string text = encode_beat(own_beat());
+  impl_->store->set(heartbeat_key(world_.rank), std::vector<uint8_t>(text.begin(), text.end()));
+#endif
+}
+
+// The watchdog: every 250 ms (with a fixed timeout, a fifth of it, 50 ms .. 1 s) publish this
+// rank's beat when it changed, read the others', and stop the group when one is hung or the
+// collectives diverged; name a straggler once (rank 0).
+void Comm::watch(double hang_timeout_s) {
+#ifdef MLTRAIN_WITH_GLOO
+  using Clock = std::chrono::steady_clock;
+  Impl& im = *impl_;
+  const bool automatic = hang_timeout_s <= 0;
+  const auto period = std::chrono::milliseconds(
+      automatic ? 250 : std::clamp<int64_t>(int64_t(hang_timeout_s * 200), 50, 1000));
+  const int n = world_.size, me = world_.rank;
+  std::vector<std::pair<uint64_t, uint64_t>> seen(size_t(n), {0, 0});  // issued, progress
+  std::vector<Clock::time_point> moved(size_t(n), Clock::now());
+  std::string published;
+  std::vector<bool> named_straggler(size_t(n), false);
+  std::unique_lock<std::mutex> lock(im.watch_mu);
+  while (!im.watch_cv.wait_for(lock, period, [&] { return im.stop_watch; })) {
+    lock.unlock();  // the destructor may stop the watch while the store is slow to answer
+    struct Relock {
+      std::unique_lock<std::mutex>& l;
+      ~Relock() { l.lock(); }
+    } relock{lock};
+    try {
+      const Beat mine = own_beat();
+      const std::string text = encode_beat(mine);
+      // The store's part runs on a helper thread with a deadline: a TCPStore client whose server
+      // is frozen (SIGSTOP, a lost host, a dropped port) retries past its own timeout, measured.
+      // Also the ranks' "host:pid" until every one is known: reports name ranks from these,
+      // without asking a store that may be the thing lost.
+      std::vector<bool> need_who(static_cast<size_t>(n));
+      {
+        std::lock_guard<std::mutex> l(im.cache_mu);
+        for (int r = 0; r < n; ++r)
+          need_who[size_t(r)] = size_t(r) >= im.who.size() || im.who[size_t(r)] == "pid unknown";
+      }
+      auto io = std::make_shared<std::packaged_task<std::vector<std::string>()>>(
+          [store = im.watch_store, me, n, text, publish = text != published, need_who] {
+            if (publish)
+              store->set(heartbeat_key(me), std::vector<uint8_t>(text.begin(), text.end()));
+            std::vector<std::string> out(static_cast<size_t>(2 * n));
+            for (int r = 0; r < n; ++r) {
+              if (r != me && store->check({heartbeat_key(r)})) {
+                const auto v = store->get(heartbeat_key(r));
+                out[size_t(r)].assign(v.begin(), v.end());
+              }
+              const std::string key = "mltrain/pid/" + std::to_string(r);
+              if (need_who[size_t(r)] && store->check({key})) {
+                const auto v = store->get(key);
+                out[size_t(n + r)].assign(v.begin(), v.end());
+              }
+            }
+            return out;
+          });
+      auto answer = io->get_future();
+      std::thread([io] { (*io)(); }).detach();
+      const auto asked = Clock::now();
+      while (answer.wait_for(period) != std::future_status::ready) {
+        {
+          std::lock_guard<std::mutex> g(im.watch_mu);
+          if (im.stop_watch) return;  // the group is ending: nothing left to watch
+        }
+        const int64_t since = blocked_since_ms_.load();
+        const int64_t now_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+                .count();
+        if (Clock::now() - asked > std::chrono::milliseconds(kStoreAnswerMs) && since > 0 &&
+            now_ms - since > 1000 && !im.store_at.empty())
+          report_store_lost("no answer");
+      }
+      const std::vector<std::string> texts = answer.get();  // throws when the store is gone
+      published = text;
+      const auto now = Clock::now();
+      std::vector<Beat> beats(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        Beat b = r == me ? mine : decode_beat(texts[size_t(r)]);
+        const std::pair<uint64_t, uint64_t> now_seen{b.issued, b.progress};
+        if (now_seen != seen[size_t(r)]) seen[size_t(r)] = now_seen, moved[size_t(r)] = now;
+        b.idle_s = std::chrono::duration<double>(now - moved[size_t(r)]).count();
+        beats[size_t(r)] = std::move(b);
+      }
+      {
+        std::lock_guard<std::mutex> l(im.cache_mu);
+        im.beats = beats;
+        im.who.resize(size_t(n), "pid unknown");
+        for (int r = 0; r < n; ++r)
+          if (const std::string& hp = texts[size_t(n + r)]; !hp.empty()) {
+            const auto colon = hp.rfind(':');
+            im.who[size_t(r)] = colon == std::string::npos ? hp
+                                                           : "host " + hp.substr(0, colon) +
+                                                                 ", pid " + hp.substr(colon + 1);
+          }
+      }
+      if (const auto m = find_mismatch(beats); m && m->rank != me) report_mismatch(*m);
+      const double limit = automatic ? auto_hang_timeout(beats) : hang_timeout_s;
+      const int hung = find_hung(beats, limit);
+      if (hung >= 0 && hung != me) {
+        int front = 0;
+        for (int r = 0; r < n; ++r)
+          if (beats[size_t(r)].issued > beats[size_t(front)].issued) front = r;
+        report_hang(hung, beats[size_t(hung)], beats[size_t(front)], limit, automatic);
+      }
+      if (const uint64_t k = find_stuck(beats, limit)) {
+        std::string ranks;
+        for (int r = 0; r < n; ++r)
+          ranks += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + " (" + who(r) +
+                   ") " + where_text(beats[size_t(r)]);
+        char idle[32];
+        std::snprintf(idle, sizeof idle, "%.1f", beats[0].idle_s);
+        doctor_exit(me,
+                    "every rank has waited in collective #" + std::to_string(k) + " for " + idle +
+                        " s and none is behind: the network between the ranks drops packets (a "
+                        "firewall rule, a dead link); " +
+                        ranks,
+                    "check the path between the hosts (GLOO_SOCKET_IFNAME, firewalls); the "
+                    "launcher restarts the group from the latest checkpoint");
+      }
+      if (me == 0)
+        if (const auto st = find_straggler(beats); st && !named_straggler[size_t(st->rank)]) {
+          named_straggler[size_t(st->rank)] = true;
+          spdlog::warn(
+              "[doctor] rank {} ({}) is a straggler: {:.1f} ms of its own work per step against "
+              "{:.1f} ms for the other ranks (medians of {} steps, at step {}); the others wait "
+              "for it",
+              st->rank, who(st->rank), 1000 * st->busy_s, 1000 * st->others_s, here::kWindow,
+              beats[size_t(st->rank)].step);
+        }
+    } catch (const std::exception& e) {
+      // The store did not answer. Blocked in a collective meanwhile, this rank would wait for
+      // the collectives' timeout: the store's host is lost or frozen, and it is named now.
+      // Otherwise (the group ending, a peer's exit being handled) the failure path reports.
+      const int64_t since = blocked_since_ms_.load();
+      const int64_t now_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+              .count();
+      if (!im.store_at.empty() && since > 0 && now_ms - since > 1000) report_store_lost(e.what());
+      return;
+    }
+  }
+#else
+  (void)hang_timeout_s;
+#endif
+}
+
+void Comm::report_hang(int hung, const Beat& beat, const Beat& front, double limit_s,
+                       bool automatic) {
+  char idle[32], lim[32];
+  std::snprintf(idle, sizeof idle, "%.1f", beat.idle_s);
+  std::snprintf(lim, sizeof lim, "%.1f", limit_s);
+  const std::string what = "rank " + std::to_string(hung) + " (" + who(hung) +
                            ") has made no progress for " + idle + " s (hang_timeout " +
-                           std::to_string(int(hang_timeout_s)) +
-                           " s) while the others wait; its last collective: " + hung_op +
-                           "; the others are at: " + front_op;
-  spdlog::error("[dist] rank {}: {}", world_.rank, what);
-  spdlog::default_logger()->flush();
-  std::fprintf(stderr,
-               "error: distributed: %s\n  fix: the launcher restarts the group from the latest "
-               "checkpoint (--max-restarts); if it recurs, attach a debugger to that pid (gdb -p) "
-               "or raise distributed.hang_timeout above the longest checkpoint write\n",
-               what.c_str());
-  std::fflush(stderr);
-  std::fflush(stdout);
-  std::_Exit(1);
+                           (automatic ? std::string("auto, ") + lim : lim) +
+                           " s) while the others wait: " + where_text(beat) +
+                           "; the others are at #" + std::to_string(front.issued) +
+                           (front.recent.empty() ? std::string() : " " + front.recent.back().name);
+  doctor_exit(world_.rank, what,
+              "the launcher restarts the group from the latest checkpoint (--max-restarts); if "
+              "it recurs, attach a debugger to that pid (gdb -p), or look at what that phase "
+              "waits on (its loader's files, a checkpoint's disk)");
+}
+
+void Comm::report_store_lost(const std::string& what) {
+  Beat zero;
+  {
+    std::lock_guard<std::mutex> l(impl_->cache_mu);
+    if (!impl_->beats.empty()) zero = impl_->beats[0];
+  }
+  const bool rank0 = impl_->store_at.find("rank 0") != std::string::npos;
+  // This rank serves the store and is alive: only the network can stand between them.
+  const std::string served =
+      rank0 && world_.rank == 0
+          ? "; this rank serves it, so the network (this host's own) drops packets"
+      : rank0 ? "; rank 0 (" + who(0) + ") serves it, last seen " + where_text(zero)
+              : std::string();
+  doctor_exit(world_.rank,
+              "the rendezvous store at " + impl_->store_at + " has not answered for " +
+                  std::to_string(kStoreAnswerMs / 1000) +
+                  " s while this rank waits in a collective: its host is lost or frozen, or the "
+                  "network to it drops packets" +
+                  served + "; this rank (" + who(world_.rank) + ") is " + where_text(own_beat()) +
+                  " (" + what.substr(0, 160) + ")",
+              "the launcher restarts the group from the latest checkpoint; if that host is gone, "
+              "restart on the others (launch --nnodes MIN:MAX)");
+}
+
+void Comm::report_mismatch(const Mismatch& m) {
+  auto text = [](const Op& op) { return op.name + " (" + std::to_string(op.bytes) + " B)"; };
+  const std::string what = "collectives diverged at #" + std::to_string(m.op.seq) + ": rank " +
+                           std::to_string(m.rank) + " (" + who(m.rank) + ") issued " + text(m.op) +
+                           " where rank " + std::to_string(m.other) + " issued " +
+                           text(m.other_op) + "; rank " + std::to_string(m.rank) + " was " +
+                           where_text(m.beat);
+  doctor_exit(world_.rank, what,
+              "the ranks must issue the same collectives in the same order: look for a branch "
+              "that depends on the rank's data (a skipped step, an unused parameter, an early "
+              "exit) in rank " +
+                  std::to_string(m.rank) + "'s code path");
 }
 
 void Comm::fail(const std::string& op, const std::exception& e) {
@@ -430,6 +694,25 @@ void Comm::fail(const std::string& op, const std::exception& e) {
   while (closed && missing == kAllAlive && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     missing = missing_ranks(*impl_, world_.size);
+  }
+  // The doctor: the collectives of every rank, by sequence number. A peer that died of a size
+  // mismatch published its last one; the survivors publish theirs and look a moment later.
+  if (closed && impl_->watchdog.joinable()) {
+    try {
+      publish_beat();
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::vector<Beat> beats(static_cast<size_t>(world_.size));
+      for (int r = 0; r < world_.size; ++r) {
+        if (r == world_.rank) {
+          beats[size_t(r)] = own_beat();
+        } else if (impl_->store->check({heartbeat_key(r)})) {
+          const auto v = impl_->store->get(heartbeat_key(r));
+          beats[size_t(r)] = decode_beat(std::string(v.begin(), v.end()));
+        }
+      }
+      if (const auto m = find_mismatch(beats)) report_mismatch(*m);
+    } catch (const std::exception&) {
+    }
   }
   // The peers are worth naming when one is gone or the transport says so (a timeout, a closed or
   // reset connection); not for a local refusal such as an unsupported dtype.
@@ -464,7 +747,7 @@ void Comm::allreduce_sum(std::vector<torch::Tensor>& ts, const char* what) {
   record(what, nbytes(ts));
   auto staged = impl_->stage(ts);
   try {
-    impl_->pg->allreduce(staged)->wait();
+    blocked([&] { impl_->pg->allreduce(staged)->wait(); });
   } catch (const std::exception& e) {
     fail(what, e);
   }
@@ -479,7 +762,7 @@ void Comm::broadcast(std::vector<torch::Tensor>& ts, int root, const char* what)
   o.rootRank = root;
   auto staged = impl_->stage(ts);
   try {
-    impl_->pg->broadcast(staged, o)->wait();
+    blocked([&] { impl_->pg->broadcast(staged, o)->wait(); });
   } catch (const std::exception& e) {
     fail(what, e);
   }
@@ -491,7 +774,7 @@ void Comm::barrier(const char* what) {
 #ifdef MLTRAIN_WITH_GLOO
   record(what, 0);
   try {
-    impl_->pg->barrier()->wait();
+    blocked([&] { impl_->pg->barrier()->wait(); });
   } catch (const std::exception& e) {
     fail(what, e);
   }
@@ -506,7 +789,7 @@ std::vector<torch::Tensor> Comm::allgather(const torch::Tensor& t, const char* w
   std::vector<std::vector<torch::Tensor>> outs(1);
   for (int r = 0; r < size(); ++r) outs[0].push_back(torch::empty_like(in[0]));
   try {
-    impl_->pg->allgather(outs, in)->wait();
+    blocked([&] { impl_->pg->allgather(outs, in)->wait(); });
   } catch (const std::exception& e) {
     fail(what, e);
   }
@@ -566,7 +849,7 @@ void Comm::recv(torch::Tensor& t, int src, int tag, const char* what) {
   record(what, t.numel() * int64_t(t.element_size()));
   std::vector<torch::Tensor> v = impl_->stage({t});
   try {
-    impl_->pg->recv(v, src, tag)->wait();
+    blocked([&] { impl_->pg->recv(v, src, tag)->wait(); });
   } catch (const std::exception& e) {
     fail(what, e);
   }
@@ -613,7 +896,7 @@ std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::s
 void Comm::wait(const std::shared_ptr<Pending>& p) {
 #ifdef MLTRAIN_WITH_GLOO
   try {
-    p->work->wait();
+    blocked([&] { p->work->wait(); });
   } catch (const std::exception& e) {
     fail(p->what, e);
   }
@@ -721,8 +1004,25 @@ void DataParallel::on_grad(size_t i, const torch::Tensor& g) {
 }
 
 void DataParallel::launch(Bucket& b) {
+  const bool first = &b == &buckets_.front();
+  if (first && (here::fault("skip_bucket") || here::fault("resize_bucket")))
+    std::fprintf(stderr, "[fault] rank %d (pid %d): %s\n", comm_.rank(), int(::getpid()),
+                 here::fault("skip_bucket") ? "skip_bucket" : "resize_bucket");
+  if (first && here::fault("skip_bucket")) {  // the doctor's tests: a divergent collective
+    b.skipped = true;
+    return;
+  }
   if (!wire_type_) {
-    b.work = comm_.allreduce_async(b.flat, "allreduce(gradient bucket)");
+    static const char* const kNames[] = {
+        "allreduce(gradient bucket 0)", "allreduce(gradient bucket 1)",
+        "allreduce(gradient bucket 2)", "allreduce(gradient bucket 3)"};
+    const size_t i = size_t(&b - &buckets_.front());
+    const char* name = i < 4 ? kNames[i] : "allreduce(gradient bucket 4+)";
+    if (first && here::fault("resize_bucket")) {  // the doctor's tests: a size mismatch
+      b.work = comm_.allreduce_async(b.wire = b.flat.slice(0, 0, b.flat.numel() - 1), name);
+      return;
+    }
+    b.work = comm_.allreduce_async(b.flat, name);
     return;
   }
   // Divided before the cast, as PyTorch's compress hooks do: the sum of world-size fp16 values
@@ -738,7 +1038,8 @@ void DataParallel::finish_backward() {
   torch::NoGradGuard ng;
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& b : buckets_) {
-    if (!b.work) {  // parameters without a gradient this step: their accumulated value (or zeros)
+    if (!b.work &&
+        !b.skipped) {  // parameters without a gradient this step: their accumulated value (or zeros)
       for (size_t k = 0; k < b.params.size(); ++k) {
         const size_t i = b.params[k];
         if (seen_[i]) continue;
@@ -753,7 +1054,12 @@ void DataParallel::finish_backward() {
   }
   const double inv = 1.0 / comm_.size();
   for (auto& b : buckets_) {
-    comm_.wait(b.work);
+    if (b.skipped) {  // MLTRAIN_FAULT=skip_bucket: this rank's own gradient, as if reduced
+      b.skipped = false;
+      b.flat.mul_(double(comm_.size()));
+    } else {
+      comm_.wait(b.work);
+    }
     if (wire_type_)
       b.flat.copy_(b.wire);  // already the average
     else

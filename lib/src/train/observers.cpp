@@ -13,6 +13,7 @@
 #include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fault.hpp"
+#include "mltrain/dist/heartbeat.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/runtime/runtime.hpp"
 #include "mltrain/formats/safetensors.hpp"
@@ -222,6 +223,11 @@ void ConsoleReporter::on_train_end(Trainer&) {
 void CheckpointWriter::save(Trainer& t) {
   const auto& p = t.progress();
   if (last_saved_ == p.step) return;
+  // The doctor: the others wait for this rank while it writes; a phase given longer.
+  dist::here::enter(dist::Where::kCheckpoint);
+  struct Back {
+    ~Back() { dist::here::enter(dist::Where::kOther); }
+  } back;
   nlohmann::json ts = {{"epoch", p.epoch},
                        {"batch_in_epoch", p.batch_in_epoch},
                        {"epoch_skip", p.epoch_skip},

@@ -316,8 +316,9 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
   p->eval_loader = std::make_unique<data::Loader>(eval, eo);
 
   if (distributed) {
-    p->comm = dist::Comm::create(world, {cfg.distributed.backend, cfg.distributed.timeout_s, "",
-                                         p->device, cfg.distributed.hang_timeout.seconds()});
+    p->comm = dist::Comm::create(world,
+                                 {cfg.distributed.backend, cfg.distributed.timeout_s, "", p->device,
+                                  cfg.distributed.hang_timeout.seconds(), cfg.distributed.doctor});
     const auto bucket = static_cast<int64_t>(cfg.distributed.bucket_mb * (1 << 20));
     if (stages > 1) {
       p->stages = make_stages(cfg, *p);

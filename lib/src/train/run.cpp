@@ -17,6 +17,7 @@
 #include "mltrain/core/fs.hpp"
 #include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/signals.hpp"
+#include "mltrain/dist/heartbeat.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
@@ -126,7 +127,10 @@ class TestHooks : public Observer {
     if (stall_rank_ == rank_ && t.progress().step == stall_step_)
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     if (hold_rank_ == rank_ && t.progress().step == hold_step_)
-      while (!stop_signal()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      while (!stop_signal()) {  // held on purpose, alive: progress for the doctor
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        dist::here::tick();
+      }
   }
 
  private:

@@ -15,6 +15,7 @@
 #include "mltrain/runtime/memory.hpp"
 #include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/signals.hpp"
+#include "mltrain/dist/heartbeat.hpp"
 #include "mltrain/model/replay.hpp"
 #include "mltrain/train/invariant.hpp"
 #include "mltrain/train/stages.hpp"
@@ -176,6 +177,7 @@ EvalResult Trainer::evaluate(data::Loader& loader) {
   while (next_on_device(loader, b, fence)) {
     metrics->add(task_->forward(model_, b, 0.0, amp()), b);
     count += b.y.size(0);
+    dist::here::tick();  // the doctor: an evaluation batch is progress
   }
   model_.set_training(true);
   if (use_ema) ema_->swap();
@@ -256,6 +258,7 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
   BatchSums sums;
   if (pipe_) {  // the batch's micro-batches through the stages
     if (dp_) dp_->broadcast_buffers();
+    dist::here::enter(dist::Where::kForward);  // forwards and backwards interleave
     const StageSums s = pipe_->run(batch, *task_, eps, full_window, amp(), [&] {
       if (dp_) dp_->begin_backward(final_micro && opt_.wants_gradient_sync());
     });
@@ -273,8 +276,10 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
   };
   if (invariant_) {  // distributed.invariance: bitwise: each virtual shard on its own
     invariant_->run(batch, progress_.step, [&](const data::Batch& shard) {
+      dist::here::enter(dist::Where::kForward);
       const task::Step out = task_->forward(model_, shard, eps, amp());
       lap(Phase::kForward);
+      dist::here::enter(dist::Where::kBackward);
       out.loss.backward();
       lap(Phase::kBackward);
       add_step(out, shard.y.size(0));
@@ -289,9 +294,11 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
     const data::Batch part = batch.rows(start, len);
     const bool last = start + len >= n;
     if (dp_) dp_->broadcast_buffers();
+    dist::here::enter(dist::Where::kForward);
     const task::Step out = task_->forward(model_, part, eps, amp());
     auto loss = out.loss * (static_cast<double>(len) / full_window);
     lap(Phase::kForward);
+    dist::here::enter(dist::Where::kBackward);
     // No all-reduce on non-final accumulation micro-steps, nor while the optimizer exchanges
     // momenta instead (1-bit Adam after its warm-up).
     if (dp_) dp_->begin_backward(final_micro && last && opt_.wants_gradient_sync());
@@ -569,7 +576,9 @@ double Trainer::rewarm_factor(int64_t optimizer_step) const {
 void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
                                   std::chrono::steady_clock::time_point fit_start) {
   fault::pause("eval");  // the preemption tests signal here, mid-evaluation
+  dist::here::enter(dist::Where::kEvaluation);
   last_eval_ = evaluate(eval_);
+  dist::here::enter(dist::Where::kOther);
   if (cfg_.schedule.name == "plateau")
     schedule_->observe(opt_.steps(), last_eval_->metric(cfg_.schedule.monitor, "schedule.monitor"));
   if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
@@ -618,6 +627,9 @@ void Trainer::fit() {
   model_.set_training(true);
   if (cfg_.grad_health.policy == "rollback" && snapshots_.empty()) take_snapshot();
   fault::pause("fit.begin");  // the preemption tests signal here, before the first step
+  // The doctor: set-up lasts until this process's first step is done (its first batch may take
+  // long: workers starting, files opening).
+  const int64_t step_at_fit = progress_.step;
 
   while (progress_.step < total_steps_ && stop_reason_.empty() && failure_.empty()) {
     train_.start_epoch(progress_.epoch, progress_.batch_in_epoch, progress_.epoch_skip);
@@ -633,12 +645,14 @@ void Trainer::fit() {
     int64_t micro = 0, window_samples = 0;
     double data_s = 0;
     auto t_step = Clock::now(), t_data = Clock::now();
+    double blocked_at_step = comm_ ? comm_->blocked_seconds() : 0;
     compat::CopyFence fence;
     auto lap = [this](Phase p) {
       if (phases_) phases_->lap(p);
     };
     while (progress_.step < total_steps_) {
       lap(Phase::kOther);  // logging, observers, evaluation since the last phase
+      if (progress_.step > step_at_fit) dist::here::enter(dist::Where::kData);
       if (!next_on_device(train_, batch, fence, phases_)) break;
       data_s += seconds_since(t_data);
 
@@ -648,6 +662,7 @@ void Trainer::fit() {
       const BatchSums sums = forward_backward(batch, eps, full_window, final_micro);
       const int64_t b = batch.y.size(0);
       if (dp_ && final_micro) {
+        dist::here::enter(dist::Where::kAllreduce);
         dp_->finish_backward();
         lap(Phase::kAllreduce);
       }
@@ -661,6 +676,7 @@ void Trainer::fit() {
 
       // The optimizer step for the window.
       const double lr = lr_at(opt_.steps());
+      dist::here::enter(dist::Where::kOptimizer);
       optimizer_step(params, window_samples, full_window, lr, info, pending);
       lap(Phase::kOptimizer);
       if (std::isnan(first_step_s_)) {
@@ -676,6 +692,12 @@ void Trainer::fit() {
       info.data_seconds = data_s;
       info.step_seconds = seconds_since(t_step);
       advance_progress(batch.index, bpe);
+      {  // the doctor: this step's time, and the part of it not spent waiting for other ranks
+        const double blocked = comm_ ? comm_->blocked_seconds() : 0;
+        dist::here::step_done(progress_.step, info.step_seconds,
+                              std::max(0.0, info.step_seconds - (blocked - blocked_at_step)));
+        dist::here::enter(dist::Where::kOther);
+      }
       progress_.train_seconds = seconds_before + seconds_since(fit_start);
 
       if (eval_every > 0 && (progress_.step % eval_every == 0 || progress_.step == total_steps_))
@@ -689,6 +711,7 @@ void Trainer::fit() {
       micro = window_samples = 0;
       data_s = 0;
       t_step = t_data = Clock::now();
+      blocked_at_step = comm_ ? comm_->blocked_seconds() : 0;
     }
   }
   progress_.train_seconds = seconds_before + seconds_since(fit_start);

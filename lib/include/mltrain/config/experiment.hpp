@@ -814,6 +814,7 @@ struct DistributedConfig {
   int64_t max_requeues = 3;
   Period rewarm = Period::never();
   Duration hang_timeout = Duration::never();
+  bool doctor = true;
   std::string invariance = "none";
   int64_t virtual_shards = 12;
   int64_t invariance_threads = 1;
@@ -865,11 +866,16 @@ struct DistributedConfig {
             "after a restart from a checkpoint, ramp the learning rate linearly from 0 back to the "
             "schedule's over this period (e.g. 200u; the field guide's advice when the world or "
             "the global batch changed), logged; never: resume at the scheduled rate");
+    v.field("doctor", doctor,
+            "the hang and straggler doctor (worlds > 1): each rank publishes its collectives, "
+            "phase and step times to the rendezvous store; a rank without progress while the "
+            "others wait for it (after hang_timeout, or by default twice the median step, at "
+            "least 7 s) or whose collectives diverge from the others' is named (rank, host, pid, "
+            "collective, phase, step) and the group fails, to be restarted by its launcher; a "
+            "straggler is named in a warning");
     v.field("hang_timeout", hang_timeout,
-            "each rank publishes its step to the rendezvous store; a rank whose step has not moved "
-            "for this long while another rank has moved on is named (rank, host, pid, last "
-            "collective) and the group fails, to be restarted by its launcher (e.g. 60s; never: "
-            "rely on timeout_s alone)");
+            "a fixed time without progress after which the doctor names a hung rank (e.g. 60s; "
+            "never: the doctor's own, twice the median step and at least 7 s)");
     v.section("pipeline", pipeline,
               "pipeline parallelism: stages, micro-batches and their schedule");
   }

@@ -5,8 +5,10 @@
 //                 is logged) or torchrun's own store, with a timeout on every collective, and a
 //                 ring buffer of the last collectives (sequence number, op, bytes) dumped when one
 //                 fails. With NCCL, CPU tensors (metrics, 1-bit packets) go through the GPU.
-//                 With hang_timeout_s, a watchdog thread publishes this rank's collective count
-//                 to the store and names a rank that stopped while the others wait (heartbeat.hpp).
+//                 With the doctor, a watchdog thread publishes this rank's beat (collectives,
+//                 phase, step, progress, step times) to the store and names a rank that stopped
+//                 while the others wait, ranks whose collectives diverged, and stragglers
+//                 (heartbeat.hpp).
 //   DataParallel  broadcasts parameters and buffers from rank 0 once; all-reduces gradients in
 //                 buckets launched from autograd hooks as each bucket's last gradient arrives, so
 //                 communication overlaps the rest of the backward pass; does nothing on
@@ -20,6 +22,7 @@
 //   dp.begin_backward(/*final_micro_step=*/true); loss.backward(); dp.finish_backward();
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "mltrain/dist/heartbeat.hpp"
 #include "mltrain/dist/world.hpp"
 #include "mltrain/model/model.hpp"
 
@@ -41,7 +45,10 @@ struct CommOptions {
   std::string store_dir;  // FileStore folder (default: $TMPDIR)
   torch::Device device =
       torch::kCPU;  // nccl: this rank's GPU; CPU tensors handed to Comm are staged through it
-  double hang_timeout_s = 0;  // > 0 (and a world > 1): the heartbeat watchdog (heartbeat.hpp)
+  // The doctor's watchdog (heartbeat.hpp), in a world > 1: hang_timeout_s > 0 names a rank idle
+  // that long; with doctor and hang_timeout_s 0, the timeout follows the step time.
+  double hang_timeout_s = 0;
+  bool doctor = false;
 };
 
 class Comm {
@@ -72,22 +79,34 @@ class Comm {
   void wait(const std::shared_ptr<Pending>& p);
   std::string recent() const;  // the ring buffer, oldest first
   int64_t bytes_sent() const { return bytes_; }
+  void publish_beat() const;  // this rank's beat to the store now (the doctor)
+  // Seconds this rank has spent waiting inside collectives (the doctor's busy time is a step's
+  // wall time less this).
+  double blocked_seconds() const { return blocked_s_; }
   struct Impl;  // the c10d store and process group (their headers stay out of every other file)
 
  private:
   Comm();
   void record(const char* op, int64_t bytes);
+  template <class F>
+  void blocked(F&& f);  // runs a collective's wait, adding its time to blocked_s_
   [[noreturn]] void fail(const std::string& op, const std::exception& e);
-  void watch(double hang_timeout_s);  // the watchdog thread's loop (heartbeat.hpp)
-  [[noreturn]] void report_hang(int hung, double idle_s, const std::string& hung_op,
-                                const std::string& front_op, double hang_timeout_s);
+  void watch(double hang_timeout_s);  // the watchdog thread's loop (heartbeat.hpp); 0: auto
+  [[noreturn]] void report_hang(int hung, const Beat& beat, const Beat& front, double limit_s,
+                                bool automatic);
+  [[noreturn]] void report_mismatch(const Mismatch& m);
+  [[noreturn]] void report_store_lost(const std::string& what);
+  std::string who(int rank) const;  // "host H, pid P" from the rendezvous
+  Beat own_beat() const;
   std::unique_ptr<Impl> impl_;
   World world_;
   double timeout_s_ = 300;
   mutable std::mutex mu_;
-  std::deque<std::string> ring_;
+  std::deque<Op> ring_;
   uint64_t seq_ = 0;
   int64_t bytes_ = 0;
+  double blocked_s_ = 0;
+  std::atomic<int64_t> blocked_since_ms_{0};  // steady clock; 0: not in a collective
 };
 
 // 1-bit Adam's momentum exchange: compress with error feedback, all-gather the packed signs and
@@ -117,6 +136,7 @@ class DataParallel {
     std::vector<int64_t> offset;
     size_t ready = 0;
     std::shared_ptr<Comm::Pending> work;
+    bool skipped = false;  // MLTRAIN_FAULT=skip_bucket: this step's all-reduce never issued
   };
   void on_grad(size_t p, const torch::Tensor& g);
   void launch(Bucket& b);
