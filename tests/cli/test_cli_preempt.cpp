@@ -400,20 +400,7 @@ struct Emulated {
     std::vector<std::string> all = {kBin, "train", kCfg, "run.dir=" + dir.string(), "run.name=run"};
     std::istringstream extra(kRun + kTwoRanks);
     for (std::string w; extra >> w;) all.push_back(w);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    posix_spawnattr_t at;
-    posix_spawnattr_init(&at);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&at, 0);  // the job's own process group, as the scheduler makes
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    REQUIRE(posix_spawn(&pid, kBin.c_str(), &fa, &at, argv.data(), environ) == 0);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
+    pid = spawn_group(all, log);  // the job's own process group, as the scheduler makes
   }
   // Sends each signal to the whole group, `gap_s` apart, until the job has exited; returns how
   // many were sent and the exit code.

@@ -22,26 +22,6 @@ uint64_t seed_of_env() {
   return s ? std::strtoull(s, nullptr, 10) : 20261202;
 }
 
-// A run in its own process group (a 2-rank run's launcher and workers die together, as a node's).
-pid_t spawn_group(const std::vector<std::string>& args, const fs::path& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawnattr_t at;
-  posix_spawnattr_init(&at);
-  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&at, 0);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  REQUIRE(posix_spawn(&pid, kBin.c_str(), &fa, &at, argv.data(), environ) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&at);
-  return pid;
-}
-
 // The highest train step recorded so far (0 when none).
 int64_t last_step(const fs::path& metrics) {
   int64_t step = 0;

@@ -247,6 +247,88 @@ TEST_CASE("heartbeat: a rank behind the others and idle past the timeout is hung
   CHECK(find_hung({{3, 0}, {1, 100}}, 0) == -1);  // off
 }
 
+TEST_CASE("doctor: slow phases, beats round-trip, divergent collectives, stragglers, stuck groups",
+          "[dist][doctor]") {
+  // A rank in set-up (no step done yet) or in a checkpoint gets kSlowPhaseS, not the timeout.
+  Beat behind{45, 31};
+  behind.step = 0;
+  CHECK(find_hung({{47, 0.2}, behind}, 30) == -1);
+  behind.step = 12, behind.where = Where::kCheckpoint;
+  CHECK(find_hung({{47, 0.2}, behind}, 30) == -1);
+  behind.idle_s = kSlowPhaseS + 1;
+  CHECK(find_hung({{47, 0.2}, behind}, 30) == 1);
+  behind.where = Where::kData, behind.idle_s = 31;
+  CHECK(find_hung({{47, 0.2}, behind}, 30) == 1);
+  // auto: twice the slowest median step, at least 7 s.
+  Beat slow;
+  slow.step_s = 5;
+  CHECK(auto_hang_timeout({{}, {}}) == 7);
+  CHECK(auto_hang_timeout({{}, slow}) == 10);
+
+  Beat b;
+  b.issued = 57, b.where = Where::kBackward, b.step = 12, b.progress = 99, b.step_s = 0.02,
+  b.busy_s = 0.015, b.steps = 10;
+  b.recent = {{56, "allreduce(stop signal)", 8}, {57, "allreduce(gradient bucket 0)", 2143272}};
+  const Beat back = decode_beat(encode_beat(b));
+  CHECK(back.issued == 57);
+  CHECK(back.where == Where::kBackward);
+  CHECK(back.step == 12);
+  CHECK(back.progress == 99);
+  CHECK(back.steps == 10);
+  CHECK(back.busy_s == Approx(0.015));
+  CHECK(back.recent == b.recent);
+  CHECK(decode_beat("garbage").issued == 0);
+  CHECK(decode_beat("").issued == 0);
+
+  // Divergence: the same #, another name or size; the odd one out is the minority.
+  auto at = [](uint64_t seq, const std::string& name, int64_t bytes) {
+    Beat x;
+    x.issued = seq;
+    x.recent = {{seq, name, bytes}};
+    return x;
+  };
+  CHECK_FALSE(find_mismatch({at(9, "a", 4), at(9, "a", 4), at(8, "b", 8)}));
+  auto m = find_mismatch({at(9, "a", 4), at(9, "b", 8), at(9, "a", 4)});
+  REQUIRE(m);
+  CHECK(m->rank == 1);
+  CHECK(m->op.name == "b");
+  CHECK(m->other_op.name == "a");
+  m = find_mismatch({at(9, "a", 4), at(9, "a", 4), at(9, "a", 2)});  // a size only
+  REQUIRE(m);
+  CHECK(m->rank == 2);
+  m = find_mismatch({at(9, "b", 8), at(9, "a", 4), at(9, "a", 4)});  // rank 0 the odd one
+  REQUIRE(m);
+  CHECK(m->rank == 0);
+  m = find_mismatch({at(9, "a", 4), at(9, "b", 4)});  // two ranks: the one without rank 0
+  REQUIRE(m);
+  CHECK(m->rank == 1);
+
+  // Stragglers: busy time above 1.5x the median of the others, over full windows.
+  auto busy = [](double s, int steps = here::kWindow) {
+    Beat x;
+    x.busy_s = s, x.steps = steps;
+    return x;
+  };
+  CHECK_FALSE(find_straggler({busy(0.010), busy(0.012), busy(0.011)}));
+  auto st = find_straggler({busy(0.010), busy(0.021), busy(0.011)});
+  REQUIRE(st);
+  CHECK(st->rank == 1);
+  CHECK(st->others_s == Approx(0.0105));
+  CHECK_FALSE(find_straggler({busy(0.010), busy(0.030, 5)}));  // a window not yet full
+  CHECK_FALSE(find_straggler({busy(0.0010), busy(0.0025)}));   // under the 2 ms floor
+  CHECK(find_straggler({busy(0.020), busy(0.010)})->rank == 0);
+
+  // Stuck: every rank in the same collective, none moving, past its first step.
+  auto waiting = [](uint64_t seq, double idle) {
+    Beat x;
+    x.issued = seq, x.idle_s = idle, x.step = 20, x.where = Where::kAllreduce;
+    return x;
+  };
+  CHECK(find_stuck({waiting(40, 8), waiting(40, 9)}, 7) == 40);
+  CHECK(find_stuck({waiting(40, 8), waiting(41, 9)}, 7) == 0);  // one behind: find_hung's
+  CHECK(find_stuck({waiting(40, 8), waiting(40, 3)}, 7) == 0);  // one still moving
+}
+
 TEST_CASE("pipeline schedules: GPipe and 1F1B orders, activations held, bubble formula",
           "[dist][pipeline]") {
   using Ops = std::vector<PipeOp>;
