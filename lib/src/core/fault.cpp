@@ -3,7 +3,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +13,18 @@
 namespace mltrain::fault {
 
 namespace {
+// "<point>[@<n>]": strips a valid "@<n>" (n >= 1) from `v` and returns n, else 1. Shared by
+// MLTRAIN_FAULT and MLTRAIN_PAUSE.
+long take_nth(std::string& v) {
+  const size_t at = v.rfind('@');
+  if (at == std::string::npos) return 1;
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str() + at + 1, &end, 10);
+  if (!end || *end != '\0' || n < 1) return 1;
+  v.resize(at);
+  return n;
+}
+
 struct Armed {
   std::string point;  // empty: fault injection off
   long nth = 1;
@@ -27,15 +38,7 @@ Armed& state() {
     const char* env = std::getenv("MLTRAIN_FAULT");
     if (!env || !*env) return s;
     std::string v = env;
-    const size_t at = v.rfind('@');
-    if (at != std::string::npos) {
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str() + at + 1, &end, 10);
-      if (end && *end == '\0' && n >= 1) {
-        s->nth = n;
-        v.resize(at);
-      }
-    }
+    s->nth = take_nth(v);
     s->point = v;
     s->hit = v + "@" + std::to_string(s->nth);
     return s;
@@ -60,10 +63,7 @@ Pause& pause_state() {
     if (colon == std::string::npos) return s;
     s->ms = std::strtol(v.c_str() + colon + 1, nullptr, 10);
     v.resize(colon);
-    if (const size_t at = v.rfind('@'); at != std::string::npos) {
-      s->nth = std::max(1L, std::strtol(v.c_str() + at + 1, nullptr, 10));
-      v.resize(at);
-    }
+    s->nth = take_nth(v);
     if (s->ms > 0) s->point = v;
     return s;
   }();

@@ -363,6 +363,13 @@ static const char* const kAllAlive =
 
 namespace {
 std::string heartbeat_key(int rank) { return "mltrain/heartbeat/" + std::to_string(rank); }
+// A join record ("host:pid", stored under mltrain/pid/<rank>) as reports name it.
+std::string host_pid_text(const std::string& hp) {
+  const auto colon = hp.rfind(':');
+  return colon == std::string::npos
+             ? hp
+             : "host " + hp.substr(0, colon) + ", pid " + hp.substr(colon + 1);
+}
 }  // namespace
 
 static std::string where_text(const Beat& b) {
@@ -449,10 +456,7 @@ std::string Comm::who(int rank) const {
     const auto key = "mltrain/pid/" + std::to_string(rank);
     if (impl_->store->check({key})) {
       const auto v = impl_->store->get(key);
-      who = std::string(v.begin(), v.end());
-      const auto colon = who.rfind(':');
-      if (colon != std::string::npos)
-        who = "host " + who.substr(0, colon) + ", pid " + who.substr(colon + 1);
+      who = host_pid_text(std::string(v.begin(), v.end()));
     }
   } catch (const std::exception&) {
   }
@@ -569,12 +573,8 @@ void Comm::watch(double hang_timeout_s) {
         im.beats = beats;
         im.who.resize(size_t(n), "pid unknown");
         for (int r = 0; r < n; ++r)
-          if (const std::string& hp = texts[size_t(n + r)]; !hp.empty()) {
-            const auto colon = hp.rfind(':');
-            im.who[size_t(r)] = colon == std::string::npos ? hp
-                                                           : "host " + hp.substr(0, colon) +
-                                                                 ", pid " + hp.substr(colon + 1);
-          }
+          if (const std::string& hp = texts[size_t(n + r)]; !hp.empty())
+            im.who[size_t(r)] = host_pid_text(hp);
       }
       if (const auto m = find_mismatch(beats); m && m->rank != me) report_mismatch(*m);
       const double limit = automatic ? auto_hang_timeout(beats) : hang_timeout_s;
