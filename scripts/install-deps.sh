@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mltrain needs on a fresh Debian 12. LibTorch and the Python side
-# (torch 2.15, torchvision, numpy, scikit-learn, optuna) come from PyPI into .venv/ (scripts/venv.sh).
+# (torch 2.15, torchvision, numpy, scikit-learn, optuna, mlflow, tensorboard) come from PyPI into
+# .venv/ (scripts/venv.sh).
 # Idempotent: packages already present are skipped by apt; safe to re-run (CI does).
 set -euo pipefail
 
@@ -13,6 +14,8 @@ pkgs=(
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 zlib1g-dev
   libturbojpeg0-dev libspng-dev       # JPEG and PNG decoding for image folders (data.format: image_folder)
   libssl-dev                          # SHA-256 of checkpoints and chunk sets (libcrypto)
+  libcurl4-openssl-dev                # the MLflow REST sink (tracking.mlflow)
+  libsentencepiece-dev                # `mltrain data tokenize --sentencepiece`
 
   dataset-fashion-mnist               # the real data: gzipped IDX under /usr/share/datasets/fashion-mnist
   fortunes                            # real English text for the character-level GPT job (/usr/share/games/fortunes)

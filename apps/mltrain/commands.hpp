@@ -24,4 +24,5 @@ void setup_launch(CLI::App& app, Action& run);
 void setup_slurm(CLI::App& app, Action& run);
 void setup_completion(CLI::App& app, Action& run);
 void setup_init(CLI::App& app, Action& run);
+void setup_track(CLI::App& app, Action& run);
 }  // namespace mltrain::cli

@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   mltrain::cli::setup_fuse(app, run);
   mltrain::cli::setup_quantize(app, run);
   mltrain::cli::setup_tune(app, run);
+  mltrain::cli::setup_track(app, run);
   mltrain::cli::setup_launch(app, run);
   mltrain::cli::setup_slurm(app, run);
   mltrain::cli::setup_completion(app, run);

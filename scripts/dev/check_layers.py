@@ -25,11 +25,12 @@ BELOW = {
     "task": {"core", "config", "runtime", "data", "model"},
     "optim": {"core", "config", "runtime", "model"},
     "dist": {"core", "config", "runtime", "model", "optim"},
-    "train": {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist"},
+    "track": {"core", "config"},  # MLflow over libcurl: no LibTorch
+    "train": {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist", "track"},
     "tune": {"core", "config"},  # trials are processes: no LibTorch
     "init": {"core", "config", "runtime", "data"},  # `mltrain init`: looks at data, writes a config
 }
-ENGINE = {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist", "train"}
+ENGINE = {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist", "track", "train"}
 for command_room in ("profile", "deploy", "landscape", "report"):
     BELOW[command_room] = set(ENGINE)
 BELOW["checklist"] = ENGINE | {"profile"}
@@ -50,7 +51,7 @@ FORBIDDEN = {
 # apps/ parses, calls one room and prints; tensors stay in the engine (main.cpp maps LibTorch's
 # errors to exit codes; nccl_check_main.cpp is a separate helper binary), and the training room
 # is reached only through its seam.
-NO_TORCH = {"core", "config", "tune"}
+NO_TORCH = {"core", "config", "tune", "track"}
 TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s+<(torch|ATen|c10|caffe2)/', re.M)
 APPS_TORCH_OK = {"main.cpp", "nccl_check_main.cpp"}
 APPS_TRAIN_SEAM = {"train/pipeline.hpp", "train/run.hpp"}

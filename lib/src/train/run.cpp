@@ -22,6 +22,7 @@
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
 #include "mltrain/train/observers.hpp"
+#include "mltrain/track/mlflow.hpp"
 #include "mltrain/dist/ddp.hpp"
 #include "mltrain/dist/world.hpp"
 #include "mltrain/train/trainer.hpp"
@@ -159,8 +160,15 @@ static nlohmann::json env_json(const config::ExperimentConfig& cfg, const RunOpt
   j["seed"] = cfg.run.seed;
   j["command"] = opt.command_line;
   for (const char* v :
-       {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "RANK", "WORLD_SIZE"})
+       {"SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
+        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "RANK", "WORLD_SIZE"})
     if (const char* val = std::getenv(v)) j["env"][v] = val;
+  if (std::getenv("KUBERNETES_SERVICE_HOST") && std::getenv("HOSTNAME"))
+    j["env"]["KUBERNETES_POD_NAME"] = std::getenv("HOSTNAME");  // a pod's host name is its name
+  if (!opt.config_path.empty())
+    if (const std::string git = track::git_commit_of(fs::path(opt.config_path).parent_path());
+        !git.empty())
+      j["config_git"] = git;
   return j;
 }
 
@@ -298,11 +306,23 @@ static void log_model(const Pipeline& p) {
       p.train_loader->options().pin_memory ? " (pinned memory)" : "");
 }
 
+// Wakes the MLflow sender after MetricsWriter appended a record (it reads metrics.jsonl itself).
+class TrackNotifier : public Observer {
+ public:
+  explicit TrackNotifier(track::RunSync& sync) : sync_(sync) {}
+  void on_step_end(Trainer&, const StepInfo&) override { sync_.notify(); }
+  void on_eval_end(Trainer&, const EvalResult&) override { sync_.notify(); }
+
+ private:
+  track::RunSync& sync_;
+};
+
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
   const dist::World world = dist::world_from_env();
   if (world.size > 1 && world.rank != 0)
     spdlog::set_level(spdlog::level::warn);  // rank 0 alone logs to the console
   // Data, model, optimizer and the step plan first: bad input fails before any run folder exists.
+  std::optional<track::MlflowTarget> mlflow_target = track::mlflow_target(cfg.tracking.mlflow, "");
   const auto p = build_pipeline(cfg, world);
   Trainer& trainer = *p->trainer;
   log_model(*p);
@@ -373,6 +393,22 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     trainer.add_observer(std::make_unique<ConsoleReporter>(opt.tty));
   }
   if (checkpoints_here) trainer.add_observer(std::make_unique<CheckpointWriter>(store));
+  // MLflow: rank 0 streams metrics.jsonl from a thread of its own (track/mlflow.hpp).
+  std::unique_ptr<track::RunSync> mlflow;
+  if (writer && mlflow_target) {
+    if (mlflow_target->experiment.empty())
+      mlflow_target->experiment = run_dir.parent_path().filename().string();
+    track::SyncOptions so{
+        *mlflow_target, run_dir,
+        run_dir.parent_path().filename().string() + "/" + run_dir.filename().string()};
+    so.resume_step = ck ? ck->step : -1;
+    so.config_yaml = config::to_yaml(cfg);
+    mlflow = std::make_unique<track::RunSync>(so);
+    mlflow->start();
+    trainer.add_observer(std::make_unique<TrackNotifier>(*mlflow));
+    spdlog::info("[mlflow] sending records to {} (experiment '{}')", mlflow_target->uri,
+                 mlflow_target->experiment);
+  }
 
   install_stop_handlers();
   if (writer) write_status(run_dir, "running", trainer.progress().step);
@@ -388,6 +424,8 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
         write_status(run_dir, "interrupted", trainer.progress().step,
                      std::string(e.what()) + "; " + requeue);
     }
+    // A preempted job has seconds: what is not sent now is sent by the resume.
+    if (mlflow) mlflow->finish("interrupted", std::min(5.0, mlflow_target->flush_seconds));
     throw;
   } catch (const std::exception& e) {
     // Best effort: on a full disk or a read-only folder the status cannot be written either, and
@@ -397,6 +435,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
       } catch (const std::exception& also) {
         spdlog::warn("[run] status.json not updated: {}", also.what());
       }
+    if (mlflow) mlflow->finish("failed");
     throw;
   }
 
@@ -408,6 +447,7 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   }
   if (opt.jsonl_stdout) std::cout << summary.dump() << std::endl;
   write_status(run_dir, "finished", result.steps);
+  if (mlflow) mlflow->finish("finished");
   return result;
 }
 

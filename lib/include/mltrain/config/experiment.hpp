@@ -902,6 +902,41 @@ struct MemoryConfig {
   }
 };
 
+// Where else a run's records go. mltrain's run folder (metrics.jsonl, TensorBoard events) is always
+// written; an MLflow server gets the same records, exactly once (track/mlflow.hpp).
+struct MlflowConfig {
+  std::string uri = "";  // empty: MLFLOW_TRACKING_URI, else off
+  std::string experiment = "";
+  std::string artifacts = "config";
+  Duration flush_timeout = Duration::of_seconds(30);
+  template <class V>
+  void visit(V& v) {
+    v.field("uri", uri,
+            "MLflow tracking server, http:// or https:// (empty: MLFLOW_TRACKING_URI if set, else "
+            "no MLflow); records are sent from a background thread, exactly once, and a killed or "
+            "resumed run continues where the server's acknowledgement left off",
+            tracking_uri());
+    v.field("experiment", experiment,
+            "MLflow experiment, created if missing (empty: MLFLOW_EXPERIMENT_NAME, else the run "
+            "name)");
+    v.field("artifacts", artifacts,
+            "files uploaded when the run finishes: none | config (config.yaml, and report.html "
+            "if present) | model (also the best checkpoint's model.safetensors)",
+            one_of({"none", "config", "model"}));
+    v.field("flush_timeout", flush_timeout,
+            "how long the end of a run waits for unsent records (e.g. 30s); what is left is sent "
+            "by the next resume or `mltrain track push`");
+  }
+};
+
+struct TrackingConfig {
+  MlflowConfig mlflow;
+  template <class V>
+  void visit(V& v) {
+    v.section("mlflow", mlflow, "an MLflow tracking server (REST; MLflow's usual variables)");
+  }
+};
+
 struct ExperimentConfig {
   RunConfig run;
   TaskConfig task;
@@ -920,6 +955,7 @@ struct ExperimentConfig {
   CheckpointConfig checkpoint;
   DistributedConfig distributed;
   MemoryConfig memory;
+  TrackingConfig tracking;
   template <class V>
   void visit(V& v) {
     v.section("run", run, "naming, output folder and seed");
@@ -940,6 +976,7 @@ struct ExperimentConfig {
     v.section("distributed", distributed,
               "data-parallel ranks (world from torchrun/Slurm variables or mltrain launch)");
     v.section("memory", memory, "activation checkpointing and micro-batches");
+    v.section("tracking", tracking, "tracking servers that receive the run's records");
   }
 };
 

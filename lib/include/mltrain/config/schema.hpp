@@ -112,6 +112,22 @@ inline Check<std::vector<int64_t>> each_positive() {
             return std::string();
           }};
 }
+// A tracking server's URI: empty (off) or http(s)://host[:port][/path] (tracking.mlflow.uri).
+inline std::string tracking_uri_problem(const std::string& v) {
+  if (v.empty()) return "";
+  const size_t scheme = v.find("://");
+  if (scheme == std::string::npos)
+    return "'" + v + "' has no scheme: write http://" + v + " (or https://)";
+  const std::string s = v.substr(0, scheme);
+  if (s != "http" && s != "https")
+    return "'" + v + "': only http:// and https:// servers are supported (MLflow's " + s +
+           " stores are not)";
+  if (v.size() == scheme + 3) return "'" + v + "' names no host";
+  return "";
+}
+inline Check<std::string> tracking_uri() {
+  return {"empty or http(s)://host[:port]", tracking_uri_problem};
+}
 inline Check<Count> positive_or_auto() {
   return {"> 0 or auto",
           [](const Count& c) { return c.is_auto() || c.value > 0 ? "" : "must be > 0 or auto"; }};

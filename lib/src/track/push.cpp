@@ -1,0 +1,106 @@
+// `mltrain track push`: run folders and tune studies replayed into MLflow with the live sink's
+// cursor (track/mlflow.hpp), so a push after a live run, or twice, sends nothing twice.
+#include <algorithm>
+#include <fstream>
+#include <map>
+
+#include <spdlog/spdlog.h>
+
+#include "mltrain/core/error.hpp"
+#include "mltrain/track/mlflow.hpp"
+
+namespace fs = std::filesystem;
+
+namespace mltrain::track {
+
+namespace {
+
+bool is_run(const fs::path& d) {
+  return fs::exists(d / "metrics.jsonl") || fs::exists(d / "status.json");
+}
+bool is_study(const fs::path& d) {
+  return fs::exists(d / "study.yaml") && fs::is_directory(d / "trials");
+}
+
+std::vector<fs::path> sorted_dirs(const fs::path& d) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(d, ec))
+    if (e.is_directory()) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// runs/<name>/v<N> is MLflow run "<name>/v<N>" in experiment <name> (unless one is given).
+SyncOptions run_options(const fs::path& dir, const MlflowTarget& target) {
+  SyncOptions o{target, dir, dir.parent_path().filename().string() + "/" + dir.filename().string()};
+  if (o.target.experiment.empty()) o.target.experiment = dir.parent_path().filename().string();
+  return o;
+}
+
+}  // namespace
+
+std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::path>& dirs,
+                                                          const MlflowTarget& target) {
+  std::vector<std::pair<fs::path, SyncReport>> out;
+  auto push_one = [&](SyncOptions o) {
+    RunSync sync(std::move(o));
+    return sync.push();
+  };
+  for (const fs::path& given : dirs) {
+    const fs::path d = fs::absolute(given).lexically_normal();
+    if (!fs::is_directory(d))
+      throw ConfigError(given.string(), "not a folder",
+                        "give run folders (runs/<name>/v<N>), a run's "
+                        "name folder, or a tune study folder");
+    if (is_run(d)) {
+      out.emplace_back(d, push_one(run_options(d, target)));
+    } else if (is_study(d)) {
+      // The study is a parent run; each trial's folders are its children.
+      SyncOptions parent{target, d, d.filename().string()};
+      if (parent.target.experiment.empty()) parent.target.experiment = d.filename().string();
+      parent.tags["mltrain.study"] = d.filename().string();
+      SyncReport pr = push_one(parent);
+      out.emplace_back(d, pr);
+      if (!pr.error.empty()) continue;
+      // A trial's end from the study's journal: pruned trials ended as planned (FINISHED, with
+      // their state as a tag), failed ones FAILED.
+      std::map<std::string, std::string> states;
+      std::ifstream journal(d / "journal.jsonl");
+      for (std::string line; std::getline(journal, line);) try {
+          const auto j = nlohmann::json::parse(line);
+          if (j.value("op", "") == "finish") states[j.at("trial").dump()] = j.value("state", "");
+        } catch (const std::exception&) {
+        }
+      for (const fs::path& trial : sorted_dirs(d / "trials"))
+        for (const fs::path& v : sorted_dirs(trial)) {
+          if (!is_run(v)) continue;
+          SyncOptions o{parent.target, v, d.filename().string() + "/" + trial.filename().string()};
+          if (v.filename() != "v0") o.run_name += "/" + v.filename().string();
+          o.parent_run_id = pr.run_id;
+          o.tags["mltrain.study"] = d.filename().string();
+          o.tags["mltrain.trial"] = trial.filename().string().substr(1);
+          const std::string number = std::to_string(std::stoll(o.tags["mltrain.trial"]));
+          if (const auto it = states.find(number); it != states.end()) {
+            o.tags["mltrain.trial_state"] = it->second;
+            o.state = it->second == "FAIL" ? "failed" : "finished";
+          }
+          out.emplace_back(v, push_one(o));
+        }
+    } else {
+      bool any = false;
+      for (const fs::path& v : sorted_dirs(d))
+        if (is_run(v)) {
+          out.emplace_back(v, push_one(run_options(v, target)));
+          any = true;
+        }
+      if (!any)
+        throw ConfigError(given.string(), "holds no run (metrics.jsonl, status.json) and no study",
+                          "give run folders (runs/<name>/v<N>), a run's name folder, or a tune "
+                          "study folder");
+    }
+  }
+  return out;
+}
+
+}  // namespace mltrain::track
