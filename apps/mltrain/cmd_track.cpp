@@ -14,6 +14,7 @@ void setup_track(CLI::App& app, Action& run) {
     std::vector<std::string> dirs;
     config::MlflowConfig mlflow;
     bool json = false;
+    int jobs = 4;
   };
   auto o = std::make_shared<Opts>();
   auto* track = app.add_subcommand("track", "tracking servers: mltrain track push RUN_DIR...");
@@ -31,6 +32,9 @@ void setup_track(CLI::App& app, Action& run) {
                    "files uploaded for finished runs: none | config | model")
       ->check(CLI::IsMember({"none", "config", "model"}))
       ->capture_default_str();
+  push->add_option("-j,--jobs", o->jobs, "folders sent at a time")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   push->add_flag("--json", o->json, "print one JSON report");
   push->callback([o, &run] {
     run = [o] {
@@ -41,7 +45,7 @@ void setup_track(CLI::App& app, Action& run) {
         throw ConfigError("track push", "no MLflow server given",
                           "pass --uri http://HOST:PORT or set MLFLOW_TRACKING_URI");
       std::vector<std::filesystem::path> dirs(o->dirs.begin(), o->dirs.end());
-      const auto reports = track::push_folders(dirs, *target);
+      const auto reports = track::push_folders(dirs, *target, o->jobs);
       int code = 0;
       nlohmann::json j = nlohmann::json::array();
       for (const auto& [dir, r] : reports) {

@@ -9,6 +9,7 @@
 #include "mltrain/core/process.hpp"
 #include "mltrain/tune/analysis.hpp"
 #include "mltrain/tune/array.hpp"
+#include "mltrain/tune/export.hpp"
 #include "mltrain/tune/folds.hpp"
 #include "mltrain/tune/study.hpp"
 
@@ -21,7 +22,7 @@ void setup_tune(CLI::App& app, Action& run) {
     std::string study;
     std::vector<std::string> overrides;
     bool json = false, quiet = false;
-    std::string report_dir;
+    std::string report_dir, export_dir, journal_out;
     tune::ArrayOptions array;
     bool submit = false;
   };
@@ -34,6 +35,12 @@ void setup_tune(CLI::App& app, Action& run) {
       "summarise a study folder (tables, importance, SVG plots): mltrain tune report STUDY_DIR");
   rep->add_option("study_dir", o->report_dir, "the study folder (runs/tune/<name>)")->required();
   rep->add_flag("--json", o->json, "print the JSON summary");
+  auto* exp = sub->add_subcommand(
+      "export",
+      "a study folder in Optuna's JournalStorage format, for optuna.load_study and "
+      "optuna-dashboard: mltrain tune export STUDY_DIR --optuna-journal OUT.log");
+  exp->add_option("study_dir", o->export_dir, "the study folder (runs/tune/<name>)")->required();
+  exp->add_option("--optuna-journal", o->journal_out, "the journal file to write")->required();
   auto fo = std::make_shared<tune::FoldGroupOptions>();
   auto* folds = sub->add_subcommand(
       "folds",
@@ -68,9 +75,17 @@ void setup_tune(CLI::App& app, Action& run) {
   sub->add_flag("--submit", o->submit, "--slurm-array: submit with sbatch, print the job id");
   sub->add_flag("--allow-local-journal", o->array.allow_local,
                 "--slurm-array: accept a node-local study.dir (every task on this node)");
-  sub->callback([o, &run, rep, folds, fo, arr] {
-    run = [o, rep, folds, fo, arr] {
+  sub->callback([o, &run, rep, folds, fo, arr, exp] {
+    run = [o, rep, folds, fo, arr, exp] {
       if (folds->parsed()) return tune::run_fold_group(*fo);
+      if (exp->parsed()) {
+        const auto r = tune::export_optuna_journal(o->export_dir, o->journal_out);
+        std::cout << "wrote " << o->journal_out << ": study " << r.study_name << ", " << r.trials
+                  << " trial(s) (optuna.load_study(study_name=\"" << r.study_name
+                  << "\", storage=JournalStorage(JournalFileBackend(\"" << o->journal_out
+                  << "\"))))\n";
+        return 0;
+      }
       if (rep->parsed()) {
         auto cfg = tune::study_config_from_folder(o->report_dir);
         const auto trials = tune::read_trials(cfg.study_dir(), cfg.space);

@@ -1,7 +1,9 @@
-// `mltrain train` with an MLflow server and `mltrain track push`, against a real `mlflow server`
-// (the venv's MLflow 3.17, SQLite store, proxied artifacts) started on a free loopback port and
-// stopped after. What the server holds is read back through MLflow's own Python client
-// (tests/golden/check_mlflow.py): every metrics.jsonl record exactly once, and nothing else.
+// Where users look: `mltrain train` with an MLflow server and `mltrain track push`, against a real
+// `mlflow server` (the venv's MLflow 3.17, SQLite store, proxied artifacts) started on a free
+// loopback port and stopped after; what the server holds is read back through MLflow's own Python
+// client (tests/golden/check_mlflow.py): every metrics.jsonl record exactly once, and nothing
+// else. And the files other tools read: TensorBoard's own reader on a run's event file, Optuna 5.0
+// and optuna-dashboard on `mltrain tune export --optuna-journal`.
 #include <random>
 
 #include "cli_support.hpp"
@@ -12,7 +14,8 @@ const std::string kMlflow = kSrc + "/.venv/bin/mlflow";
 const std::string kCheck = kPython + " " + kSrc + "/tests/golden/check_mlflow.py";
 
 // A real MLflow server in its own process group (its workers die with it). start() returns when
-// /health answers, so every test waits on the server itself, never on a sleep.
+// /health answers, so every test waits on the server itself, never on a sleep. Its GenAI job
+// runner (seven more Python processes, unrelated to tracking) is off.
 class MlflowServer {
  public:
   MlflowServer(fs::path dir, bool auth = false)
@@ -23,14 +26,14 @@ class MlflowServer {
   std::string uri() const { return "http://127.0.0.1:" + std::to_string(port_); }
   void start() {
     REQUIRE(pid_ < 0);
-    const std::string cmd = "cd '" + dir_.string() +
-                            "' && exec env MLFLOW_AUTH_ADMIN_PASSWORD=secret-pass-1 "
-                            "MLFLOW_FLASK_SERVER_SECRET_KEY=k '" +
-                            kMlflow + "' server" + (auth_ ? " --app-name basic-auth" : "") +
-                            " --backend-store-uri sqlite:///" + (dir_ / "mlflow.db").string() +
-                            " --artifacts-destination " + (dir_ / "artifacts").string() +
-                            " --host 127.0.0.1 --port " + std::to_string(port_) +
-                            " --workers 1 >> server.log 2>&1";
+    const std::string cmd =
+        "cd '" + dir_.string() +
+        "' && exec env MLFLOW_AUTH_ADMIN_PASSWORD=secret-pass-1 "
+        "MLFLOW_FLASK_SERVER_SECRET_KEY=k MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false '" +
+        kMlflow + "' server" + (auth_ ? " --app-name basic-auth" : "") +
+        " --backend-store-uri sqlite:///" + (dir_ / "mlflow.db").string() +
+        " --artifacts-destination " + (dir_ / "artifacts").string() + " --host 127.0.0.1 --port " +
+        std::to_string(port_) + " --workers 1 >> server.log 2>&1";
     posix_spawnattr_t at;
     posix_spawnattr_init(&at);
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
@@ -96,6 +99,17 @@ int64_t last_train_step(const fs::path& metrics) {
 
 Result check(const std::string& uri, const fs::path& run, const std::string& more = "") {
   return sh(kCheck + " " + uri + " '" + run.string() + "' " + more);
+}
+
+// A small real study (the Fashion-MNIST MLP under TPE and ASHA), run from the source folder.
+fs::path small_study(const fs::path& dir, int trials) {
+  const auto r = sh("cd " + kSrc + " && " + kBin + " tune configs/tune/fashion_mnist_mlp.yaml " +
+                    "study.n_trials=" + std::to_string(trials) + " study.dir=" + dir.string() +
+                    " 'trial.overrides=[train.duration=40u, train.eval_every=20u, "
+                    "data.val_fraction=0.1, checkpoint.every=40u, data.limit_train=1024]'");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  return dir / "fashion_mnist_mlp";
 }
 
 }  // namespace
@@ -182,15 +196,7 @@ TEST_CASE("track push: finished and interrupted runs, twice, and a tune study", 
       wait_for([&] { return last_train_step(runs / "cut" / "v0" / "metrics.jsonl") >= 60; }, 120));
   ::kill(pid, SIGTERM);  // interrupted cleanly: status.json says so
   REQUIRE(wait_exit(pid) == 128 + SIGTERM);
-  const auto study = sh("cd " + kSrc + " && " + kBin +
-                        " tune configs/tune/fashion_mnist_mlp.yaml study.n_trials=2 "
-                        "study.dir=" +
-                        (dir / "tune").string() +
-                        " 'trial.overrides=[train.duration=40u, train.eval_every=20u, "
-                        "data.val_fraction=0.1, checkpoint.every=40u, data.limit_train=1024]'");
-  INFO(study.out);
-  REQUIRE(study.code == 0);
-  const fs::path sdir = dir / "tune" / "fashion_mnist_mlp";
+  const fs::path sdir = small_study(dir / "tune", 2);
 
   MlflowServer server(dir / "server");
   server.start();
@@ -313,4 +319,38 @@ TEST_CASE("MLflow bad input: no scheme, unreachable, refused credentials", "[tra
     CHECK(p.code == 0);
     CHECK(check(server.uri(), rdir, "--status FINISHED").code == 0);
   }
+}
+
+TEST_CASE("TensorBoard's own reader sees every scalar of a run, as metrics.jsonl has it",
+          "[interop]") {
+  const auto dir = tmpdir("track_tb");
+  auto args = mlp_args(dir / "runs", "tb", "96u");
+  args[11] = "train.tensorboard=true";
+  args.push_back("train.histograms_every=48u");
+  REQUIRE(run(join(args, 1)).code == 0);
+  const auto r = sh(kPython + " " + kSrc + "/tests/golden/check_tensorboard.py " +
+                    (dir / "runs" / "tb" / "v0").string() + " --histograms 12");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("\"problems\": 0") != std::string::npos);
+}
+
+TEST_CASE("tune export: Optuna 5.0 loads every trial; optuna-dashboard lists them", "[interop]") {
+  const auto dir = tmpdir("track_optuna");
+  const fs::path sdir = small_study(dir / "tune", 4);
+  const fs::path out = dir / "study.log";
+  const auto e = run("tune export " + sdir.string() + " --optuna-journal " + out.string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  CHECK(e.out.find("4 trial(s)") != std::string::npos);
+  const auto r = sh(kPython + " " + kSrc + "/tests/golden/check_optuna_journal.py " +
+                    sdir.string() + " " + out.string() + " --dashboard");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("\"dashboard_trials\": 4") != std::string::npos);
+  const auto bad = run("tune export " + (dir / "nothing").string() + " --optuna-journal " +
+                       (dir / "x.log").string());
+  CHECK(bad.code == 3);
+  CHECK(bad.out.find("is not a study folder (no study.yaml)") != std::string::npos);
+  CHECK(!fs::exists(dir / "x.log"));
 }

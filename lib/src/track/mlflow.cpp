@@ -2,7 +2,9 @@
 #include "mltrain/track/mlflow.hpp"
 
 #include <curl/curl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -36,6 +38,7 @@ constexpr size_t kTagsPerBatch = 100;
 constexpr size_t kParamValueMax = 6000;
 constexpr size_t kQueueMax = 20000;  // records held in memory; the rest wait in metrics.jsonl
 constexpr double kBackoffMax = 30;
+constexpr double kInterval = 1.0;  // seconds between batches while the run goes on
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -165,9 +168,15 @@ std::string git_commit_of(const fs::path& start) {
 }
 
 json Cursor::to_json() const {
-  return {{"uid", uid},     {"run_id", run_id},      {"experiment_id", experiment_id},
-          {"acked", acked}, {"pending", pending},    {"params", params},
-          {"state", state}, {"artifacts", artifacts}};
+  return {{"uid", uid},
+          {"artifact_uri", artifact_uri},
+          {"run_id", run_id},
+          {"experiment_id", experiment_id},
+          {"acked", acked},
+          {"pending", pending},
+          {"params", params},
+          {"state", state},
+          {"artifacts", artifacts}};
 }
 
 Cursor Cursor::from_json(const json& j) {
@@ -175,6 +184,7 @@ Cursor Cursor::from_json(const json& j) {
   c.uid = j.value("uid", "");
   c.run_id = j.value("run_id", "");
   c.experiment_id = j.value("experiment_id", "");
+  c.artifact_uri = j.value("artifact_uri", "");
   if (j.contains("acked")) c.acked = j["acked"].get<std::map<std::string, int64_t>>();
   c.pending = j.value("pending", json(nullptr));
   if (j.contains("params")) c.params = j["params"].get<std::map<std::string, std::string>>();
@@ -369,11 +379,12 @@ void RunSync::read_new() {
   offset_ += at;
 }
 
-bool RunSync::log_params_and_tags() {
+std::map<std::string, std::string> RunSync::run_tags() {
   json env = nullptr;
   if (fs::exists(o_.run_dir / "env.json"))
     env = json_or_null(read_file((o_.run_dir / "env.json").string()));
   std::map<std::string, std::string> tags = o_.tags;
+  tags["mltrain.uid"] = cursor_.uid;
   tags["mltrain.run_dir"] = fs::absolute(o_.run_dir).string();
   if (!o_.parent_run_id.empty()) tags["mlflow.parentRunId"] = o_.parent_run_id;
   tags["mlflow.source.name"] = "mltrain";
@@ -397,66 +408,80 @@ bool RunSync::log_params_and_tags() {
                               k.rfind("PET_", 0) == 0 || k == "JOB_NAME" || k == "POD_NAME"))
           tags["job." + k] = v.get<std::string>();
   }
+  return tags;
+}
+
+static json key_values(const std::vector<std::pair<std::string, std::string>>& kv, size_t from,
+                       size_t n) {
+  json out = json::array();
+  for (size_t j = from; j < std::min(kv.size(), from + n); ++j)
+    out.push_back({{"key", kv[j].first}, {"value", kv[j].second}});
+  return out;
+}
+
+bool RunSync::log_params(std::map<std::string, std::string>& tags) {
   // Params: the ones the server has stay; a changed value (a resume with other overrides) is
-  // refused by MLflow, so it becomes a tag naming the step it changed at.
-  std::vector<std::pair<std::string, std::string>> fresh;
-  // A resumed run keeps its first config.yaml; the live sync is given the config it runs now.
+  // refused by MLflow, so it becomes a tag naming the step it changed at. A resumed run keeps
+  // its first config.yaml; the live sync is given the config it runs now.
   std::string yaml = o_.config_yaml;
   for (const char* f : {"config.yaml", "study.yaml"})
     if (yaml.empty() && fs::exists(o_.run_dir / f)) yaml = read_file((o_.run_dir / f).string());
-  if (!yaml.empty()) {
-    for (auto& [k, v] : flatten_params(yaml)) {
-      const auto it = cursor_.params.find(k);
-      if (it == cursor_.params.end())
-        fresh.emplace_back(k, v);
-      else if (it->second != v)
-        tags["mltrain.param_changed.step_" + std::to_string(std::max<int64_t>(0, o_.resume_step)) +
-             "." + k] = v;
-    }
+  std::vector<std::pair<std::string, std::string>> fresh;
+  for (auto& [k, v] : flatten_params(yaml)) {
+    const auto it = cursor_.params.find(k);
+    if (it == cursor_.params.end())
+      fresh.emplace_back(k, v);
+    else if (it->second != v)
+      tags["mltrain.param_changed.step_" + std::to_string(std::max<int64_t>(0, o_.resume_step)) +
+           "." + k] = v;
   }
   for (size_t i = 0; i < fresh.size(); i += kParamsPerBatch) {
-    json params = json::array();
-    for (size_t j = i; j < std::min(fresh.size(), i + kParamsPerBatch); ++j)
-      params.push_back({{"key", fresh[j].first}, {"value", fresh[j].second}});
-    const auto a = http_->post("runs/log-batch", {{"run_id", cursor_.run_id}, {"params", params}});
+    const auto a = http_->post(
+        "runs/log-batch",
+        {{"run_id", cursor_.run_id}, {"params", key_values(fresh, i, kParamsPerBatch)}});
     if (!a.ok()) return request_failed("the run's params", a.code, a.what()) && false;
-    for (size_t j = i; j < std::min(fresh.size(), i + kParamsPerBatch); ++j)
-      cursor_.params[fresh[j].first] = fresh[j].second;
-    save_cursor();
   }
-  std::vector<std::pair<std::string, std::string>> all(tags.begin(), tags.end());
-  for (size_t i = 0; i < all.size(); i += kTagsPerBatch) {
-    json batch = json::array();
-    for (size_t j = i; j < std::min(all.size(), i + kTagsPerBatch); ++j)
-      batch.push_back({{"key", all[j].first}, {"value", all[j].second}});
-    const auto a = http_->post("runs/log-batch", {{"run_id", cursor_.run_id}, {"tags", batch}});
-    if (!a.ok()) return request_failed("the run's tags", a.code, a.what()) && false;
-  }
+  for (auto& [k, v] : fresh) cursor_.params[k] = v;
   return true;
 }
 
+// The experiment's id, asked once per process and server (a push of 100 folders asks once).
+static std::mutex experiments_mu;
+static std::map<std::string, std::string> experiment_ids;  // "<uri> <name>" -> id
+
 bool RunSync::ensure_run() {
   if (run_ready_) return true;
+  auto tags = run_tags();
+  bool created = false;
   if (cursor_.run_id.empty()) {
+    const std::string cache_key = o_.target.uri + " " + o_.target.experiment;
     if (cursor_.experiment_id.empty()) {
-      auto a = http_->get("experiments/get-by-name?experiment_name=" +
-                          http_->escape(o_.target.experiment));
+      std::lock_guard<std::mutex> l(experiments_mu);
+      if (const auto it = experiment_ids.find(cache_key); it != experiment_ids.end())
+        cursor_.experiment_id = it->second;
+    }
+    if (cursor_.experiment_id.empty()) {
+      const std::string get =
+          "experiments/get-by-name?experiment_name=" + http_->escape(o_.target.experiment);
+      auto a = http_->get(get);
       if (!a.ok() && a.error_code() == "RESOURCE_DOES_NOT_EXIST") {
         a = http_->post("experiments/create", {{"name", o_.target.experiment}});
         if (a.ok())
           a.body = json{{"experiment", {{"experiment_id", json::parse(a.body)["experiment_id"]}}}}
                        .dump();
         else if (a.error_code() == "RESOURCE_ALREADY_EXISTS")  // another run created it meanwhile
-          a = http_->get("experiments/get-by-name?experiment_name=" +
-                         http_->escape(o_.target.experiment));
+          a = http_->get(get);
       }
       if (!a.ok())
         return request_failed("experiment '" + o_.target.experiment + "'", a.code, a.what()) &&
                false;
       cursor_.experiment_id = json::parse(a.body)["experiment"]["experiment_id"].get<std::string>();
+      std::lock_guard<std::mutex> l(experiments_mu);
+      experiment_ids[cache_key] = cursor_.experiment_id;
     }
     if (cursor_.uid.empty()) {
       cursor_.uid = random_hex(16);
+      tags["mltrain.uid"] = cursor_.uid;
       save_cursor();  // before the create: a create whose answer is lost is found by this tag
     } else {
       const auto a =
@@ -465,27 +490,42 @@ bool RunSync::ensure_run() {
                                       {"max_results", 1}});
       if (!a.ok()) return request_failed("a search for this run", a.code, a.what()) && false;
       const json j = json_or_null(a.body);
-      if (j.is_object() && j.contains("runs") && !j["runs"].empty())
+      if (j.is_object() && j.contains("runs") && !j["runs"].empty()) {
         cursor_.run_id = j["runs"][0]["info"]["run_id"].get<std::string>();
+        cursor_.artifact_uri = j["runs"][0]["info"].value("artifact_uri", "");
+      }
     }
-    if (cursor_.run_id.empty()) {
-      json tags = json::array({{{"key", "mltrain.uid"}, {"value", cursor_.uid}}});
-      if (!o_.parent_run_id.empty())
-        tags.push_back({{"key", "mlflow.parentRunId"}, {"value", o_.parent_run_id}});
-      const auto a = http_->post("runs/create", {{"experiment_id", cursor_.experiment_id},
-                                                 {"run_name", o_.run_name},
-                                                 {"start_time", now_ms()},
-                                                 {"tags", tags}});
+    if (cursor_.run_id.empty()) {  // a new run, with its tags
+      const auto a = http_->post(
+          "runs/create", {{"experiment_id", cursor_.experiment_id},
+                          {"run_name", o_.run_name},
+                          {"start_time", now_ms()},
+                          {"tags", key_values({tags.begin(), tags.end()}, 0, tags.size())}});
       if (!a.ok()) return request_failed("a new run", a.code, a.what()) && false;
-      cursor_.run_id = json::parse(a.body)["run"]["info"]["run_id"].get<std::string>();
+      const json info = json::parse(a.body)["run"]["info"];
+      cursor_.run_id = info["run_id"].get<std::string>();
+      cursor_.artifact_uri = info.value("artifact_uri", "");
+      cursor_.state = "RUNNING";  // what runs/create starts a run as
+      created = true;
     }
-    save_cursor();
     {
       std::lock_guard<std::mutex> l(mu_);
       report_.run_id = cursor_.run_id;
     }
   }
-  if (!log_params_and_tags()) return false;
+  const size_t tag_count = tags.size();
+  if (!log_params(tags)) return false;
+  save_cursor();
+  // A run that existed already gets its tags again (a Slurm restart count moves on), and a run
+  // whose params changed gets the changes.
+  if (!created || tags.size() != tag_count) {
+    const std::vector<std::pair<std::string, std::string>> all(tags.begin(), tags.end());
+    for (size_t i = 0; i < all.size(); i += kTagsPerBatch) {
+      const auto a = http_->post("runs/log-batch", {{"run_id", cursor_.run_id},
+                                                    {"tags", key_values(all, i, kTagsPerBatch)}});
+      if (!a.ok()) return request_failed("the run's tags", a.code, a.what()) && false;
+    }
+  }
   bool ending;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -571,11 +611,13 @@ bool RunSync::send_batch() {
 bool RunSync::upload(const std::string& name, const fs::path& path) {
   const std::string sha = sha256_file(path.string());
   if (cursor_.artifacts.count(name) && cursor_.artifacts[name] == sha) return true;
-  auto info = http_->get("runs/get?run_id=" + cursor_.run_id);
-  if (!info.ok())
-    return request_failed("the run's artifact location", info.code, info.what()) && false;
-  const std::string root =
-      json::parse(info.body)["run"]["info"].value("artifact_uri", std::string());
+  if (cursor_.artifact_uri.empty()) {
+    const auto info = http_->get("runs/get?run_id=" + cursor_.run_id);
+    if (!info.ok())
+      return request_failed("the run's artifact location", info.code, info.what()) && false;
+    cursor_.artifact_uri = json::parse(info.body)["run"]["info"].value("artifact_uri", "");
+  }
+  const std::string root = cursor_.artifact_uri;
   const std::string scheme = "mlflow-artifacts:";
   if (root.rfind(scheme, 0) != 0) {
     spdlog::warn(
@@ -592,7 +634,6 @@ bool RunSync::upload(const std::string& name, const fs::path& path) {
                              bytes, "application/octet-stream", 600);
   if (!a.ok()) return request_failed("artifact " + name, a.code, a.what()) && false;
   cursor_.artifacts[name] = sha;
-  save_cursor();
   return true;
 }
 
@@ -633,18 +674,18 @@ bool RunSync::send_end() {
   if (status.empty()) return end_sent_ = true;  // still running: nothing to close
   if (status == "FINISHED" && o_.target.artifacts != "none") {
     for (const char* f : {"config.yaml", "study.yaml", "report.html", "summary.json"})
-      if (fs::exists(o_.run_dir / f) && !upload(f, o_.run_dir / f)) return false;
+      if (fs::exists(o_.run_dir / f) && !upload(f, o_.run_dir / f)) return save_cursor(), false;
     if (o_.target.artifacts == "model")
       if (const fs::path m = best_model(o_.run_dir); !m.empty() && !upload("model.safetensors", m))
-        return false;
+        return save_cursor(), false;
   }
   if (cursor_.state != status) {
     const auto a = http_->post(
         "runs/update", {{"run_id", cursor_.run_id}, {"status", status}, {"end_time", now_ms()}});
     if (!a.ok()) return request_failed("the run's status", a.code, a.what()) && false;
     cursor_.state = status;
-    save_cursor();
   }
+  save_cursor();
   return end_sent_ = true;
 }
 
@@ -681,12 +722,13 @@ void RunSync::loop() {
       warned_down_ = true;
     }
     std::unique_lock<std::mutex> l(mu_);
-    const double wait = ok ? 1.0 : backoff_;
+    const double wait = ok ? kInterval : backoff_;
     if (!ok) backoff_ = std::min(kBackoffMax, backoff_ * 2);
-    // A success waits for the next record (at most a second); a failure waits out the backoff.
+    // A success gathers records for kInterval (one request a second, however often the trainer
+    // logs: the server's work per request, not per point, is what a co-located server takes from
+    // training); a failure waits out the backoff. The end of the run cuts either short.
     cv_.wait_for(l, std::chrono::duration<double>(wait),
-                 [&] { return stop_.load() || (ok && wake_) || (!end_state_.empty() && ok); });
-    wake_ = false;
+                 [&] { return stop_.load() || (!end_state_.empty() && ok); });
   }
   if (!report_.error.empty())
     spdlog::error("[mlflow] {}; training goes on (`mltrain track push {}` sends the records later)",
@@ -697,6 +739,8 @@ void RunSync::loop() {
 
 void RunSync::start() {
   thread_ = std::thread([this] {
+    // Below the training threads: on a full machine the records wait, not the steps.
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
     try {
       loop();
     } catch (const std::exception& e) {  // the sink never stops the training
@@ -708,20 +752,11 @@ void RunSync::start() {
   });
 }
 
-void RunSync::notify() {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    wake_ = true;
-  }
-  cv_.notify_one();
-}
-
 SyncReport RunSync::finish(const std::string& state, double seconds) {
   if (seconds < 0) seconds = o_.target.flush_seconds;
   {
     std::unique_lock<std::mutex> l(mu_);
     end_state_ = state;
-    wake_ = true;
     cv_.notify_all();
     if (thread_.joinable())
       cv_.wait_for(l, std::chrono::duration<double>(seconds), [&] { return done_.load(); });

@@ -1,6 +1,8 @@
 // `mltrain track push`: run folders and tune studies replayed into MLflow with the live sink's
 // cursor (track/mlflow.hpp), so a push after a live run, or twice, sends nothing twice.
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <fstream>
 #include <map>
 
@@ -41,28 +43,28 @@ SyncOptions run_options(const fs::path& dir, const MlflowTarget& target) {
 }  // namespace
 
 std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::path>& dirs,
-                                                          const MlflowTarget& target) {
-  std::vector<std::pair<fs::path, SyncReport>> out;
-  auto push_one = [&](SyncOptions o) {
-    RunSync sync(std::move(o));
-    return sync.push();
+                                                          const MlflowTarget& target, int jobs) {
+  struct Job {
+    SyncOptions o;
+    int parent = -1;  // index of the study's job whose run id this one waits for
+    bool is_parent = false;
   };
+  std::vector<Job> todo;
   for (const fs::path& given : dirs) {
     const fs::path d = fs::absolute(given).lexically_normal();
     if (!fs::is_directory(d))
       throw ConfigError(given.string(), "not a folder",
-                        "give run folders (runs/<name>/v<N>), a run's "
-                        "name folder, or a tune study folder");
+                        "give run folders (runs/<name>/v<N>), a run's name folder, or a tune "
+                        "study folder");
     if (is_run(d)) {
-      out.emplace_back(d, push_one(run_options(d, target)));
+      todo.push_back({run_options(d, target)});
     } else if (is_study(d)) {
       // The study is a parent run; each trial's folders are its children.
       SyncOptions parent{target, d, d.filename().string()};
       if (parent.target.experiment.empty()) parent.target.experiment = d.filename().string();
       parent.tags["mltrain.study"] = d.filename().string();
-      SyncReport pr = push_one(parent);
-      out.emplace_back(d, pr);
-      if (!pr.error.empty()) continue;
+      const int p = static_cast<int>(todo.size());
+      todo.push_back({parent, -1, true});
       // A trial's end from the study's journal: pruned trials ended as planned (FINISHED, with
       // their state as a tag), failed ones FAILED.
       std::map<std::string, std::string> states;
@@ -77,7 +79,6 @@ std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::
           if (!is_run(v)) continue;
           SyncOptions o{parent.target, v, d.filename().string() + "/" + trial.filename().string()};
           if (v.filename() != "v0") o.run_name += "/" + v.filename().string();
-          o.parent_run_id = pr.run_id;
           o.tags["mltrain.study"] = d.filename().string();
           o.tags["mltrain.trial"] = trial.filename().string().substr(1);
           const std::string number = std::to_string(std::stoll(o.tags["mltrain.trial"]));
@@ -85,13 +86,13 @@ std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::
             o.tags["mltrain.trial_state"] = it->second;
             o.state = it->second == "FAIL" ? "failed" : "finished";
           }
-          out.emplace_back(v, push_one(o));
+          todo.push_back({o, p});
         }
     } else {
       bool any = false;
       for (const fs::path& v : sorted_dirs(d))
         if (is_run(v)) {
-          out.emplace_back(v, push_one(run_options(v, target)));
+          todo.push_back({run_options(v, target)});
           any = true;
         }
       if (!any)
@@ -100,6 +101,32 @@ std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::
                           "study folder");
     }
   }
+  std::vector<std::pair<fs::path, SyncReport>> out(todo.size());
+  auto push_one = [&](size_t i) {
+    Job& j = todo[i];
+    out[i].first = j.o.run_dir;
+    if (j.parent >= 0) {
+      if (out[j.parent].second.run_id.empty()) {
+        out[i].second.error = "its study's run was not pushed";
+        return;
+      }
+      j.o.parent_run_id = out[j.parent].second.run_id;
+    }
+    RunSync sync(j.o);
+    out[i].second = sync.push();
+  };
+  // Studies' runs first (their children need the id), then the rest, `jobs` folders at a time:
+  // the server, not mltrain, is what a push waits on.
+  for (size_t i = 0; i < todo.size(); ++i)
+    if (todo[i].is_parent) push_one(i);
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < std::max(1, jobs); ++t)
+    pool.emplace_back([&] {
+      for (size_t i; (i = next++) < todo.size();)
+        if (!todo[i].is_parent) push_one(i);
+    });
+  for (auto& t : pool) t.join();
   return out;
 }
 

@@ -306,17 +306,6 @@ static void log_model(const Pipeline& p) {
       p.train_loader->options().pin_memory ? " (pinned memory)" : "");
 }
 
-// Wakes the MLflow sender after MetricsWriter appended a record (it reads metrics.jsonl itself).
-class TrackNotifier : public Observer {
- public:
-  explicit TrackNotifier(track::RunSync& sync) : sync_(sync) {}
-  void on_step_end(Trainer&, const StepInfo&) override { sync_.notify(); }
-  void on_eval_end(Trainer&, const EvalResult&) override { sync_.notify(); }
-
- private:
-  track::RunSync& sync_;
-};
-
 RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& opt) {
   const dist::World world = dist::world_from_env();
   if (world.size > 1 && world.rank != 0)
@@ -405,7 +394,6 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
     so.config_yaml = config::to_yaml(cfg);
     mlflow = std::make_unique<track::RunSync>(so);
     mlflow->start();
-    trainer.add_observer(std::make_unique<TrackNotifier>(*mlflow));
     spdlog::info("[mlflow] sending records to {} (experiment '{}')", mlflow_target->uri,
                  mlflow_target->experiment);
   }

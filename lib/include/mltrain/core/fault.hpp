@@ -20,6 +20,8 @@
 //   ckpt.prune           pruning, after an old checkpoint's manifest is removed, before its files
 //   journal.write        tune journal append: half of the records' bytes written
 //   journal.fsync        tune journal append: all bytes written, before fdatasync
+//   track.pending        MLflow sink: a batch noted as pending in mlflow.json, before its post
+//   track.acked          MLflow sink: the server acknowledged a batch, before mlflow.json knows
 // For write:<file>, <n> counts files (the n-th time that file is written), not write calls.
 //
 // `MLTRAIN_PAUSE=<point>[@<n>]:<ms>` instead holds the process at the n-th hit of <point> for <ms>

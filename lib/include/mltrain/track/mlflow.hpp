@@ -8,7 +8,6 @@
 //   auto target = track::mlflow_target(cfg.tracking.mlflow, run_name);  // nullopt: no MLflow
 //   track::RunSync sync({*target, run_dir, ...});
 //   sync.start();                    // thread; training never waits on the network
-//   sync.notify();                   // after each record (wakes the thread)
 //   auto r = sync.finish("finished");   // sends what is left, the status, the artifacts
 //
 //   track::RunSync(...).push();     // `mltrain track push`: the same, in the calling thread
@@ -71,7 +70,7 @@ std::string git_commit_of(const std::filesystem::path& dir);
 // What one server acknowledged for one run folder; mlflow.json holds one per server URI.
 struct Cursor {
   std::string uid;  // tags the MLflow run, so a create whose answer was lost is found again
-  std::string run_id, experiment_id;
+  std::string run_id, experiment_id, artifact_uri;
   std::map<std::string, int64_t> acked;       // event -> largest step the server has
   nlohmann::json pending;                     // null, or {"events": {event: step}, "key", "step"}
   std::map<std::string, std::string> params;  // as logged
@@ -112,8 +111,7 @@ class RunSync {
   RunSync(const RunSync&) = delete;
   RunSync& operator=(const RunSync&) = delete;
 
-  void start();   // the sender thread
-  void notify();  // a record was appended to metrics.jsonl: wake the thread
+  void start();  // the sender thread: a batch a second of what metrics.jsonl gained
   // The run ended as `state` (status.json's: finished, failed, interrupted): sends what is left,
   // then the run's status and (finished) the artifacts, waiting at most `seconds` (negative:
   // target.flush_seconds); then stops the thread.
@@ -138,7 +136,8 @@ class RunSync {
   bool settle_pending();  // a batch whose answer was lost: ask the server
   bool send_batch();
   bool send_end();  // status and artifacts, once everything is sent
-  bool log_params_and_tags();
+  std::map<std::string, std::string> run_tags();
+  bool log_params(std::map<std::string, std::string>& tags);  // adds tags for changed params
   bool upload(const std::string& file, const std::filesystem::path& path);
   void save_cursor();
   void fail(const std::string& what, bool auth);
@@ -160,15 +159,14 @@ class RunSync {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool wake_ = false;
   std::atomic<bool> stop_{false};
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
 
 // `mltrain track push`: one run folder, or a tune study (a parent run with one child run per
-// trial folder). Every folder's report, in order.
+// trial folder), `jobs` folders at a time. Every folder's report, in the order given.
 std::vector<std::pair<std::filesystem::path, SyncReport>> push_folders(
-    const std::vector<std::filesystem::path>& dirs, const MlflowTarget& target);
+    const std::vector<std::filesystem::path>& dirs, const MlflowTarget& target, int jobs = 4);
 
 }  // namespace mltrain::track
