@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "mltrain/core/error.hpp"
 #include "mltrain/config/experiment.hpp"
 #include "mltrain/data/open.hpp"
 #include "mltrain/data/sources.hpp"
@@ -93,24 +94,44 @@ static void setup_tokenize(CLI::App* sub, Action& run) {
     std::string out;
     bool bytes = false;
     double val_fraction = 0.1;
+    data::SentencePieceOptions sp;
   };
   auto t = std::make_shared<TokenizeOpts>();
   auto* tok = sub->add_subcommand(
       "tokenize",
-      "text files -> token streams for language models (train.bin, val.bin, meta.json)");
+      "text files -> token streams for language models (train.bin, val.bin, meta.json): bytes, "
+      "or SentencePiece pieces of a given or freshly trained model");
   tok->add_option("files", t->files, "text files, concatenated in the order given")->required();
   tok->add_option("-o,--output", t->out, "output folder (data.root of a tokens config)")
       ->required();
-  tok->add_flag("--bytes", t->bytes,
-                "byte-level tokens (vocabulary 256): the only tokenizer built in")
-      ->required();
+  auto* bytes = tok->add_flag("--bytes", t->bytes, "byte-level tokens (vocabulary 256)");
+  auto* model = tok->add_option("--sentencepiece", t->sp.model,
+                                "a SentencePiece .model file (spm_train's, or PyPI "
+                                "sentencepiece's): its pieces, each line ending in EOS");
+  auto* train = tok->add_option("--train-sentencepiece", t->sp.train_vocab,
+                                "train a SentencePiece model of this many pieces on the files "
+                                "first (<output>/tokenizer.model), then tokenize with it")
+                    ->check(CLI::Range(int64_t{8}, int64_t{1} << 22));
+  tok->add_option("--model-type", t->sp.model_type, "--train-sentencepiece: unigram or bpe")
+      ->check(CLI::IsMember({"unigram", "bpe"}))
+      ->capture_default_str();
+  bytes->excludes(model)->excludes(train);
+  model->excludes(train);
   tok->add_option("--val-fraction", t->val_fraction, "the stream's last fraction held out")
       ->check(CLI::Range(0.0, 0.5));
   tok->callback([&run, t] {
     run = [t] {
-      const auto r = data::tokenize_bytes(t->files, t->out, t->val_fraction);
+      if (!t->bytes && t->sp.model.empty() && t->sp.train_vocab == 0)
+        throw ConfigError("data tokenize", "no tokenizer chosen",
+                          "pass --bytes, --sentencepiece MODEL.model or --train-sentencepiece "
+                          "VOCAB_SIZE");
+      const auto r = t->bytes
+                         ? data::tokenize_bytes(t->files, t->out, t->val_fraction)
+                         : data::tokenize_sentencepiece(t->files, t->out, t->val_fraction, t->sp);
       std::cout << "wrote " << t->out << "/train.bin (" << r.train_tokens << " tokens), " << t->out
-                << "/val.bin (" << r.val_tokens << " tokens), meta.json (vocab 256)\n";
+                << "/val.bin (" << r.val_tokens << " tokens), meta.json (vocab " << r.vocab << ", "
+                << r.dtype << (r.dtype == "uint32" ? ": over 65,535 pieces do not fit uint16" : "")
+                << ")\n";
       return 0;
     };
   });

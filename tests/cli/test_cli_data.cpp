@@ -1,4 +1,6 @@
 // `mltrain data convert` / `inspect`, and training from the shard.
+#include <algorithm>
+
 #include "cli_support.hpp"
 
 TEST_CASE("data convert / inspect, and training from the shard", "[cli][shard]") {
@@ -214,4 +216,107 @@ TEST_CASE("found by a new user: a dangling link, vocab_size -1, inspect on a chu
   CHECK(t.code == 3);
   CHECK_THAT(t.out, Catch::Contains((d / "tok" / "meta.json").string() +
                                     ": \"vocab_size\" is -1, not a positive integer"));
+}
+
+// The English text of Debian's fortunes package, sorted, as scripts/data/fortunes.sh takes it.
+static std::vector<std::string> fortunes_files() {
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator("/usr/share/games/fortunes")) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || e.path().extension() == ".dat" || e.path().extension() == ".u8" ||
+        name == "art" || name == "ascii-art")
+      continue;
+    files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TEST_CASE("data tokenize --sentencepiece: ids equal PyPI sentencepiece's, either side training",
+          "[cli][tokenize]") {
+  const auto d = tmpdir("sentencepiece");
+  const auto files = fortunes_files();
+  REQUIRE(files.size() > 10);
+  const std::string check = kPython + " " + kSrc + "/tests/golden/check_sentencepiece.py ";
+  std::string args;
+  for (const auto& f : files) args += " " + f;
+
+  // Trained by mltrain (libsentencepiece), checked by Python's package: BPE id for id; unigram
+  // id for id but for segmentations of equal score, which Debian's 0.1.97 and PyPI's 0.2.3 break
+  // differently (63 of 66,887 lines here): each must decode to the same text, same total score.
+  auto r = run("data tokenize" + args + " -o " + (d / "ours_bpe").string() +
+               " --train-sentencepiece 2000 --model-type bpe --val-fraction 0.05");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  auto c = sh(check + "check " + (d / "ours_bpe").string());
+  INFO(c.out);
+  CHECK(c.code == 0);
+  CHECK(c.out.find("\"tie_lines\": 0") != std::string::npos);
+  r = run("data tokenize" + args + " -o " + (d / "ours").string() +
+          " --train-sentencepiece 2000 --val-fraction 0.05");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("meta.json (vocab 2000, uint16)") != std::string::npos);
+  c = sh(check + "check " + (d / "ours").string() + " --ties");
+  INFO(c.out);
+  CHECK(c.code == 0);
+  const auto meta = nlohmann::json::parse(slurp(d / "ours" / "meta.json"));
+  CHECK(meta["tokenizer_sha256"] == sha256_of(d / "ours" / "tokenizer.model"));
+  CHECK(meta["vocab_size"] == 2000);
+  CHECK(meta["eos_id"] == 2);
+
+  // Trained by Python (BPE), used by mltrain.
+  REQUIRE(sh(check + "train " + (d / "py").string() + " 2000 bpe" + args).code == 0);
+  r = run("data tokenize" + args + " -o " + (d / "theirs").string() + " --sentencepiece " +
+          (d / "py.model").string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  c = sh(check + "check " + (d / "theirs").string());
+  INFO(c.out);
+  CHECK(c.code == 0);
+
+  // More pieces than uint16 holds: uint32, said so, and still Python's ids.
+  REQUIRE(sh(check + "big " + (d / "big.model").string() + " 70000").code == 0);
+  std::ofstream(d / "words.txt") << "w69990 w3 w65536 w70 abc\nw65999 w69000\n";
+  r = run("data tokenize " + (d / "words.txt").string() + " -o " + (d / "wide").string() +
+          " --sentencepiece " + (d / "big.model").string() + " --val-fraction 0");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("uint32: over 65,535 pieces do not fit uint16") != std::string::npos);
+  c = sh(check + "check " + (d / "wide").string());
+  INFO(c.out);
+  CHECK(c.code == 0);
+  CHECK(c.out.find("\"dtype\": \"uint32\"") != std::string::npos);
+
+  // Training checks data.vocab_size against the tokenizer's.
+  r = run("train " + kSrc + "/configs/text_char_gpt.yaml data.root=" + (d / "ours").string() +
+          " data.vocab_size=1000 train.duration=2u run.dir=" + (d / "runs").string());
+  CHECK(r.code == 3);
+  CHECK(r.out.find("meta.json: its SentencePiece tokenizer") != std::string::npos);
+  CHECK(r.out.find("has 2000 pieces, more than data.vocab_size 1000") != std::string::npos);
+}
+
+TEST_CASE("data tokenize --sentencepiece: bad model files and text that is not UTF-8 exit 3",
+          "[cli][tokenize]") {
+  const auto d = tmpdir("sentencepiece_bad");
+  std::ofstream(d / "text.txt") << "plain words\n";
+  std::ofstream(d / "latin1.txt") << "caf\xe9 au lait\n";
+  std::ofstream(d / "fake.model") << "not a model at all";
+  auto r = run("data tokenize " + (d / "text.txt").string() + " -o " + (d / "o1").string() +
+               " --sentencepiece " + (d / "fake.model").string());
+  CHECK(r.code == 3);
+  CHECK(r.out.find((d / "fake.model").string() + ": is not a SentencePiece model") !=
+        std::string::npos);
+  r = run("data tokenize " + (d / "latin1.txt").string() + " -o " + (d / "o2").string() +
+          " --train-sentencepiece 50");
+  CHECK(r.code == 3);
+  CHECK(r.out.find((d / "latin1.txt").string() + ": is not UTF-8 text: byte 0xE9 at offset 3") !=
+        std::string::npos);
+  CHECK(!fs::exists(d / "o2" / "tokenizer.model"));
+  r = run("data tokenize " + (d / "text.txt").string() + " -o " + (d / "o3").string());
+  CHECK(r.code == 2);
+  CHECK(r.out.find("no tokenizer chosen") != std::string::npos);
+  r = run("data tokenize " + (d / "text.txt").string() + " -o " + (d / "o4").string() +
+          " --bytes --train-sentencepiece 100");
+  CHECK(r.code == 2);
 }

@@ -293,6 +293,35 @@ TEST_CASE("MLflow bad input: no scheme, unreachable, refused credentials", "[tra
     CHECK(p.code == 0);
     CHECK(check(server.uri(), dir / "runs" / "away" / "v0", "--status FINISHED").code == 0);
   }
+  SECTION("a server that is not MLflow: one error with its answer; training goes on") {
+    const int port = free_ports(1);
+    const fs::path root = dir / "www";
+    fs::create_directories(root);
+    pid_t web = 0;
+    const std::string py = "/usr/bin/python3", port_s = std::to_string(port);
+    const char* argv[] = {py.c_str(), "-m",        "http.server", port_s.c_str(),
+                          "--bind",   "127.0.0.1", nullptr};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    posix_spawn_file_actions_addchdir_np(&fa, root.c_str());
+    REQUIRE(posix_spawn(&web, py.c_str(), &fa, nullptr, const_cast<char**>(argv), environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    const std::string uri = "http://127.0.0.1:" + port_s;
+    REQUIRE(wait_for([&] { return sh("curl -s -o /dev/null " + uri + "/").code == 0; }, 30));
+    ScopedEnv env({{"MLFLOW_TRACKING_URI", uri}});
+    const auto r = run(join(mlp_args(dir / "runs", "web", "20u"), 1));
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK(r.out.find("refused experiment 'web': HTTP 404") != std::string::npos);
+    const auto p = run("track push " + (dir / "runs" / "web" / "v0").string());
+    INFO(p.out);
+    CHECK(p.code == 1);
+    CHECK(p.out.find("HTTP 404") != std::string::npos);
+    ::kill(web, SIGTERM);
+    wait_exit(web);
+  }
   SECTION("401: one error naming the variables; training goes on; the right ones work") {
     MlflowServer server(dir / "server", /*auth=*/true);
     server.start();

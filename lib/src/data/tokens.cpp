@@ -138,6 +138,16 @@ Dataset load_tokens(const std::string& path, int64_t block, int64_t vocab_size) 
                         std::to_string(block + 1) + " (model.block_size + 1)",
                     "give more text, or lower model.block_size");
   const int64_t from_meta = meta_vocab(meta, path);
+  // A SentencePiece tokenizer's vocabulary is the model's floor (a larger one, padded, is fine);
+  // byte streams keep the per-token check below, which names the first offending offset.
+  if (vocab_size > 0 && from_meta > vocab_size && meta.value("tokenizer", "") == "sentencepiece")
+    throw DataError((fs::path(path).parent_path() / "meta.json").string(),
+                    "its SentencePiece tokenizer (" + meta.value("tokenizer_file", "") +
+                        ", sha256 " + meta.value("tokenizer_sha256", "").substr(0, 12) + ") has " +
+                        std::to_string(from_meta) + " pieces, more than data.vocab_size " +
+                        std::to_string(vocab_size),
+                    "set data.vocab_size: " + std::to_string(from_meta) +
+                        " (or 0: meta.json's), or tokenize again with the tokenizer you meant");
   int64_t vocab = vocab_size > 0 ? vocab_size : from_meta;
   const size_t w = dtype_size(a.dtype);
   int64_t largest = 0;

@@ -1,7 +1,9 @@
 // The MLflow sink: libcurl requests, the cursor, the sender loop (track/mlflow.hpp).
 #include "mltrain/track/mlflow.hpp"
 
+#ifdef MLTRAIN_WITH_CURL
 #include <curl/curl.h>
+#endif
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -198,6 +200,7 @@ Cursor Cursor::from_json(const json& j) {
 // HTTP: one libcurl easy handle per sync, reused (keep-alive); a request in flight is abandoned
 // when the sync stops (the progress callback reads the stop flag).
 
+#ifdef MLTRAIN_WITH_CURL
 struct RunSync::Http {
   struct Answer {
     long code = 0;  // HTTP status; 0: no answer (curl_error says why)
@@ -289,6 +292,27 @@ struct RunSync::Http {
     return call("POST", "/api/2.0/mlflow/" + path, body.dump());
   }
 };
+
+#else
+// Built without libcurl: every request fails, saying so once per sync.
+struct RunSync::Http {
+  struct Answer {
+    long code = 0;
+    std::string body,
+        curl_error = "mltrain was built without libcurl (install libcurl4-openssl-dev and rebuild)";
+    bool ok() const { return false; }
+    std::string error_code() const { return ""; }
+    std::string what() const { return curl_error; }
+  };
+  Http(const MlflowTarget&, const std::atomic<bool>&) {}
+  std::string escape(const std::string& s) { return s; }
+  Answer call(const char*, const std::string&, const std::string&, const char* = "", long = 0) {
+    return {};
+  }
+  Answer get(const std::string&) { return {}; }
+  Answer post(const std::string&, const json&) { return {}; }
+};
+#endif
 
 // ---------------------------------------------------------------------------------------------
 
@@ -786,7 +810,14 @@ SyncReport RunSync::push(int attempts) {
   end_state_ = state.empty() ? "running" : state;
   int failures = 0;
   for (double wait = 0.5; report_.error.empty();) {
-    if (pump()) {
+    bool ok = false;
+    try {
+      ok = pump();
+    } catch (const std::exception& e) {  // a 200 whose body is not MLflow's JSON, a full disk
+      fail("MLflow at " + o_.target.uri + ": " + e.what(), false);
+      break;
+    }
+    if (ok) {
       failures = 0;
       if (end_sent_) break;
       continue;

@@ -123,9 +123,24 @@ bool byte_tokens(const std::string& token_file);
 // stream): writes <out>/train.bin, <out>/val.bin (uint16) and <out>/meta.json (vocab 256).
 struct TokenizeResult {
   int64_t train_tokens = 0, val_tokens = 0;
+  int64_t vocab = 256;
+  std::string dtype = "uint16";
 };
 TokenizeResult tokenize_bytes(const std::vector<std::string>& files, const std::string& out,
                               double val_fraction);
+// SentencePiece tokens (Debian's libsentencepiece): with `model`, or a unigram/BPE model of
+// `train_vocab` pieces trained on the files first (<out>/tokenizer.model). Each line is encoded
+// and ends in the model's EOS id; the last val_fraction of the bytes (whole lines) goes to
+// val.bin. meta.json records the tokenizer file and its SHA-256, vocabulary, BOS/EOS ids, the
+// bytes of each split (for loss per byte) and the dtype: uint16, or uint32 past 65,535 pieces.
+// Text that is not UTF-8 or a model file that is not SentencePiece: DataError naming the file.
+struct SentencePieceOptions {
+  std::string model;        // an existing .model file
+  int64_t train_vocab = 0;  // > 0: train one of this many pieces
+  std::string model_type = "unigram";
+};
+TokenizeResult tokenize_sentencepiece(const std::vector<std::string>& files, const std::string& out,
+                                      double val_fraction, const SentencePieceOptions& sp);
 
 // Shard v1: a 4 KiB header, then fixed-size sample records, then int64 labels, each region
 // 4 KiB-aligned so readers can mmap it and gather samples straight from the page cache.
