@@ -1,5 +1,9 @@
 // `mltrain data tokenize --sentencepiece MODEL | --train-sentencepiece V`: text files to token
-// streams through Debian's libsentencepiece (dataset.hpp).
+// streams through Debian's libsentencepiece (dataset.hpp). Compiled into the helper executable
+// mltrain_spm only, never into a process with LibTorch: libsentencepiece.so.0 and libc10.so both
+// define the global FLAGS_minloglevel (an absl flag object in one, an int in the other), so in
+// one process each writes over the other's and TorchScript calls deadlock in c10's logging
+// (measured: cli_quantize, cli_tasks and test_engine hung in c10::GetEventSampledHandler).
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -88,8 +92,9 @@ void write_ids(const fs::path& path, const std::vector<int>& ids, bool wide) {
 
 }  // namespace
 
-TokenizeResult tokenize_sentencepiece(const std::vector<std::string>& files, const std::string& out,
-                                      double val_fraction, const SentencePieceOptions& sp) {
+TokenizeResult tokenize_sentencepiece_here(const std::vector<std::string>& files,
+                                           const std::string& out, double val_fraction,
+                                           const SentencePieceOptions& sp) {
   // Every file is read and checked first: nothing is trained or written from bad text.
   std::vector<std::string> lines;
   int64_t total_bytes = 0;

@@ -139,8 +139,15 @@ struct SentencePieceOptions {
   int64_t train_vocab = 0;  // > 0: train one of this many pieces
   std::string model_type = "unigram";
 };
+// Runs in the helper mltrain_spm beside the mltrain binary (tokenize_spm.cpp), which links
+// libsentencepiece without LibTorch: the two clash in one process (sentencepiece.cpp says how).
+// The helper's errors come back as the same DataError / ConfigError and exit code.
 TokenizeResult tokenize_sentencepiece(const std::vector<std::string>& files, const std::string& out,
                                       double val_fraction, const SentencePieceOptions& sp);
+// The work itself, in the helper's process (lib/src/data/sentencepiece.cpp).
+TokenizeResult tokenize_sentencepiece_here(const std::vector<std::string>& files,
+                                           const std::string& out, double val_fraction,
+                                           const SentencePieceOptions& sp);
 
 // Shard v1: a 4 KiB header, then fixed-size sample records, then int64 labels, each region
 // 4 KiB-aligned so readers can mmap it and gather samples straight from the page cache.
