@@ -99,7 +99,9 @@ TEST_CASE("completion: bash completes subcommands, flags and config keys", "[cli
     CHECK_THAT(r.out, Catch::Contains("complete -o filenames -F _mltrain mltrain"));
     return r.out.substr(r.out.rfind('['));
   };
-  CHECK(complete("mltrain tr") == "[train]\n");
+  CHECK(complete("mltrain tr") == "[train track]\n");
+  CHECK(complete("mltrain trai") == "[train]\n");
+  CHECK(complete("mltrain track p") == "[push]\n");
   CHECK_THAT(complete("mltrain \"\""), Catch::Contains("predict"));
   CHECK(complete("mltrain data con") == "[convert]\n");
   CHECK(complete("mltrain predict run --to") == "[--top-k]\n");
