@@ -16,6 +16,8 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
+from golden_report import finish
+
 # Fields a killed and resumed run writes again with the same value (timings are not among them).
 EXACT = {"loss", "accuracy", "lr", "epoch", "grad_norm", "grad_norm_max", "top5_accuracy",
          "skipped_steps", "samples", "test_accuracy", "test_loss", "test_samples",
@@ -99,12 +101,9 @@ def main():
         if run.data.tags.get("mlflow.parentRunId") != parent:
             problems.append(f"parent {run.data.tags.get('mlflow.parentRunId')!r}, expected {parent}")
 
-    print(json.dumps({"run_id": run.info.run_id, "records": records, "points": points,
-                      "keys": len(expected), "status": run.info.status,
-                      "params": len(run.data.params), "problems": len(problems)}))
-    for p in problems[:50]:
-        print("problem:", p)
-    return 1 if problems else 0
+    return finish({"run_id": run.info.run_id, "records": records, "points": points,
+                   "keys": len(expected), "status": run.info.status,
+                   "params": len(run.data.params)}, problems)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
+from golden_report import finish
+
 
 def same(a, b):
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
@@ -124,12 +126,8 @@ def main():
     shown = dashboard_trials(a.journal, name) if a.dashboard else None
     if a.dashboard and shown != len(rows):
         problems.append(f"optuna-dashboard lists {shown} trials, expected {len(rows)}")
-    print(json.dumps({"study": name, "trials": len(study.trials), "params_compared": compared,
-                      "dashboard_trials": shown, "optuna": optuna.__version__,
-                      "problems": len(problems)}))
-    for p in problems[:50]:
-        print("problem:", p)
-    return 1 if problems else 0
+    return finish({"study": name, "trials": len(study.trials), "params_compared": compared,
+                   "dashboard_trials": shown, "optuna": optuna.__version__}, problems)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import sys
 import numpy as np
 import sentencepiece as spm
 
+from golden_report import finish
+
 
 def check(out, allow_ties=False):
     out = pathlib.Path(out)
@@ -76,14 +78,10 @@ def check(out, allow_ties=False):
     want = np.array(want, dtype=np.int64)
     if meta["dtype"] == "uint16" and sp.get_piece_size() > 65536:
         problems.append("uint16 for a vocabulary past 65,536")
-    print(json.dumps({"ids": int(len(ours)), "train": int(len(train)), "val": int(len(val)),
-                      "lines": len(lines), "tie_lines": ties,
-                      "vocab": sp.get_piece_size(), "max_id": int(want.max()),
-                      "dtype": meta["dtype"], "sentencepiece": spm.__version__,
-                      "problems": len(problems)}))
-    for p in problems:
-        print("problem:", p)
-    return 1 if problems else 0
+    return finish({"ids": int(len(ours)), "train": int(len(train)), "val": int(len(val)),
+                   "lines": len(lines), "tie_lines": ties, "vocab": sp.get_piece_size(),
+                   "max_id": int(want.max()), "dtype": meta["dtype"],
+                   "sentencepiece": spm.__version__}, problems)
 
 
 def train(prefix, vocab, model_type, files):

@@ -15,6 +15,8 @@ import sys
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from golden_report import finish
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -51,11 +53,7 @@ def main():
     histograms = sum(len(ea.Histograms(t)) for t in tags["histograms"])
     if histograms < a.histograms:
         problems.append(f"{histograms} histograms, expected at least {a.histograms}")
-    print(json.dumps({"scalars": compared, "tags": len(tb), "histograms": histograms,
-                      "problems": len(problems)}))
-    for p in problems[:50]:
-        print("problem:", p)
-    return 1 if problems else 0
+    return finish({"scalars": compared, "tags": len(tb), "histograms": histograms}, problems)
 
 
 if __name__ == "__main__":
