@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -39,18 +40,11 @@ TokenizeResult tokenize_sentencepiece(const std::vector<std::string>& files, con
   ::waitpid(pid, &status, 0);
   // The answer is the last line that is JSON; anything before it is the library's own output.
   nlohmann::json answer;
-  for (size_t end = text.size(); end > 0 && answer.is_null();) {
-    const size_t start = text.rfind('\n', end - 2 < text.size() ? end - 2 : 0);
-    const std::string line = text.substr(start == std::string::npos ? 0 : start + 1,
-                                         end - (start == std::string::npos ? 0 : start + 1));
-    try {
-      if (!line.empty() && line.front() == '{') answer = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-    }
-    if (start == std::string::npos) break;
-    end = start + 1;
-  }
-  if (answer.contains("error")) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line.front() == '{')
+      answer = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (answer.is_object() && answer.contains("error")) {
     const auto& e = answer["error"];
     const std::string kind = e.value("kind", "runtime"), where = e.value("where", ""),
                       message = e.value("message", ""), fix = e.value("fix", "");
@@ -58,7 +52,8 @@ TokenizeResult tokenize_sentencepiece(const std::vector<std::string>& files, con
     if (kind == "config") throw ConfigError(where, message, fix);
     throw RuntimeError(where, message, fix);
   }
-  if (!answer.contains("ok") || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+  if (!answer.is_object() || !answer.contains("ok") || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0)
     throw RuntimeError(helper.string(), "stopped without an answer: " + text.substr(0, 2000),
                        "run it again; if it repeats, report it with this output");
   const auto& ok = answer["ok"];

@@ -357,8 +357,9 @@ void RunSync::fail(const std::string& what, bool auth) {
   }
 }
 
-// A refused request: 401/403 stop the sync with the variable to set; other 4xx (but 429) stop
-// it with the server's message; no answer, 429 and 5xx are retried. Returns true when retried.
+// A request that failed: 401/403 stop the sync with the variable to set; other 4xx (but 429) stop
+// it with the server's message; no answer, 429 and 5xx are left to the retry. Returns false, so a
+// step can `return request_failed(...)`.
 bool RunSync::request_failed(const std::string& what, long code, const std::string& body) {
   if (code == 401 || code == 403) {
     fail("MLflow at " + o_.target.uri + " answered " + std::to_string(code) + " to " + what +
@@ -369,9 +370,8 @@ bool RunSync::request_failed(const std::string& what, long code, const std::stri
   }
   if (code >= 400 && code < 500 && code != 429) {
     fail("MLflow at " + o_.target.uri + " refused " + what + ": " + body, false);
-    return false;
   }
-  return true;
+  return false;
 }
 
 void RunSync::read_new() {
@@ -403,12 +403,14 @@ void RunSync::read_new() {
   offset_ += at;
 }
 
+// The run's tags, worked out once per sync (env.json read, the binary hashed): a server that is
+// down makes ensure_run() retry, and each retry needs them again.
 std::map<std::string, std::string> RunSync::run_tags() {
+  if (tags_) return *tags_;
   json env = nullptr;
   if (fs::exists(o_.run_dir / "env.json"))
     env = json_or_null(read_file((o_.run_dir / "env.json").string()));
   std::map<std::string, std::string> tags = o_.tags;
-  tags["mltrain.uid"] = cursor_.uid;
   tags["mltrain.run_dir"] = fs::absolute(o_.run_dir).string();
   if (!o_.parent_run_id.empty()) tags["mlflow.parentRunId"] = o_.parent_run_id;
   tags["mlflow.source.name"] = "mltrain";
@@ -432,6 +434,7 @@ std::map<std::string, std::string> RunSync::run_tags() {
                               k.rfind("PET_", 0) == 0 || k == "JOB_NAME" || k == "POD_NAME"))
           tags["job." + k] = v.get<std::string>();
   }
+  tags_ = tags;
   return tags;
 }
 
@@ -463,7 +466,7 @@ bool RunSync::log_params(std::map<std::string, std::string>& tags) {
     const auto a = http_->post(
         "runs/log-batch",
         {{"run_id", cursor_.run_id}, {"params", key_values(fresh, i, kParamsPerBatch)}});
-    if (!a.ok()) return request_failed("the run's params", a.code, a.what()) && false;
+    if (!a.ok()) return request_failed("the run's params", a.code, a.what());
   }
   for (auto& [k, v] : fresh) cursor_.params[k] = v;
   return true;
@@ -476,6 +479,7 @@ static std::map<std::string, std::string> experiment_ids;  // "<uri> <name>" -> 
 bool RunSync::ensure_run() {
   if (run_ready_) return true;
   auto tags = run_tags();
+  tags["mltrain.uid"] = cursor_.uid;  // empty before the first attempt: set again below
   bool created = false;
   if (cursor_.run_id.empty()) {
     const std::string cache_key = o_.target.uri + " " + o_.target.experiment;
@@ -497,22 +501,20 @@ bool RunSync::ensure_run() {
           a = http_->get(get);
       }
       if (!a.ok())
-        return request_failed("experiment '" + o_.target.experiment + "'", a.code, a.what()) &&
-               false;
+        return request_failed("experiment '" + o_.target.experiment + "'", a.code, a.what());
       cursor_.experiment_id = json::parse(a.body)["experiment"]["experiment_id"].get<std::string>();
       std::lock_guard<std::mutex> l(experiments_mu);
       experiment_ids[cache_key] = cursor_.experiment_id;
     }
     if (cursor_.uid.empty()) {
       cursor_.uid = random_hex(16);
-      tags["mltrain.uid"] = cursor_.uid;
       save_cursor();  // before the create: a create whose answer is lost is found by this tag
     } else {
       const auto a =
           http_->post("runs/search", {{"experiment_ids", {cursor_.experiment_id}},
                                       {"filter", "tags.`mltrain.uid` = '" + cursor_.uid + "'"},
                                       {"max_results", 1}});
-      if (!a.ok()) return request_failed("a search for this run", a.code, a.what()) && false;
+      if (!a.ok()) return request_failed("a search for this run", a.code, a.what());
       const json j = json_or_null(a.body);
       if (j.is_object() && j.contains("runs") && !j["runs"].empty()) {
         cursor_.run_id = j["runs"][0]["info"]["run_id"].get<std::string>();
@@ -520,12 +522,13 @@ bool RunSync::ensure_run() {
       }
     }
     if (cursor_.run_id.empty()) {  // a new run, with its tags
+      tags["mltrain.uid"] = cursor_.uid;
       const auto a = http_->post(
           "runs/create", {{"experiment_id", cursor_.experiment_id},
                           {"run_name", o_.run_name},
                           {"start_time", now_ms()},
                           {"tags", key_values({tags.begin(), tags.end()}, 0, tags.size())}});
-      if (!a.ok()) return request_failed("a new run", a.code, a.what()) && false;
+      if (!a.ok()) return request_failed("a new run", a.code, a.what());
       const json info = json::parse(a.body)["run"]["info"];
       cursor_.run_id = info["run_id"].get<std::string>();
       cursor_.artifact_uri = info.value("artifact_uri", "");
@@ -547,7 +550,7 @@ bool RunSync::ensure_run() {
     for (size_t i = 0; i < all.size(); i += kTagsPerBatch) {
       const auto a = http_->post("runs/log-batch", {{"run_id", cursor_.run_id},
                                                     {"tags", key_values(all, i, kTagsPerBatch)}});
-      if (!a.ok()) return request_failed("the run's tags", a.code, a.what()) && false;
+      if (!a.ok()) return request_failed("the run's tags", a.code, a.what());
     }
   }
   bool ending;
@@ -557,7 +560,7 @@ bool RunSync::ensure_run() {
   }
   if (!ending && cursor_.state != "RUNNING") {  // a live run (again, after an interruption)
     const auto a = http_->post("runs/update", {{"run_id", cursor_.run_id}, {"status", "RUNNING"}});
-    if (!a.ok()) return request_failed("the run's status", a.code, a.what()) && false;
+    if (!a.ok()) return request_failed("the run's status", a.code, a.what());
     cursor_.state = "RUNNING";
     save_cursor();
   }
@@ -576,7 +579,7 @@ bool RunSync::settle_pending() {
     const auto a = http_->get("metrics/get-history?run_id=" + cursor_.run_id +
                               "&metric_key=" + http_->escape(key) + "&max_results=25000" +
                               (token.empty() ? "" : "&page_token=" + http_->escape(token)));
-    if (!a.ok()) return request_failed("a metric's history", a.code, a.what()) && false;
+    if (!a.ok()) return request_failed("a metric's history", a.code, a.what());
     const json j = json_or_null(a.body);
     if (!j.is_object()) return false;
     for (const auto& m : j.value("metrics", json::array()))
@@ -620,7 +623,7 @@ bool RunSync::send_batch() {
     fault::at("track.pending");  // noted, not posted
     const auto a =
         http_->post("runs/log-batch", {{"run_id", cursor_.run_id}, {"metrics", metrics}});
-    if (!a.ok()) return request_failed("metrics", a.code, a.what()) && false;
+    if (!a.ok()) return request_failed("metrics", a.code, a.what());
     fault::at("track.acked");  // the server has them; the cursor does not know yet
   }
   for (const auto& [event, s] : events.items())
@@ -637,8 +640,7 @@ bool RunSync::upload(const std::string& name, const fs::path& path) {
   if (cursor_.artifacts.count(name) && cursor_.artifacts[name] == sha) return true;
   if (cursor_.artifact_uri.empty()) {
     const auto info = http_->get("runs/get?run_id=" + cursor_.run_id);
-    if (!info.ok())
-      return request_failed("the run's artifact location", info.code, info.what()) && false;
+    if (!info.ok()) return request_failed("the run's artifact location", info.code, info.what());
     cursor_.artifact_uri = json::parse(info.body)["run"]["info"].value("artifact_uri", "");
   }
   const std::string root = cursor_.artifact_uri;
@@ -656,7 +658,7 @@ bool RunSync::upload(const std::string& name, const fs::path& path) {
   const std::string bytes = read_file(path.string());
   const auto a = http_->call("PUT", "/api/2.0/mlflow-artifacts/artifacts/" + rel + "/" + name,
                              bytes, "application/octet-stream", 600);
-  if (!a.ok()) return request_failed("artifact " + name, a.code, a.what()) && false;
+  if (!a.ok()) return request_failed("artifact " + name, a.code, a.what());
   cursor_.artifacts[name] = sha;
   return true;
 }
@@ -706,7 +708,7 @@ bool RunSync::send_end() {
   if (cursor_.state != status) {
     const auto a = http_->post(
         "runs/update", {{"run_id", cursor_.run_id}, {"status", status}, {"end_time", now_ms()}});
-    if (!a.ok()) return request_failed("the run's status", a.code, a.what()) && false;
+    if (!a.ok()) return request_failed("the run's status", a.code, a.what());
     cursor_.state = status;
   }
   save_cursor();

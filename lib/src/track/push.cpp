@@ -33,14 +33,13 @@ std::vector<fs::path> sorted_dirs(const fs::path& d) {
   return out;
 }
 
-// runs/<name>/v<N> is MLflow run "<name>/v<N>" in experiment <name> (unless one is given).
-SyncOptions run_options(const fs::path& dir, const MlflowTarget& target) {
+}  // namespace
+
+SyncOptions options_for_run(const fs::path& dir, const MlflowTarget& target) {
   SyncOptions o{target, dir, dir.parent_path().filename().string() + "/" + dir.filename().string()};
   if (o.target.experiment.empty()) o.target.experiment = dir.parent_path().filename().string();
   return o;
 }
-
-}  // namespace
 
 std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::path>& dirs,
                                                           const MlflowTarget& target, int jobs) {
@@ -57,7 +56,7 @@ std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::
                         "give run folders (runs/<name>/v<N>), a run's name folder, or a tune "
                         "study folder");
     if (is_run(d)) {
-      todo.push_back({run_options(d, target)});
+      todo.push_back({options_for_run(d, target)});
     } else if (is_study(d)) {
       // The study is a parent run; each trial's folders are its children.
       SyncOptions parent{target, d, d.filename().string()};
@@ -92,7 +91,7 @@ std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::
       bool any = false;
       for (const fs::path& v : sorted_dirs(d))
         if (is_run(v)) {
-          todo.push_back({run_options(v, target)});
+          todo.push_back({options_for_run(v, target)});
           any = true;
         }
       if (!any)

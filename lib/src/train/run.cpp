@@ -385,17 +385,13 @@ RunResult run_training(const config::ExperimentConfig& cfg, const RunOptions& op
   // MLflow: rank 0 streams metrics.jsonl from a thread of its own (track/mlflow.hpp).
   std::unique_ptr<track::RunSync> mlflow;
   if (writer && mlflow_target) {
-    if (mlflow_target->experiment.empty())
-      mlflow_target->experiment = run_dir.parent_path().filename().string();
-    track::SyncOptions so{
-        *mlflow_target, run_dir,
-        run_dir.parent_path().filename().string() + "/" + run_dir.filename().string()};
+    track::SyncOptions so = track::options_for_run(run_dir, *mlflow_target);
     so.resume_step = ck ? ck->step : -1;
     so.config_yaml = config::to_yaml(cfg);
     mlflow = std::make_unique<track::RunSync>(so);
     mlflow->start();
-    spdlog::info("[mlflow] sending records to {} (experiment '{}')", mlflow_target->uri,
-                 mlflow_target->experiment);
+    spdlog::info("[mlflow] sending records to {} (experiment '{}')", so.target.uri,
+                 so.target.experiment);
   }
 
   install_stop_handlers();

@@ -135,8 +135,8 @@ class RunSync {
   bool ensure_run();      // experiment, run, params, tags, RUNNING
   bool settle_pending();  // a batch whose answer was lost: ask the server
   bool send_batch();
-  bool send_end();  // status and artifacts, once everything is sent
-  std::map<std::string, std::string> run_tags();
+  bool send_end();                                // status and artifacts, once everything is sent
+  std::map<std::string, std::string> run_tags();  // cached in tags_
   bool log_params(std::map<std::string, std::string>& tags);  // adds tags for changed params
   bool upload(const std::string& file, const std::filesystem::path& path);
   void save_cursor();
@@ -147,6 +147,7 @@ class RunSync {
   std::unique_ptr<Http> http_;
   Cursor cursor_;
   nlohmann::json all_cursors_;  // mlflow.json: {uri: cursor}
+  std::optional<std::map<std::string, std::string>> tags_;
   std::deque<Rec> queue_;
   uintmax_t offset_ = 0;  // bytes of metrics.jsonl read
   uint64_t inode_ = 0;
@@ -163,6 +164,10 @@ class RunSync {
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
+
+// runs/<name>/v<N> is MLflow run "<name>/v<N>", in experiment <name> unless the target names one:
+// the same for a live run and a pushed one.
+SyncOptions options_for_run(const std::filesystem::path& run_dir, const MlflowTarget& target);
 
 // `mltrain track push`: one run folder, or a tune study (a parent run with one child run per
 // trial folder), `jobs` folders at a time. Every folder's report, in the order given.
