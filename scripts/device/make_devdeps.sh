@@ -8,10 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.devdeps/' .git/info/exclude 2>/dev/null || echo '/.devdeps/' >>.git/info/exclude
 rm -rf .devdeps && mkdir -p .devdeps/debs .devdeps/root .devdeps/fashion-mnist
-(cd .devdeps/debs && apt-get download catch2 libcli11-dev libdnnl2 libfmt-dev libfmt9 libgloo-dev libspdlog-dev libspdlog1.10 \
+(cd .devdeps/debs && apt-get download catch2 libcli11-dev libfmt-dev libfmt9 libgloo-dev libspdlog-dev libspdlog1.10 \
   libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev zlib1g-dev libssl-dev libssl3)
 for f in .devdeps/debs/*.deb; do dpkg -x "$f" .devdeps/root; done
 rm -rf .devdeps/debs
+# The device call carries at most 64 MiB with the sources: no static libraries or docs.
+find .devdeps/root -name '*.a' -delete
+rm -rf .devdeps/root/usr/share/doc .devdeps/root/usr/share/man
 # zlib1g-dev's libz.so points at this machine's /lib; ship the library itself.
 lib=.devdeps/root/usr/lib/x86_64-linux-gnu
 real=$(readlink -f /lib/x86_64-linux-gnu/libz.so.1)

@@ -111,14 +111,22 @@ template <class Kernel>
 struct NativeOut : Kernel {
   explicit NativeOut(at::Tensor& out) : out_(out) {}
   const at::Tensor& maybe_get_output(int64_t) override { return out_; }
+  // LibTorch up to 2.1x passed named-tensor dimension names as a last argument; 2.15 dropped
+  // named tensors (and ATen/core/Dimname.h with them). The GPU machines' torch is older.
+#if __has_include(<ATen/core/Dimname.h>)
+#define MLTRAIN_META_NAMES , at::DimnameList
+#else
+#define MLTRAIN_META_NAMES
+#endif
   void set_output_raw_strided(int64_t, at::IntArrayRef sizes, at::IntArrayRef,
-                              at::TensorOptions) override {
+                              at::TensorOptions MLTRAIN_META_NAMES) override {
     out_.resize_(sizes);
   }
-  void set_output_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
-                          at::TensorOptions o) override {
-    set_output_raw_strided(i, sizes, strides, o);
+  void set_output_strided(int64_t, at::IntArrayRef sizes, at::IntArrayRef,
+                          at::TensorOptions MLTRAIN_META_NAMES) override {
+    out_.resize_(sizes);
   }
+#undef MLTRAIN_META_NAMES
   at::Tensor& out_;
 };
 
