@@ -205,6 +205,56 @@ TEST_CASE("journal replay: hostile records are skipped, never fatal or huge", "[
   CHECK(read_trials(d / "g", find_test_function("branin")->space).size() == 4);
 }
 
+TEST_CASE("journal format: a new journal names its writer; another format exits 3 naming it",
+          "[tune][journal]") {
+  const auto d = tmpdir("journal_format");
+  const std::string run = kBin + " tune " + MLTRAIN_SOURCE_DIR +
+                          "/configs/tune/branin.yaml -q study.n_trials=3 study.dir=" + d.string();
+  REQUIRE(sh(run + " study.name=new > /dev/null 2>&1") == 0);
+  std::string first;
+  std::getline(std::ifstream(d / "new" / "journal.jsonl") >> std::ws, first);
+  const auto h = nlohmann::json::parse(first);
+  CHECK(h.at("op") == "journal");
+  CHECK(h.at("format") == kJournalFormat);
+  CHECK(h.at("mltrain").get<std::string>().find('.') != std::string::npos);
+  // Resuming it (same format) works and keeps one header.
+  REQUIRE(sh(run + " study.n_trials=5 study.name=new > /dev/null 2>&1") == 0);
+  CHECK(read_trials(d / "new", find_test_function("branin")->space).size() == 5);
+  // A journal a newer mltrain wrote in another format: resume, report and export refuse it with
+  // exit 3, naming the version and the journal, and the journal is left as it was.
+  fs::create_directories(d / "newer");
+  const std::string newer =
+      "{\"op\":\"journal\",\"format\":2,\"mltrain\":\"9.4.0\"}\n"
+      "{\"op\":\"create\",\"trial\":0,\"params\":{\"x1\":1,\"x2\":2},\"worker\":\"w\"}\n";
+  write(d / "newer" / "journal.jsonl", newer);
+  fs::copy_file(d / "new" / "study.yaml", d / "newer" / "study.yaml");
+  for (const std::string& cmd :
+       {run + " study.name=newer", kBin + " tune report " + (d / "newer").string(),
+        kBin + " tune export " + (d / "newer").string() + " --optuna-journal " +
+            (d / "o.log").string()}) {
+    INFO(cmd);
+    CHECK(sh(cmd + " > /dev/null 2> " + (d / "err.txt").string()) == 3);
+    std::ifstream e(d / "err.txt");
+    const std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+    CHECK(err.find("newer/journal.jsonl: written by mltrain 9.4.0 in journal format 2") !=
+          std::string::npos);
+    CHECK(err.find("fix: resume or report the study with mltrain 9.4.0") != std::string::npos);
+  }
+  std::ifstream j(d / "newer" / "journal.jsonl");
+  CHECK(std::string((std::istreambuf_iterator<char>(j)), std::istreambuf_iterator<char>()) ==
+        newer);
+  // A journal from before the header (format 1 without it) still resumes.
+  fs::create_directories(d / "old");
+  std::ifstream src(d / "new" / "journal.jsonl");
+  std::string body, line;
+  std::getline(src, line);  // drop the header
+  while (std::getline(src, line)) body += line + "\n";
+  write(d / "old" / "journal.jsonl", body);
+  fs::copy_file(d / "new" / "study.yaml", d / "old" / "study.yaml");
+  REQUIRE(sh(run + " study.n_trials=6 study.name=old > /dev/null 2>&1") == 0);
+  CHECK(read_trials(d / "old", find_test_function("branin")->space).size() == 6);
+}
+
 TEST_CASE("study files: accept/reject table, every problem with file:line:col",
           "[tune][study_file]") {
   const auto d = tmpdir("study_table");

@@ -44,6 +44,17 @@ double styblinski_tang(const std::vector<double>& x) {
   return s;
 }
 
+// A mixed space as a training's (x = optimizer index, lr, layers, width, dropout): each optimizer
+// has its own best learning rate and floor, learning rate and width interact, dropout is on a
+// 0.05 grid. Minimum 0 at adam, lr 1e-3, 3 layers, width 256, dropout 0.15.
+double mixed5(const std::vector<double>& x) {
+  static const double floor_of[3] = {0.3, 0.0, 0.15}, best_log_lr[3] = {-1.0, -3.0, -2.5};
+  const auto c = size_t(x[0]);
+  const double a = std::log10(x[1]) - best_log_lr[c], l = x[2] - 3.0, w = std::log2(x[3]) - 8.0,
+               d = x[4] - 0.15;
+  return floor_of[c] + 0.25 * a * a + 0.05 * a * w + 0.08 * w * w + 0.03 * l * l + 4.0 * d * d;
+}
+
 constexpr int kCurveSteps = 27;
 
 double curve_noise(const std::vector<double>& x, int t) {
@@ -99,6 +110,13 @@ std::vector<TestFunction> make_all() {
   Space st;
   for (int i = 1; i <= 4; ++i) st.push_back(Param::floating("x" + std::to_string(i), -5, 5));
   v.push_back({"styblinski_tang4", st, -156.66466281508556, styblinski_tang});
+  v.push_back({"mixed5",
+               {Param::categorical("optimizer", {"sgd", "adam", "rmsprop"}),
+                Param::floating("lr", 1e-5, 1, /*log=*/true), Param::integer("layers", 1, 8),
+                Param::integer("width", 16, 1024, /*log=*/true),
+                Param::floating("dropout", 0, 0.5, /*log=*/false, /*step=*/0.05)},
+               0.0,
+               mixed5});
   Space z;
   for (int i = 1; i <= 5; ++i) z.push_back(Param::floating("x" + std::to_string(i), 0, 1));
   v.push_back({"zdt1", z, 0.0, first_of_zdt, 0, nullptr, 2, zdt1});

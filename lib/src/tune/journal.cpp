@@ -28,6 +28,27 @@ Journal::~Journal() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+nlohmann::json journal_header() {
+  return {{"op", "journal"}, {"format", kJournalFormat}, {"mltrain", MLTRAIN_VERSION}};
+}
+
+void check_journal_format(const std::vector<nlohmann::json>& recs,
+                          const std::filesystem::path& path) {
+  if (recs.empty() || !recs[0].is_object() || recs[0].value("op", "") != "journal") return;
+  const auto& h = recs[0];
+  const auto f = h.find("format");
+  const auto v = h.find("mltrain");
+  const std::string writer = v != h.end() && v->is_string() ? v->get<std::string>() : "unknown";
+  if (f != h.end() && f->is_number_integer() && f->get<int64_t>() == kJournalFormat) return;
+  throw DataError(path.string(),
+                  "written by mltrain " + writer + " in journal format " +
+                      (f != h.end() ? f->dump() : std::string("(none)")) + "; this mltrain (" +
+                      MLTRAIN_VERSION + ") reads format " + std::to_string(kJournalFormat),
+                  "resume or report the study with mltrain " + writer +
+                      " (its `tune export` writes an Optuna journal any version reads), or start "
+                      "a new study.name");
+}
+
 const std::vector<nlohmann::json>& Journal::read() {
   Lock l(fd_, LOCK_SH);
   return read_unlocked();

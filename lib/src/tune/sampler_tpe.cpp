@@ -222,8 +222,7 @@ class TpeSampler : public Sampler {
   double logpdf(const Space& space, const Parzen& p, const std::vector<double>& u) const {
     const size_t K = p.logw.size();
     auto comp = [&](size_t d, size_t k) {
-      return space[d].numeric() ? p.trunc_logpdf(u[d], d, k)
-                                : p.cat_logp[d][k][size_t(u[d])];
+      return space[d].numeric() ? p.trunc_logpdf(u[d], d, k) : p.cat_logp[d][k][size_t(u[d])];
     };
     if (o_.multivariate) {
       std::vector<double> terms(K);

@@ -258,7 +258,9 @@ std::vector<TrialState> read_trials(const fs::path& study_dir, const Space& spac
     throw DataError(study_dir.string(), "is not a study folder (no journal.jsonl)",
                     "pass the folder `mltrain tune` printed, e.g. runs/tune/<name>");
   Journal j(study_dir / "journal.jsonl");
-  return replay(j.read(), space).trials;
+  const auto& recs = j.read();
+  check_journal_format(recs, study_dir / "journal.jsonl");
+  return replay(recs, space).trials;
 }
 
 namespace {
@@ -336,6 +338,12 @@ class Driver {
         t0_(now_s()) {}
 
   nlohmann::json run() {
+    // A new journal starts with its format; an existing one must be of this format.
+    journal_.transact([&](const std::vector<nlohmann::json>& recs) {
+      check_journal_format(recs, cfg_.study_dir() / "journal.jsonl");
+      return recs.empty() ? std::vector<nlohmann::json>{journal_header()}
+                          : std::vector<nlohmann::json>{};
+    });
     while (true) {
       if (const int sig = stop_signal()) hand_back(sig);
       const bool time_left = cfg_.timeout_s() <= 0 || now_s() - t0_ < cfg_.timeout_s();

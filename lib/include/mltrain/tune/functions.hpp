@@ -6,6 +6,9 @@
 //   rosenbrock4 x1..x4 in [-5, 10]                      minimum 0 at (1, 1, 1, 1)
 //   styblinski_tang4 x1..x4 in [-5, 5]                  minimum -156.66466 at xi = -2.903534
 //                    (2^4 local minima: the parallel-suggestion benchmark's fourth problem)
+//   mixed5      optimizer in {sgd, adam, rmsprop}, lr in [1e-5, 1] (log), layers in 1..8, width in
+//               16..1024 (int, log), dropout in [0, 0.5] step 0.05   minimum 0 at (adam, 1e-3, 3,
+//               256, 0.15): a categorical/integer/log space (Optuna comparison, issue #46)
 // Learning curves for the pruning benchmark (one value per step, 27 steps, minimised; the same
 // formulas are in scripts/bench/tune/curves.py for Optuna):
 //   curves_parallel  x1..x4 in [0, 1]: final(x) + exp(-t / 6); curves never cross (but for noise)

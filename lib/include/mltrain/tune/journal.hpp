@@ -20,6 +20,16 @@
 
 namespace mltrain::tune {
 
+// The journal's format. A new journal's first record says which format and which mltrain wrote
+// it: {"op": "journal", "format": 1, "mltrain": "0.1.0"}. A journal of another format (a newer
+// mltrain's, say) is refused with exit 3 naming the version that wrote it, before a record is
+// read as something it is not; one without the record (written before it existed) is format 1.
+inline constexpr int kJournalFormat = 1;
+nlohmann::json journal_header();
+// Throws DataError (exit 3) when `recs` begin with a header of another format.
+void check_journal_format(const std::vector<nlohmann::json>& recs,
+                          const std::filesystem::path& path);
+
 class Journal {
  public:
   explicit Journal(std::filesystem::path p);
