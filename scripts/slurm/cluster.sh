@@ -8,6 +8,7 @@
 #   eval "$(scripts/slurm/cluster.sh start)"   # prints `export SLURM_CONF=...`
 #   scripts/slurm/cluster.sh stop
 #   scripts/slurm/cluster.sh lose node1 / revive node1   # a node lost without notice, and back
+# MLTRAIN_SLURM_CPUS=N: N CPUs per node whatever the host has.
 # State lives in $MLTRAIN_SLURM_DIR (default /tmp/mltrain-slurm). Settings that make requeue fast:
 # cred_expire=10 (a requeued job otherwise waits 120 s) and a 2 s scheduler interval.
 set -euo pipefail
@@ -48,7 +49,9 @@ start)
     --pid-file="$D/munge/munged.pid" --log-file="$D/munge/munged.log" --seed-file="$D/munge/munged.seed" --force
   for _ in $(seq 50); do [ -f "$D/munge/munged.pid" ] && break; sleep 0.1; done
   cp "$D/munge/munged.pid" "$D/munged.pid"
-  cpus=$(nproc)
+  # MLTRAIN_SLURM_CPUS declares more CPUs per node than the host has (config_overrides), for
+  # many cheap tasks at once (scripts/bench/tune/journal_chaos.py: 32 drivers on two "nodes").
+  cpus=${MLTRAIN_SLURM_CPUS:-$(nproc)}
   mem=$(slurmd -C 2>/dev/null | grep -o 'RealMemory=[0-9]*' | cut -d= -f2 || echo 1000)
   cat >"$D/slurm.conf" <<CONF
 ClusterName=mltrain
@@ -70,6 +73,7 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+$([ -n "${MLTRAIN_SLURM_CPUS:-}" ] && echo SlurmdParameters=config_overrides)
 SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=1
 JobAcctGatherType=jobacct_gather/none
 ReturnToService=2
