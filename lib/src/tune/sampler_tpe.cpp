@@ -162,7 +162,16 @@ class TpeSampler : public Sampler {
           m /= double(std::max<size_t>(n, 1));
           for (size_t i = 0; i < n; ++i) v += (mu[i] - m) * (mu[i] - m);
           const double spread = n > 1 ? std::sqrt(v / double(n - 1)) : 0.2;
-          const double s = std::max(spread, 0.1) *
+          // An integer or stepped dimension's spread has a floor of one grid step: with less,
+          // draws from l(x) seldom leave a good trial's own value for the next one, and the
+          // search stalls one step from the best (mixed5, 40 held-out seeds: median regret at
+          // 100 trials 0.0113 -> 0.0026). Log integers have no constant step in the unit cube.
+          const bool stepped = prm.kind == Param::Kind::Int || prm.step > 0;
+          const double grid = stepped && !prm.log && prm.high > prm.low
+                                  ? std::max(prm.step, prm.kind == Param::Kind::Int ? 1.0 : 0.0) /
+                                        (prm.high - prm.low)
+                                  : 0.0;
+          const double s = std::max({spread, 0.1, grid}) *
                            std::pow(double(std::max<size_t>(n, 1)), -1.0 / (numeric_dims + 4));
           for (size_t i = 0; i < n; ++i) sg[i] = s;
         } else {  // distance to the farther neighbour among the sorted centres (prior included)
