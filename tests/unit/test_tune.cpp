@@ -243,6 +243,14 @@ TEST_CASE("journal format: a new journal names its writer; another format exits 
   std::ifstream j(d / "newer" / "journal.jsonl");
   CHECK(std::string((std::istreambuf_iterator<char>(j)), std::istreambuf_iterator<char>()) ==
         newer);
+  // A first record whose "op" is not a string is no header (found by fuzz_journal: it threw).
+  fs::create_directories(d / "odd");
+  write(d / "odd" / "journal.jsonl", "{\"op\":33367092749}\n{\"op\":\"journal\",\"format\":[]}\n");
+  CHECK_NOTHROW(read_trials(d / "odd", find_test_function("branin")->space));
+  // A header whose format is not a number: refused (exit 3), naming what it holds.
+  write(d / "odd" / "journal.jsonl", "{\"op\":\"journal\",\"format\":[],\"mltrain\":7}\n");
+  CHECK_THROWS_WITH(read_trials(d / "odd", find_test_function("branin")->space),
+                    Catch::Contains("written by mltrain unknown in journal format []"));
   // A journal from before the header (format 1 without it) still resumes.
   fs::create_directories(d / "old");
   std::ifstream src(d / "new" / "journal.jsonl");

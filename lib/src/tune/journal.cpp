@@ -34,7 +34,9 @@ nlohmann::json journal_header() {
 
 void check_journal_format(const std::vector<nlohmann::json>& recs,
                           const std::filesystem::path& path) {
-  if (recs.empty() || !recs[0].is_object() || recs[0].value("op", "") != "journal") return;
+  if (recs.empty() || !recs[0].is_object()) return;
+  const auto op = recs[0].find("op");  // any JSON at all may stand there (fuzz_journal)
+  if (op == recs[0].end() || !op->is_string() || op->get<std::string>() != "journal") return;
   const auto& h = recs[0];
   const auto f = h.find("format");
   const auto v = h.find("mltrain");

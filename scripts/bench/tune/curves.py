@@ -50,14 +50,15 @@ PRUNERS = {
 }
 
 
-def optuna_round_robin(pruner, seed, trials, concurrent, start):
+def optuna_round_robin(pruner, seed, trials, concurrent, start, defaults=False):
     """Optuna's TPE and `pruner`; start(trial) suggests the parameters and returns the trial's
-    curve (step 1.. -> value). Running trials take a step in turn. (best final value, total steps)"""
+    curve (step 1.. -> value). Running trials take a step in turn. (best final value, total steps)
+    defaults: TPESampler(seed) as Optuna's defaults have it (5.0: multivariate, constant liar)."""
     # A fixed study name: Optuna's Hyperband puts trial n in the bracket crc32("<study name>_<n>")
     # picks, and the default name is a fresh UUID, so its rows changed from run to run.
-    study = optuna.create_study(study_name=f"bench-{seed}",
-                                sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=concurrent > 1),
-                                pruner=PRUNERS[pruner][1]())
+    sampler = (optuna.samplers.TPESampler(seed=seed) if defaults
+               else optuna.samplers.TPESampler(seed=seed, constant_liar=concurrent > 1))
+    study = optuna.create_study(study_name=f"bench-{seed}", sampler=sampler, pruner=PRUNERS[pruner][1]())
     running, started, steps, best = [], 0, 0, math.inf
     while running or started < trials:
         while len(running) < concurrent and started < trials:
@@ -81,14 +82,14 @@ def optuna_round_robin(pruner, seed, trials, concurrent, start):
     return best, steps
 
 
-def optuna_study(fn, pruner, seed, trials, concurrent):
+def optuna_study(fn, pruner, seed, trials, concurrent, defaults=False):
     f, space = CURVES[fn]
 
     def start(t):
         x = [t.suggest_float(n, lo, hi, log=lg) for n, lo, hi, lg in space]
         return lambda k: f(x, k)
 
-    return optuna_round_robin(pruner, seed, trials, concurrent, start)
+    return optuna_round_robin(pruner, seed, trials, concurrent, start, defaults)
 
 
 def reports(journal):

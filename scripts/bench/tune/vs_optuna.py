@@ -20,6 +20,10 @@ quality  median regret (best value found - the function's minimum) after 50 and 
          median(mltrain) - median(Optuna). Verdict per cell: "<=" when mltrain's median is not
          worse; "worse" when it is but the interval holds 0; "WORSE" when the whole interval is
          above 0 (worse beyond the interval).
+pruning  each pruner (median, percentile, ASHA, Hyperband) under TPE on curves.py's learning curves
+         (parallel and crossing, 27 steps), sequential and 4 running, seeds 100-139: mltrain's best
+         complete trial within the steps Optuna's study of the same seed used, against Optuna's
+         best (Optuna at its defaults: TPESampler(seed), its pruners as curves.PRUNERS builds them).
 time     milliseconds per suggestion at 100 trials, sequential, seeds 0-4, each tuner alone on the
          machine: mltrain's `sample_ms` (journal) and Optuna's ask() plus the suggest calls; the
          mean of suggestions 91-100 and the largest of all 100.
@@ -247,11 +251,110 @@ def run_time(m, scratch, fns, samplers, seeds=5):
     return ok
 
 
+def mltrain_pruning(m, scratch, fn, pruner, conc, seed, trials=TRIALS):
+    """The journal as events: 0 for each intermediate report (a step), the value for each complete
+    trial, in the order they happened."""
+    import curves
+    name = f"vsp_{fn}_{pruner}_{conc}_{seed}"
+    subprocess.run([m, "tune", STUDY, "-q", f"study.dir={scratch}", f"study.name={name}", f"objective.function={fn}",
+                    "sampler.name=tpe", f"study.seed={seed}", f"study.n_trials={trials}",
+                    f"study.max_concurrent={conc}", *curves.PRUNERS[pruner][0]],
+                   check=True, capture_output=True, text=True)
+    events = []
+    for line in open(Path(scratch) / name / "journal.jsonl"):
+        r = json.loads(line)
+        if r["op"] == "report":
+            events.append(None)
+        elif r["op"] == "finish" and r.get("state") == "COMPLETE":
+            events.append(r["value"])
+    shutil.rmtree(Path(scratch) / name, ignore_errors=True)
+    return events
+
+
+def best_within(events, budget):
+    """The best complete trial's value among those finished before the study's reports exceed `budget`."""
+    steps, best = 0, math.inf
+    for e in events:
+        if e is None:
+            steps += 1
+            if steps > budget:
+                break
+        else:
+            best = min(best, e)
+    return best
+
+
+def optuna_pruning(fn, pruner, conc, seed):
+    import curves
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return curves.optuna_study(fn, pruner, seed, TRIALS, conc, defaults=True)
+
+
+def run_pruning(m, scratch, cache_path, seeds, jobs, pruners=("median", "percentile", "asha", "hyperband")):
+    """Pruners at Optuna's step budget: TPE (both at defaults) and each pruner on the synthetic
+    learning curves of curves.py (27 steps, 100 trials), seeds 100.. (the pruning rules were
+    designed on 0-19); mltrain's study is cut off where Optuna's, same seed, ran out of steps."""
+    import curves
+    cache = {}
+    if cache_path.exists():
+        for line in cache_path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            cache[(r["tuner"], r["fn"], r["pruner"], r["conc"], r["seed"])] = r["result"]
+    cells = [(fn, conc, p) for fn in curves.CURVES for conc in (1, 4) for p in pruners]
+    todo = [(tuner, fn, p, conc, s) for fn, conc, p in cells for s in range(100, 100 + seeds)
+            for tuner in ("mltrain", "optuna") if (tuner, fn, p, conc, s) not in cache]
+    print(f"pruning: {len(todo)} studies to run ({len(cache)} cached)", file=sys.stderr, flush=True)
+    procs = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    threads = ThreadPoolExecutor(jobs)
+    futs = [(k, procs.submit(optuna_pruning, k[1], k[2], k[3], k[4]) if k[0] == "optuna"
+             else threads.submit(mltrain_pruning, m, scratch, k[1], k[2], k[3], k[4])) for k in todo]
+    with open(cache_path, "a") as out:
+        for k, f in futs:
+            cache[k] = f.result()
+            out.write(json.dumps({"tuner": k[0], "fn": k[1], "pruner": k[2], "conc": k[3], "seed": k[4],
+                                  "result": cache[k]}) + "\n")
+            out.flush()
+    print(f"## Pruners at Optuna 5.0's step budget: median over seeds 100-{99 + seeds} of the best complete trial's"
+          " final value (lower is better)")
+    print("mltrain cut off where Optuna's study of the same seed ran out of steps; interval: 90 % paired bootstrap"
+          " of the difference of medians")
+    print(f"{'curves':<16} {'running':>7} {'pruner':<10} {'mltrain@budget':>14} {'optuna':>9} {'steps mltrain/optuna':>21}"
+          f" {'interval':>24}  verdict")
+    wins = 0
+    for fn, conc, p in cells:
+        a, b, sa, sb = [], [], [], []
+        for s in range(100, 100 + seeds):
+            ob, osteps = cache[("optuna", fn, p, conc, s)]
+            ev = cache[("mltrain", fn, p, conc, s)]
+            a.append(best_within(ev, osteps))
+            b.append(ob)
+            sa.append(sum(1 for e in ev if e is None))
+            sb.append(osteps)
+        A, B = np.array(a), np.array(b)
+        ma, mb = float(np.median(A)), float(np.median(B))
+        lo, hi = paired_interval(A, B)
+        ok = ma <= mb
+        wins += ok
+        print(f"{fn:<16} {conc:>7} {p:<10} {ma:>14.4f} {mb:>9.4f} {statistics.median(sa):>10.0f}/{statistics.median(sb):<10.0f}"
+              f" [{lo:+.4f}, {hi:+.4f}]  {'<=' if ok else ('WORSE' if lo > 0 else 'worse')}")
+    share = wins / len(cells)
+    print()
+    print(f"{'PASS' if share >= 0.8 else 'FAIL'}  pruners: mltrain's best at Optuna's step budget at least as good in"
+          f" {wins} of {len(cells)} cells ({share:.0%}; target >= 80 %)")
+    print()
+    return share >= 0.8
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mltrain")
     ap.add_argument("scratch")
-    ap.add_argument("--parts", default="quality,time")
+    ap.add_argument("--parts", default="quality,time,pruning")
+    ap.add_argument("--pruning-seeds", type=int, default=40)
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--functions", default="branin,hartmann6,rosenbrock4,mixed5")
     ap.add_argument("--samplers", default="tpe,gp")
@@ -265,7 +368,7 @@ def main():
     a = ap.parse_args()
     fns, samplers, modes = a.functions.split(","), a.samplers.split(","), a.modes.split(",")
     for flag, given, known in (("--functions", fns, tuple(MINIMA)), ("--samplers", samplers, ("tpe", "gp")),
-                               ("--modes", modes, ("seq", "par4")), ("--parts", a.parts.split(","), ("quality", "time"))):
+                               ("--modes", modes, ("seq", "par4")), ("--parts", a.parts.split(","), ("quality", "time", "pruning"))):
         if any(g not in known for g in given):
             ap.error(f"{flag} {','.join(given)}: use a comma-separated list of {', '.join(known)}")
     import optuna
@@ -278,6 +381,8 @@ def main():
         c = load_cache(cache) if a.table_only else run_quality(a.mltrain, a.scratch, cache, fns, samplers, modes,
                                                                a.seeds, a.gp_seeds, a.jobs)
         ok &= table_quality(c, fns, samplers, modes, a.seeds, a.gp_seeds)
+    if "pruning" in a.parts.split(","):
+        ok &= run_pruning(a.mltrain, a.scratch, Path(str(cache) + ".pruning.jsonl"), a.pruning_seeds, a.jobs)
     sys.exit(0 if ok else 1)
 
 
