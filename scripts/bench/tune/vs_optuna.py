@@ -122,7 +122,8 @@ def mltrain_study(m, scratch, fn, sampler, conc, seed, trials=TRIALS):
     return values, [x / 1000 for x in ms]
 
 
-def load_cache(path):
+def load_cache(path, fields=("tuner", "fn", "sampler", "mode", "seed"), value=None):
+    """The cached studies by `fields`: each record, or its `value` field."""
     out = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -130,7 +131,7 @@ def load_cache(path):
                 r = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line torn by an interrupted run
-            out[(r["tuner"], r["fn"], r["sampler"], r["mode"], r["seed"])] = r
+            out[tuple(r[f] for f in fields)] = r[value] if value else r
     return out
 
 
@@ -296,14 +297,7 @@ def run_pruning(m, scratch, cache_path, seeds, jobs, pruners=("median", "percent
     learning curves of curves.py (27 steps, 100 trials), seeds 100.. (the pruning rules were
     designed on 0-19); mltrain's study is cut off where Optuna's, same seed, ran out of steps."""
     import curves
-    cache = {}
-    if cache_path.exists():
-        for line in cache_path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            cache[(r["tuner"], r["fn"], r["pruner"], r["conc"], r["seed"])] = r["result"]
+    cache = load_cache(cache_path, ("tuner", "fn", "pruner", "conc", "seed"), "result")
     cells = [(fn, conc, p) for fn in curves.CURVES for conc in (1, 4) for p in pruners]
     todo = [(tuner, fn, p, conc, s) for fn, conc, p in cells for s in range(100, 100 + seeds)
             for tuner in ("mltrain", "optuna") if (tuner, fn, p, conc, s) not in cache]
@@ -372,7 +366,11 @@ def main():
         if any(g not in known for g in given):
             ap.error(f"{flag} {','.join(given)}: use a comma-separated list of {', '.join(known)}")
     import optuna
-    print(f"optuna {optuna.__version__}; mltrain {subprocess.run([a.mltrain, '--version'], capture_output=True, text=True).stdout.split(chr(10))[0]}")
+    try:
+        version = subprocess.run([a.mltrain, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    except OSError as e:  # --table-only needs no binary
+        version = f"(not run: {e.strerror})"
+    print(f"optuna {optuna.__version__}; {version}")
     cache = Path(a.cache or os.path.join(a.scratch, "vs_optuna.jsonl"))
     ok = True
     if "time" in a.parts.split(",") and not a.table_only:  # first, while nothing else runs
