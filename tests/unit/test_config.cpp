@@ -206,6 +206,9 @@ TEST_CASE("config reject table: every error names file:line:col and the key path
       {"task:\n  name: language_model\ndata:\n  dataset: tokens\nmodel:\n  name: gpt\n  "
        "n_layer: 1\n  share: gated\n",
        {"model.share: a gpt with n_layer 1 has no repeated blocks"}},
+      {"model:\n  name: mlp\n  share: gated_input\n",
+       {"model.share: gated weight sharing is built for gpt's repeated transformer blocks; model "
+        "mlp"}},
       {"model:\n  share: tied\n", {"model.share"}},
   };
   for (const auto& r : rows) {

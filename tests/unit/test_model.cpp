@@ -216,6 +216,97 @@ TEST_CASE("gpt model.share gated (SmartShare): the unshared model with sigmoid(g
   CHECK(torch::allclose(sp.at("wte.weight").grad(), pp.at("wte.weight").grad(), 1e-4, 1e-6));
 }
 
+TEST_CASE("gpt model.share gated_input: a gate from the prefix mean of each layer's input",
+          "[model]") {
+  config::ModelConfig mc;
+  mc.name = "gpt";
+  mc.n_layer = 3;
+  mc.n_head = 2;
+  mc.n_embd = 8;
+  mc.block_size = 6;
+  mc.dropout = 0;
+  const int64_t V = 20, C = 8, L = 3, T = 6;
+  mc.share = "gated";
+  auto scalar = model::build_model(mc, {T}, V, 1);
+  mc.share = "gated_input";
+  auto input = model::build_model(mc, {T}, V, 1);
+  // As gated, less the 4 L scalar gates, plus a gate layer per base: [L, in] and [L], with in C
+  // for three bases and 4 C for the MLP's output projection.
+  const int64_t gate_layers = 3 * (L * C + L) + (L * 4 * C + L);
+  CHECK(input->num_parameters() == scalar->num_parameters() - 4 * L + gate_layers);
+  const int64_t unshared = input->num_parameters() - gate_layers + (L - 1) * 12 * C * C;
+  CHECK_THAT(input->describe(),
+             Catch::EndsWith(fmt::format(
+                 "; share gated_input: {:.1f} % fewer parameters than "
+                 "the {} unshared)",
+                 100.0 * double(unshared - input->num_parameters()) / double(unshared), unshared)));
+  std::map<std::string, torch::Tensor> ip, sp;
+  for (auto& [n, p] : input->named_parameters()) ip[n] = p;
+  for (auto& [n, p] : scalar->named_parameters()) sp[n] = p;
+  CHECK(ip.at("share.gate.mlp_proj.weight").sizes() == torch::IntArrayRef{L, 4 * C});
+  CHECK(ip.at("share.gate.c_attn.bias").sizes() == torch::IntArrayRef{L});
+  CHECK(ip.at("share.gate.c_fc.weight").abs().sum().item<double>() == 0.0);  // sigmoid 1/2
+  CHECK(ip.count("h.0.attn.c_attn.gate") == 0);
+  CHECK(input->units_using("share.gate.c_fc.weight") == std::vector<int64_t>{1, 2, 3});
+
+  const std::vector<std::pair<std::string, std::string>> roles = {{"c_attn", "attn.c_attn"},
+                                                                  {"attn_proj", "attn.c_proj"},
+                                                                  {"c_fc", "mlp.c_fc"},
+                                                                  {"mlp_proj", "mlp.c_proj"}};
+  // With zero gate weights the gate is sigmoid(bias_i) at every position: the scalar-gated model
+  // whose logits are those biases, to float precision, forward and backward.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [n, p] : sp)
+      if (ip.count(n)) p.copy_(ip.at(n));
+    for (size_t r = 0; r < roles.size(); ++r)
+      for (int64_t i = 0; i < L; ++i) {
+        const double logit = -1.2 + 0.7 * double(i) + 0.4 * double(r);
+        ip.at("share.gate." + roles[r].first + ".bias")[i].fill_(logit);
+        sp.at("h." + std::to_string(i) + "." + roles[r].second + ".gate").fill_(logit);
+      }
+  }
+  input->set_training(true);
+  scalar->set_training(true);
+  const auto idx = torch::randint(0, V, {2, T}, torch::kLong);
+  const auto yi = input->forward(idx), ys = scalar->forward(idx);
+  CHECK(torch::allclose(yi, ys, 1e-5, 1e-6));
+  const auto r = torch::randn_like(ys);
+  (yi * r).sum().backward();
+  (ys * r).sum().backward();
+  for (size_t k = 0; k < roles.size(); ++k) {
+    INFO(roles[k].first);
+    CHECK(torch::allclose(ip.at("share." + roles[k].first).grad(),
+                          sp.at("share." + roles[k].first).grad(), 1e-4, 1e-6));
+    for (int64_t i = 0; i < L; ++i)  // d/d bias_i = d/d logit_i of the scalar gate
+      CHECK(ip.at("share.gate." + roles[k].first + ".bias").grad()[i].item<double>() ==
+            Approx(sp.at("h." + std::to_string(i) + "." + roles[k].second + ".gate")
+                       .grad()
+                       .item<double>())
+                .epsilon(1e-4)
+                .margin(1e-7));
+    // The gate weights learn: their gradient is the bias's times the prefix means, not zero.
+    CHECK(ip.at("share.gate." + roles[k].first + ".weight").grad().abs().sum().item<double>() > 0);
+  }
+
+  // Input-dependent gates: the output changes with the gate weights, yet position t still sees
+  // only tokens 1..t (a whole-window mean would let the last token move every position).
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [base, layer] : roles) ip.at("share.gate." + base + ".weight").normal_(0, 2.0);
+  }
+  input->set_training(false);
+  torch::NoGradGuard no_grad;
+  const auto y1 = input->forward(idx);
+  CHECK_FALSE(torch::allclose(y1, yi, 1e-3, 1e-4));
+  auto idx2 = idx.clone();
+  idx2.select(1, T - 1).fill_(0);
+  idx2.select(1, T - 1) += (idx.select(1, T - 1) + 7) % V;  // another last token
+  const auto y2 = input->forward(idx2);
+  CHECK(torch::allclose(y1.narrow(1, 0, T - 1), y2.narrow(1, 0, T - 1), 1e-6, 1e-7));
+  CHECK_FALSE(torch::allclose(y1.select(1, T - 1), y2.select(1, T - 1), 1e-4, 1e-5));
+}
+
 TEST_CASE("TorchScript models load, run and train from C++", "[model]") {
   config::ModelConfig mc;
   mc.name = "torchscript";

@@ -11,6 +11,13 @@
 // distinct shapes). Block i's matrix is sigmoid(h.<i>.<layer>.gate) x base, the gate a learned
 // scalar per block and matrix (logit 0 at init). The bases start at twice the unshared std, so
 // every effective weight starts at the unshared model's std. Biases and norms stay per block.
+//
+// model.share: gated_input (the guide's gate as it wrote it, sigmoid(Linear(x.mean(...)))[layer])
+// makes the gate depend on the input: each base has a gate layer share.gate.<base>.{weight,bias}
+// ([n_layer, in], [n_layer]) and block i scales base x's output at position t by
+// sigmoid(w_i . mean(x_1..x_t) + b_i). The mean runs over the positions up to t, not the whole
+// window: a whole-window mean would show every position the tokens after it, which a causal
+// language model must not see. Gate weights and biases start at 0 (sigmoid 1/2, as gated).
 #include "gpt.hpp"
 
 #include <cmath>
@@ -41,37 +48,55 @@ struct NormImpl : nn::Module {
 };
 TORCH_MODULE(Norm);
 
-// A Linear layer (y = x W^T + b) whose W is its own parameter, or, given a shared base,
-// sigmoid(gate) x base (model.share: gated).
+// One shared weight of model.share: its base and, for gated_input, the gate layer's weight
+// [n_layer, in] and bias [n_layer]; all undefined when not sharing.
+struct Shared {
+  torch::Tensor base, gate_w, gate_b;
+};
+
+// A Linear layer (y = x W^T + b) whose W is its own parameter; given a shared base, sigmoid(gate)
+// x base (model.share: gated), or the base's output scaled per position by this layer's row of the
+// input gate (gated_input).
 struct DenseImpl : nn::Module {
-  torch::Tensor weight, bias, gate, base;
-  DenseImpl(int64_t in, int64_t out, bool with_bias, const torch::Tensor& shared) {
-    if (shared.defined()) {
-      base = shared;
-      gate = register_parameter("gate", torch::zeros({1}));
-    } else {
+  torch::Tensor weight, bias, gate;
+  Shared shared;
+  int64_t layer;
+  DenseImpl(int64_t in, int64_t out, bool with_bias, const Shared& sh, int64_t index)
+      : shared(sh), layer(index) {
+    if (!sh.base.defined())
       weight = register_parameter("weight", torch::empty({out, in}));
-    }
+    else if (!sh.gate_w.defined())
+      gate = register_parameter("gate", torch::zeros({1}));
     if (with_bias) bias = register_parameter("bias", torch::zeros({out}));
   }
-  torch::Tensor w() const { return base.defined() ? torch::sigmoid(gate) * base : weight; }
-  torch::Tensor forward(const torch::Tensor& x) { return F::linear(x, w(), bias); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (!shared.base.defined()) return F::linear(x, weight, bias);
+    if (gate.defined()) return F::linear(x, torch::sigmoid(gate) * shared.base, bias);
+    // x: [B, T, in]. The mean of positions 1..t at each t, then this block's gate logit.
+    const int64_t T = x.size(1);
+    const auto count = torch::arange(1, T + 1, x.options().dtype(torch::kFloat)).view({1, T, 1});
+    const auto prefix_mean = x.cumsum(1, torch::kFloat) / count;  // fp32 sums under autocast too
+    const auto g = torch::sigmoid(F::linear(prefix_mean, shared.gate_w.narrow(0, layer, 1),
+                                            shared.gate_b.narrow(0, layer, 1)));  // [B, T, 1]
+    auto y = g * F::linear(x, shared.base);
+    return bias.defined() ? y + bias : y;
+  }
 };
 TORCH_MODULE(Dense);
 
-// The base weights of model.share: gated, one per shape; undefined tensors when not sharing.
+// The shared weights of model.share, one per shape.
 struct SharedBases {
-  torch::Tensor c_attn, attn_proj, c_fc, mlp_proj;
+  Shared c_attn, attn_proj, c_fc, mlp_proj;
 };
 
 struct AttentionImpl : nn::Module {
   Dense c_attn{nullptr}, c_proj{nullptr};
   int64_t heads, width;
   double dropout;
-  AttentionImpl(const config::ModelConfig& c, const SharedBases& sb)
+  AttentionImpl(const config::ModelConfig& c, const SharedBases& sb, int64_t i)
       : heads(c.n_head), width(c.n_embd), dropout(c.dropout) {
-    c_attn = register_module("c_attn", Dense(c.n_embd, 3 * c.n_embd, c.bias, sb.c_attn));
-    c_proj = register_module("c_proj", Dense(c.n_embd, c.n_embd, c.bias, sb.attn_proj));
+    c_attn = register_module("c_attn", Dense(c.n_embd, 3 * c.n_embd, c.bias, sb.c_attn, i));
+    c_proj = register_module("c_proj", Dense(c.n_embd, c.n_embd, c.bias, sb.attn_proj, i));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), hs = width / heads;
@@ -99,9 +124,10 @@ TORCH_MODULE(Attention);
 struct MlpBlockImpl : nn::Module {
   Dense c_fc{nullptr}, c_proj{nullptr};
   double dropout;
-  MlpBlockImpl(const config::ModelConfig& c, const SharedBases& sb) : dropout(c.dropout) {
-    c_fc = register_module("c_fc", Dense(c.n_embd, 4 * c.n_embd, c.bias, sb.c_fc));
-    c_proj = register_module("c_proj", Dense(4 * c.n_embd, c.n_embd, c.bias, sb.mlp_proj));
+  MlpBlockImpl(const config::ModelConfig& c, const SharedBases& sb, int64_t i)
+      : dropout(c.dropout) {
+    c_fc = register_module("c_fc", Dense(c.n_embd, 4 * c.n_embd, c.bias, sb.c_fc, i));
+    c_proj = register_module("c_proj", Dense(4 * c.n_embd, c.n_embd, c.bias, sb.mlp_proj, i));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto y = c_proj->forward(torch::gelu(c_fc->forward(x)));  // exact (erf) GELU, as nn.GELU()
@@ -122,9 +148,9 @@ struct GptBlockImpl : nn::Module {
       : prefix("h." + std::to_string(index)) {
     for (const char* n : {"ln_1", "attn", "ln_2", "mlp"}) names.push_back(prefix + "." + n);
     ln_1 = register_module("ln_1", Norm(c.n_embd, c.bias));
-    attn = register_module("attn", Attention(c, sb));
+    attn = register_module("attn", Attention(c, sb, index));
     ln_2 = register_module("ln_2", Norm(c.n_embd, c.bias));
-    mlp = register_module("mlp", MlpBlock(c, sb));
+    mlp = register_module("mlp", MlpBlock(c, sb, index));
   }
   torch::Tensor forward(torch::Tensor x) {
     auto run = [this](size_t i, const torch::Tensor& t, auto&& f) {
@@ -155,13 +181,23 @@ struct GptImpl : nn::Module {
       : block_size(c.block_size), dropout(c.dropout), embedding_noise(c.embedding_noise) {
     wte = register_module("wte", nn::Embedding(vocab, c.n_embd));
     wpe = register_module("wpe", nn::Embedding(c.block_size, c.n_embd));
-    if (c.share == "gated") {
+    if (c.share != "none") {
       auto bases = register_module("share", std::make_shared<nn::Module>());
-      const int64_t C = c.n_embd;
-      shared = {bases->register_parameter("c_attn", torch::empty({3 * C, C})),
-                bases->register_parameter("attn_proj", torch::empty({C, C})),
-                bases->register_parameter("c_fc", torch::empty({4 * C, C})),
-                bases->register_parameter("mlp_proj", torch::empty({C, 4 * C}))};
+      std::shared_ptr<nn::Module> gates;
+      if (c.share == "gated_input")
+        gates = bases->register_module("gate", std::make_shared<nn::Module>());
+      const int64_t C = c.n_embd, L = c.n_layer;
+      auto make = [&](const std::string& name, int64_t out, int64_t in) {
+        Shared sh{bases->register_parameter(name, torch::empty({out, in})), {}, {}};
+        if (gates) {
+          auto g = gates->register_module(name, std::make_shared<nn::Module>());
+          sh.gate_w = g->register_parameter("weight", torch::zeros({L, in}));
+          sh.gate_b = g->register_parameter("bias", torch::zeros({L}));
+        }
+        return sh;
+      };
+      shared = {make("c_attn", 3 * C, C), make("attn_proj", C, C), make("c_fc", 4 * C, C),
+                make("mlp_proj", C, 4 * C)};
     }
     h = register_module("h", nn::ModuleList());
     for (int64_t i = 0; i < c.n_layer; ++i) {
@@ -186,6 +222,7 @@ struct GptImpl : nn::Module {
       // A shared base is scaled by sigmoid(0) = 1/2 at init: twice the std.
       const double scale = name.rfind("share.", 0) == 0 ? 2.0 : 1.0;
       if (name.find("ln_") != std::string::npos) continue;  // LayerNorm: ones and zeros already
+      if (name.rfind("share.gate.", 0) == 0) continue;      // input gates: zeros (sigmoid 1/2)
       if (p.dim() >= 2)
         p.normal_(0.0, scale * (residual_proj ? proj_std : 0.02));
       else
@@ -256,7 +293,7 @@ class GptModel : public Model {
       : net_(c, vocab), desc_(describe_of(c, vocab)) {
     net_->isl = islands();
     for (auto& b : net_->blocks) b->isl = islands();
-    if (c.share == "gated") desc_.insert(desc_.size() - 1, share_note(c.n_layer));
+    if (c.share != "none") desc_.insert(desc_.size() - 1, share_note(c));
   }
   std::vector<std::string> island_names() const override {
     std::vector<std::string> out;
@@ -301,16 +338,20 @@ class GptModel : public Model {
            ", n_embd " + std::to_string(c.n_embd) + ", block " + std::to_string(c.block_size) +
            ", vocab " + std::to_string(vocab) + ")";
   }
-  // What sharing saved: the unshared model has n_layer copies of each base and no gates (one per
-  // block and base).
-  std::string share_note(int64_t n_layer) {
-    const auto& b = net_->shared;
-    const int64_t bases =
-        b.c_attn.numel() + b.attn_proj.numel() + b.c_fc.numel() + b.mlp_proj.numel();
+  // What sharing saved: the unshared model has n_layer copies of each base and no gates (gated:
+  // one per block and base; gated_input: each base's gate layer).
+  std::string share_note(const config::ModelConfig& c) {
+    int64_t bases = 0, gates = 4 * c.n_layer;
+    if (c.share == "gated_input") gates = 0;
+    for (const Shared* s : {&net_->shared.c_attn, &net_->shared.attn_proj, &net_->shared.c_fc,
+                            &net_->shared.mlp_proj}) {
+      bases += s->base.numel();
+      if (s->gate_w.defined()) gates += s->gate_w.numel() + s->gate_b.numel();
+    }
     int64_t total = 0;
     for (auto& p : net_->parameters()) total += p.numel();
-    const int64_t unshared = total - 4 * n_layer + (n_layer - 1) * bases;
-    return fmt::format("; share gated: {:.1f} % fewer parameters than the {} unshared",
+    const int64_t unshared = total - gates + (c.n_layer - 1) * bases;
+    return fmt::format("; share {}: {:.1f} % fewer parameters than the {} unshared", c.share,
                        100.0 * double(unshared - total) / double(unshared), unshared);
   }
   Gpt net_;

@@ -366,10 +366,12 @@ struct ModelConfig {
             "evaluation); 0: none",
             non_negative<double>());
     v.field("share", share,
-            "gpt: none, or gated (the field guide's SmartShare): each block's four weight "
-            "matrices are sigmoid(gate) x one base weight per shape shared by every block, a "
-            "learned gate per block and matrix; biases and norms stay per block",
-            one_of({"none", "gated"}));
+            "gpt: none, gated or gated_input (the field guide's SmartShare): each block's four "
+            "weight matrices are one base weight per shape shared by every block, scaled by a "
+            "sigmoid gate per block and matrix; gated: a learned scalar; gated_input (the "
+            "guide's rule): sigmoid(Linear(mean of the inputs up to each position))[block], "
+            "so the gate depends on the input. Biases and norms stay per block",
+            one_of({"none", "gated", "gated_input"}));
     v.field("init_from", init_from,
             "start from these weights: an mltrain run or checkpoint folder, a .safetensors file, "
             "or a PyTorch torch.save(model.state_dict()) file (empty: fresh init)");
