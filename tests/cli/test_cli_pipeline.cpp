@@ -122,7 +122,8 @@ TEST_CASE(
 
 TEST_CASE(
     "pipeline stages: the GPT's tied embedding and output layer sit on the first and last stage, "
-    "and model.share's bases on every stage; their gradients are summed there, and 2 stages x 2 "
+    "and model.share's bases and gate layers on every stage; their gradients are summed there, and "
+    "2 stages x 2 "
     "replicas train like one process",
     "[cli][dist][pipeline]") {
   const auto d = tmpdir("pipeline_gpt");
@@ -138,7 +139,7 @@ TEST_CASE(
                              "optim.weight_decay=0 clip.max_norm=0.5 train.duration=8u "
                              "train.eval_every=4u train.log_every=1u checkpoint.every=4u "
                              "schedule.warmup=2u runtime.threads=1 distributed.timeout_s=60";
-  for (const std::string share : {"none", "gated"}) {
+  for (const std::string share : {"none", "gated", "gated_input"}) {
     INFO("model.share " << share);
     const std::string one = "single_" + share, two = "pp_" + share;
     auto single =
