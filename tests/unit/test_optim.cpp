@@ -149,6 +149,40 @@ TEST_CASE("plateau schedule is a pure function of its recorded history", "[sched
   CHECK(a.lr(30) == 0.25);
 }
 
+TEST_CASE("schedule.plateau: warm-up + cosine times the factor the plateau rule has reached",
+          "[schedule]") {
+  config::ScheduleConfig plain;
+  plain.name = "cosine";
+  plain.warmup = config::Period::steps(10);
+  plain.warmup_start = 0.1;
+  config::ScheduleConfig sc = plain;
+  sc.plateau = true;
+  sc.patience = 1;
+  sc.gamma = 0.5;
+  CHECK(sc.on_plateau());
+  CHECK_FALSE(plain.on_plateau());
+  optim::Schedule cos(plain, 0.3, 100, 10), both(sc, 0.3, 100, 10);
+  both.observe(20, 1.0);
+  both.observe(30, 1.5);  // one bad evaluation: patience 1 waits
+  for (int64_t t = 0; t < 40; ++t) CHECK(both.lr(t) == Approx(cos.lr(t)).epsilon(1e-12));
+  both.observe(40, 1.2);  // a second: the factor halves from step 40 on
+  for (int64_t t = 40; t < 60; ++t) CHECK(both.lr(t) == Approx(0.5 * cos.lr(t)).epsilon(1e-12));
+  both.observe(60, 0.5);  // better: no further drop, the factor stays
+  both.observe(70, 0.6);
+  both.observe(80, 0.7);  // two bad in a row again: quarter
+  CHECK(both.lr(79) == Approx(0.5 * cos.lr(79)).epsilon(1e-12));
+  CHECK(both.lr(80) == Approx(0.25 * cos.lr(80)).epsilon(1e-12));
+  // The warm-up is steered too: the factor applies at every step once a drop is recorded.
+  optim::Schedule early(sc, 0.3, 100, 10);
+  early.observe(2, 1.0);
+  early.observe(4, 2.0);
+  early.observe(6, 3.0);
+  CHECK(early.lr(7) == Approx(0.5 * cos.lr(7)).epsilon(1e-12));
+  // observe() records nothing for a schedule that does not watch evaluations.
+  cos.observe(5, 1.0);
+  CHECK(cos.history().empty());
+}
+
 TEST_CASE("gradnorm schedule backs off while gradients grow and recovers, state round-trips",
           "[schedule]") {
   config::ScheduleConfig sc;

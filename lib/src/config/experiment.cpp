@@ -283,7 +283,7 @@ static void invariance_checks(const ExperimentConfig& c, Issues& issues, const s
   need(c.model.name != "torchscript", "model.name",
        "a TorchScript model's kernels and random draws are outside mltrain's control" + why +
            ": use a built-in model, or distributed.invariance=none");
-  need(c.schedule.name != "plateau", "schedule.name",
+  need(!c.schedule.on_plateau(), "schedule.name",
        "plateau follows evaluation metrics summed over ranks in a world-dependent order" + why +
            ": use a step schedule (cosine, step, onecycle ...)");
   need(c.data.augment.mixup.p == 0 && c.data.augment.cutmix.p == 0, "data.augment.mixup",

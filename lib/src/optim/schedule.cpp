@@ -120,13 +120,19 @@ double Schedule::plateau_lr(int64_t step) const {
 }
 
 double Schedule::lr(int64_t step) const {
+  double v;
   if (step < warmup_) {
     const double f = cfg_.warmup_start + (1 - cfg_.warmup_start) * static_cast<double>(step) /
                                              static_cast<double>(warmup_);
-    return base_ * f;
+    v = base_ * f;
+  } else if (cfg_.name == "plateau") {
+    return plateau_lr(step);
+  } else {
+    v = inner(step - warmup_, std::max<int64_t>(1, total_ - warmup_));
   }
-  const double v = inner(step - warmup_, std::max<int64_t>(1, total_ - warmup_));
-  return cfg_.name == "plateau" ? plateau_lr(step) : v;
+  // schedule.plateau: the schedule's LR times the factor the plateau rule has reached
+  if (cfg_.plateau && cfg_.name != "plateau" && base_ > 0) v *= plateau_lr(step) / base_;
+  return v;
 }
 
 void Schedule::observe_grad_norm(double norm) {
@@ -149,7 +155,7 @@ void Schedule::load_gradnorm_state(const nlohmann::json& j) {
 }
 
 void Schedule::observe(int64_t step, double metric) {
-  if (cfg_.name == "plateau") history_.emplace_back(step, metric);
+  if (cfg_.on_plateau()) history_.emplace_back(step, metric);
 }
 
 }  // namespace mltrain::optim

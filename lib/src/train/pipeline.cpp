@@ -361,7 +361,7 @@ LrCurve lr_curve(const config::ExperimentConfig& cfg, int64_t steps) {
   c.steps_per_epoch = plan.steps_per_epoch;
   const int64_t n = steps > 0 ? steps : plan.total_steps;
   for (int64_t t = 0; t < n; ++t) c.lr.push_back(plan.lr->lr(t));
-  if (cfg.schedule.name == "plateau")
+  if (cfg.schedule.on_plateau())
     spdlog::warn(
         "[schedule] plateau depends on evaluations; without training it shows the LR "
         "before any drop");

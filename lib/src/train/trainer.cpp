@@ -579,7 +579,7 @@ void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
   dist::here::enter(dist::Where::kEvaluation);
   last_eval_ = evaluate(eval_);
   dist::here::enter(dist::Where::kOther);
-  if (cfg_.schedule.name == "plateau")
+  if (cfg_.schedule.on_plateau())
     schedule_->observe(opt_.steps(), last_eval_->metric(cfg_.schedule.monitor, "schedule.monitor"));
   if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
       last_eval_->accuracy >= cfg_.train.target_accuracy)

@@ -489,6 +489,9 @@ struct ScheduleConfig {
   Period gn_reference = Period::steps(100);
   double gn_min_factor = 0.1;
   double autolr_target = 0.0;
+  bool plateau = false;
+  // Whether evaluations steer the LR: the plateau schedule, or any schedule with plateau: true.
+  bool on_plateau() const { return name == "plateau" || plateau; }
   template <class V>
   void visit(V& v) {
     v.field("name", name, "schedule",
@@ -521,6 +524,11 @@ struct ScheduleConfig {
             "config metrics` lists them)");
     v.field("mode", mode, "plateau: whether the metric should go down or up",
             one_of({"min", "max"}));
+    v.field("plateau", plateau,
+            "also reduce on plateau on top of this schedule (e.g. warm-up + cosine + plateau, "
+            "the field guide's combination): the LR is the schedule's times the factor a plateau "
+            "schedule with the same monitor, mode, patience, threshold, cooldown and gamma has "
+            "reached (min_lr bounds base LR x factor)");
     v.field("patience", patience, "plateau: evaluations without improvement before a drop",
             non_negative<int64_t>());
     v.field("threshold", threshold, "plateau: relative improvement that counts",
