@@ -257,7 +257,9 @@ def row_schedules(m, scratch, seeds, quick):
                     ["optim.lr=0.003", f"train.duration={epochs}ep", "train.eval_every=1ep", "data.val_fraction=0.1",
                      *extra],
                     "test_accuracy", "schedule")
-    return len(set(means)) == len(means)
+    # each strategy alone changes training (the combinations may coincide: a plateau rule that never
+    # fires under cosine leaves warm-up + cosine as it was)
+    return all(x != means[0] for x in means[1:4])
 
 
 def row_adam_wd(m, scratch, seeds, quick):
