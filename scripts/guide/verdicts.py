@@ -214,6 +214,14 @@ def fortunes(m, scratch):
     return data
 
 
+def train_gpt(m, scratch, name, data, steps, seed, *overrides):
+    """The char-GPT for `steps` on the fortunes text, evaluated once at the end: (summary, stderr)."""
+    summary, _, err = train(m, scratch, name, GPT, f"run.seed={seed}", f"data.root={data}",
+                            f"train.duration={steps}", f"train.eval_every={steps}", f"checkpoint.every={steps}",
+                            *overrides)
+    return summary, err
+
+
 def row_share(m, scratch, seeds, quick):
     data = fortunes(m, scratch)
     steps = "20u" if quick else "1200u"
@@ -226,9 +234,7 @@ def row_share(m, scratch, seeds, quick):
                       ("share gated_input, 4 blocks", ["model.share=gated_input"])):
         losses = []
         for s in seeds:
-            summary, _, err = train(m, scratch, f"share_{len(means)}_{s}", GPT, f"run.seed={s}",
-                                    f"data.root={data}", f"train.duration={steps}", f"train.eval_every={steps}",
-                                    f"checkpoint.every={steps}", *ov)
+            summary, err = train_gpt(m, scratch, f"share_{len(means)}_{s}", data, steps, s, *ov)
             losses.append(summary["test_loss"])
         line = next(x for x in err.splitlines() if "[model]" in x)
         params.append(int(line.split(" parameters on ")[0].rsplit(" ", 1)[1]))
@@ -298,9 +304,8 @@ def row_embed_noise(m, scratch, seeds, quick):
     print(f"{'model.embedding_noise':<28} {'test loss':>18}  vs none")
     means = []
     for sigma in (0, 0.1):
-        losses = [train(m, scratch, f"noise_{sigma}_{s}", GPT, f"run.seed={s}", f"data.root={data}",
-                        f"train.duration={steps}", f"train.eval_every={steps}", f"checkpoint.every={steps}",
-                        f"model.embedding_noise={sigma}")[0]["test_loss"] for s in seeds]
+        losses = [train_gpt(m, scratch, f"noise_{sigma}_{s}", data, steps, s,
+                            f"model.embedding_noise={sigma}")[0]["test_loss"] for s in seeds]
         means.append(statistics.mean(losses))
         print(f"{sigma:<28} {band(losses):>18}  {means[-1] / means[0] - 1:+.2%}")
     print()

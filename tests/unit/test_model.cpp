@@ -134,8 +134,8 @@ TEST_CASE("pipeline units: the chain of units is the model's forward, parameters
   CHECK_THROWS_AS(cnn->forward_units(torch::randn({1, 1, 28, 28}), 0, 1), ConfigError);
 }
 
-TEST_CASE("gpt model.share gated (SmartShare): the unshared model with sigmoid(gate) x base",
-          "[model]") {
+// The GPT of the model.share tests: 3 blocks of width 8 (2 heads), a window of 6, no dropout.
+static config::ModelConfig tiny_gpt() {
   config::ModelConfig mc;
   mc.name = "gpt";
   mc.n_layer = 3;
@@ -143,6 +143,12 @@ TEST_CASE("gpt model.share gated (SmartShare): the unshared model with sigmoid(g
   mc.n_embd = 8;
   mc.block_size = 6;
   mc.dropout = 0;
+  return mc;
+}
+
+TEST_CASE("gpt model.share gated (SmartShare): the unshared model with sigmoid(gate) x base",
+          "[model]") {
+  config::ModelConfig mc = tiny_gpt();
   const int64_t V = 20, C = 8, L = 3, T = 6;
   auto plain = model::build_model(mc, {T}, V, 1);
   mc.share = "gated";
@@ -218,13 +224,7 @@ TEST_CASE("gpt model.share gated (SmartShare): the unshared model with sigmoid(g
 
 TEST_CASE("gpt model.share gated_input: a gate from the prefix mean of each layer's input",
           "[model]") {
-  config::ModelConfig mc;
-  mc.name = "gpt";
-  mc.n_layer = 3;
-  mc.n_head = 2;
-  mc.n_embd = 8;
-  mc.block_size = 6;
-  mc.dropout = 0;
+  config::ModelConfig mc = tiny_gpt();
   const int64_t V = 20, C = 8, L = 3, T = 6;
   mc.share = "gated";
   auto scalar = model::build_model(mc, {T}, V, 1);
