@@ -341,8 +341,7 @@ class GptModel : public Model {
   // What sharing saved: the unshared model has n_layer copies of each base and no gates (gated:
   // one per block and base; gated_input: each base's gate layer).
   std::string share_note(const config::ModelConfig& c) {
-    int64_t bases = 0, gates = 4 * c.n_layer;
-    if (c.share == "gated_input") gates = 0;
+    int64_t bases = 0, gates = c.share == "gated" ? 4 * c.n_layer : 0;
     for (const Shared* s : {&net_->shared.c_attn, &net_->shared.attn_proj, &net_->shared.c_fc,
                             &net_->shared.mlp_proj}) {
       bases += s->base.numel();
