@@ -123,6 +123,7 @@ bool GpModel::factor() {
   ils.resize(D);
   for (size_t d = 0; d < D; ++d) ils[d] = std::exp(-log_ls[d]);
   L.assign(n * n, 0.0);
+  kr.assign(n * n, 0.0), ke.assign(n * n, 0.0);
   for (size_t i = 0; i < n; ++i)
     for (size_t j = 0; j <= i; ++j) {
       double r2 = 0;
@@ -130,20 +131,43 @@ bool GpModel::factor() {
         const double t = (X[i][d] - X[j][d]) * ils[d];
         r2 += t * t;
       }
-      L[i * n + j] = matern52(r2, amp) + (i == j ? noise + 1e-10 : 0.0);
+      // matern52(r2, amp), its r and exponential kept for the likelihood's gradient
+      const double r = std::sqrt(std::max(r2, 0.0)), e = std::exp(-kSqrt5 * r);
+      kr[i * n + j] = r, ke[i * n + j] = e;
+      L[i * n + j] = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e + (i == j ? noise + 1e-10 : 0.0);
     }
-  for (size_t j = 0; j < n; ++j) {  // in-place Cholesky (lower)
-    double s = L[j * n + j];
-    for (size_t k = 0; k < j; ++k) s -= L[j * n + k] * L[j * n + k];
+  // In-place Cholesky (lower), by columns. The rows below the diagonal go four at a time: each
+  // entry's sum runs over k in the same order as alone (bitwise the same factor), but four
+  // independent sums keep the FPU busy where one would wait on its own previous subtraction.
+  for (size_t j = 0; j < n; ++j) {
+    const double* Lj = &L[j * n];
+    double s = Lj[j];
+    for (size_t k = 0; k < j; ++k) s -= Lj[k] * Lj[k];
     if (!(s > 0)) return false;
     const double ljj = std::sqrt(s);
     L[j * n + j] = ljj;
-    for (size_t i = j + 1; i < n; ++i) {
+    size_t i = j + 1;
+    for (; i + 4 <= n; i += 4) {
+      double* a0 = &L[i * n];
+      double* a1 = a0 + n;
+      double* a2 = a1 + n;
+      double* a3 = a2 + n;
+      double v0 = a0[j], v1 = a1[j], v2 = a2[j], v3 = a3[j];
+      for (size_t k = 0; k < j; ++k) {
+        const double b = Lj[k];
+        v0 -= a0[k] * b, v1 -= a1[k] * b, v2 -= a2[k] * b, v3 -= a3[k] * b;
+      }
+      a0[j] = v0 / ljj, a1[j] = v1 / ljj, a2[j] = v2 / ljj, a3[j] = v3 / ljj;
+    }
+    for (; i < n; ++i) {
       double v = L[i * n + j];
-      for (size_t k = 0; k < j; ++k) v -= L[i * n + k] * L[j * n + k];
+      for (size_t k = 0; k < j; ++k) v -= L[i * n + k] * Lj[k];
       L[i * n + j] = v / ljj;
     }
   }
+  LT.assign(n * n, 0.0);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j <= i; ++j) LT[j * n + i] = L[i * n + j];
   alpha = y;  // solve L L^T alpha = y
   for (size_t i = 0; i < n; ++i) {
     double v = alpha[i];
@@ -173,25 +197,41 @@ double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
   // K^-1 = L^-T L^-1 from the Cholesky factor, with L^-1 kept transposed (row j = column j of L^-1)
   // so both passes run over contiguous memory. W = alpha alpha^T - K^-1;
   // dlml/dtheta = 0.5 tr(W dK/dtheta).
+  // Both are written so that every entry's sum runs in the order of the plain row-by-row loops
+  // (bitwise the same), with independent sums side by side: column j of L^-1 by forward
+  // substitution in column order (entry i subtracts L[i][k] col[k] for k = j..i-1, as a row-wise
+  // solve does, but each finished col[k] updates every later entry in one contiguous pass over
+  // LT), and K^-1's dot products four at a time.
   std::vector<double> LiT(n * n, 0.0), Kinv(n * n, 0.0);
   for (size_t j = 0; j < n; ++j) {
-    double* col = &LiT[j * n];  // column j of L^-1: entries i >= j
-    col[j] = 1.0 / L[j * n + j];
-    for (size_t i = j + 1; i < n; ++i) {
-      double v = 0;
-      const double* Li = &L[i * n];
-      for (size_t k = j; k < i; ++k) v -= Li[k] * col[k];
-      col[i] = v / Li[i];
+    double* col = &LiT[j * n];  // column j of L^-1: entries i >= j; below j, running sums
+    for (size_t k = j; k < n; ++k) {
+      col[k] = k == j ? 1.0 / L[k * n + k] : col[k] / L[k * n + k];
+      const double ck = col[k];
+      const double* LTk = &LT[k * n];
+      for (size_t i = k + 1; i < n; ++i) col[i] -= LTk[i] * ck;
     }
   }
-  for (size_t i = 0; i < n; ++i)
-    for (size_t j = 0; j <= i; ++j) {
-      const double* a = &LiT[i * n];
+  for (size_t i = 0; i < n; ++i) {
+    const double* a = &LiT[i * n];
+    size_t j = 0;
+    for (; j + 4 <= i + 1; j += 4) {
+      const double *b0 = &LiT[j * n], *b1 = b0 + n, *b2 = b1 + n, *b3 = b2 + n;
+      double v0 = 0, v1 = 0, v2 = 0, v3 = 0;
+      for (size_t k = i; k < n; ++k) {
+        const double ak = a[k];
+        v0 += ak * b0[k], v1 += ak * b1[k], v2 += ak * b2[k], v3 += ak * b3[k];
+      }
+      Kinv[i * n + j] = v0, Kinv[i * n + j + 1] = v1, Kinv[i * n + j + 2] = v2;
+      Kinv[i * n + j + 3] = v3;
+    }
+    for (; j <= i; ++j) {
       const double* b = &LiT[j * n];
       double v = 0;
       for (size_t k = i; k < n; ++k) v += a[k] * b[k];
-      Kinv[i * n + j] = Kinv[j * n + i] = v;
+      Kinv[i * n + j] = v;  // the lower triangle is all the gradient reads
     }
+  }
   grad->assign(D + 2, 0.0);
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
   std::vector<double> t2(D);
@@ -205,8 +245,7 @@ double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
         t2[d] = t * t;
         r2 += t2[d];
       }
-      const double r = std::sqrt(r2);
-      const double e = std::exp(-kSqrt5 * r);
+      const double r = kr[i * n + j], e = ke[i * n + j];  // factor()'s, bitwise
       const double k = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e;
       const double base = amp * 5.0 / 3.0 * (1.0 + kSqrt5 * r) * e;  // dk/dlog_ls_d = base * t2_d
       for (size_t d = 0; d < D; ++d) (*grad)[d] += mult * w * base * t2[d];
@@ -316,15 +355,55 @@ void GpModel::predict(const std::vector<double>& x, double& mean, double& sd) co
     k[i] = matern52(r2, amp);
   }
   mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
-  double vv = 0;  // v = L^-1 k
-  for (size_t i = 0; i < n; ++i) {
-    double v = k[i];
-    const double* Li = &L[i * n];
-    for (size_t j = 0; j < i; ++j) v -= Li[j] * k[j];
-    k[i] = v / Li[i];
-    vv += k[i] * k[i];
+  // v = L^-1 k in place, in column order: entry i subtracts L[i][j] v[j] for j = 0..i-1 in the
+  // order a row-wise solve does (bitwise the same), each finished v[j] in one pass over LT's row.
+  double vv = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const double vj = k[j] / L[j * n + j];
+    k[j] = vj;
+    vv += vj * vj;
+    const double* LTj = &LT[j * n];
+    for (size_t i = j + 1; i < n; ++i) k[i] -= LTj[i] * vj;
   }
   sd = std::sqrt(std::max(amp - vv, 1e-12));
+}
+
+void GpModel::predict_many(const std::vector<std::vector<double>>& xs, std::vector<double>& mean,
+                           std::vector<double>& sd) const {
+  // predict()'s arithmetic for a block of points at once: the kernel block [n][B], the mean and
+  // the forward solve with the points innermost, so each point's sums run in predict()'s order
+  // while the block's points are independent (vectorised) work.
+  // Whole blocks only (a short last block is padded with its first point): the inner loops have
+  // a fixed length the compiler vectorises without remainder code.
+  constexpr size_t B = 32;
+  const size_t n = X.size(), m = xs.size();
+  const double amp = std::exp(log_amp);
+  mean.assign(m, 0.0), sd.assign(m, 0.0);
+  std::vector<double> K(n * B), mu(B), vv(B);
+  for (size_t c0 = 0; c0 < m; c0 += B) {
+    const size_t b = std::min(B, m - c0);
+    for (size_t i = 0; i < n; ++i)
+      for (size_t c = 0; c < B; ++c)
+        K[i * B + c] = matern52(scaled_r2(xs[c0 + (c < b ? c : 0)], X[i].data()), amp);
+    std::fill(mu.begin(), mu.end(), 0.0), std::fill(vv.begin(), vv.end(), 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      const double ai = alpha[i];
+      const double* ki = &K[i * B];
+      for (size_t c = 0; c < B; ++c) mu[c] += ki[c] * ai;
+    }
+    for (size_t j = 0; j < n; ++j) {
+      double* vj = &K[j * B];
+      const double ljj = L[j * n + j];
+      for (size_t c = 0; c < B; ++c) vj[c] /= ljj, vv[c] += vj[c] * vj[c];
+      for (size_t i = j + 1; i < n; ++i) {
+        const double lij = L[i * n + j];
+        double* ki = &K[i * B];
+        for (size_t c = 0; c < B; ++c) ki[c] -= lij * vj[c];
+      }
+    }
+    for (size_t c = 0; c < b; ++c)
+      mean[c0 + c] = mu[c], sd[c0 + c] = std::sqrt(std::max(amp - vv[c], 1e-12));
+  }
 }
 
 void GpModel::predict_grad(const std::vector<double>& x, double& mean, double& sd,
@@ -342,16 +421,18 @@ void GpModel::predict_grad(const std::vector<double>& x, double& mean, double& s
   }
   mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
   double vv = 0;
-  for (size_t i = 0; i < n; ++i) {  // v = L^-1 k
-    double a = k[i];
-    const double* Li = &L[i * n];
-    for (size_t j = 0; j < i; ++j) a -= Li[j] * v[j];
-    v[i] = a / Li[i];
-    vv += v[i] * v[i];
+  v = k;  // v = L^-1 k, in predict()'s column order
+  for (size_t j = 0; j < n; ++j) {
+    const double vj = v[j] / L[j * n + j];
+    v[j] = vj;
+    vv += vj * vj;
+    const double* LTj = &LT[j * n];
+    for (size_t i = j + 1; i < n; ++i) v[i] -= LTj[i] * vj;
   }
-  for (size_t i = n; i-- > 0;) {  // w = L^-T v = K^-1 k, in place
+  for (size_t i = n; i-- > 0;) {  // w = L^-T v = K^-1 k, in place (row i of L^T: contiguous)
     double a = v[i];
-    for (size_t j = i + 1; j < n; ++j) a -= L[j * n + i] * v[j];
+    const double* LTi = &LT[i * n];
+    for (size_t j = i + 1; j < n; ++j) a -= LTi[j] * v[j];
     v[i] = a / L[i * n + i];
   }
   const double var = amp - vv;
@@ -461,18 +542,13 @@ class GpSampler : public Sampler {
                                   const std::vector<std::vector<double>>& X,
                                   const std::vector<double>& y, double best,
                                   std::mt19937_64& rng) const {
-    auto acq = [&](const std::vector<double>& z) {
-      double m, s;
-      gp.predict(round_trip(space, z), m, s);
-      return detail::log_ei(m, s, best, o_.xi);
-    };
     std::uniform_real_distribution<double> U(0, 1);
     std::normal_distribution<double> N(0, 1);
     std::vector<std::pair<double, std::vector<double>>> cand;
     for (int i = 0; i < 1000; ++i) {
       std::vector<double> z(width_);
       for (auto& v : z) v = U(rng);
-      cand.emplace_back(acq(z), z);
+      cand.emplace_back(0.0, z);
     }
     std::vector<size_t> order(y.size());
     std::iota(order.begin(), order.end(), size_t{0});
@@ -482,8 +558,17 @@ class GpSampler : public Sampler {
         auto z = X[order[r]];
         const double s = i < 50 ? 0.02 : 0.1;
         for (auto& v : z) v = std::clamp(v + s * N(rng), 0.0, 1.0);
-        cand.emplace_back(acq(z), z);
+        cand.emplace_back(0.0, z);
       }
+    {  // log EI at every candidate as the objective will see it, the posterior in blocks
+      std::vector<std::vector<double>> seen;
+      seen.reserve(cand.size());
+      for (const auto& c : cand) seen.push_back(round_trip(space, c.second));
+      std::vector<double> mean, sd;
+      gp.predict_many(seen, mean, sd);
+      for (size_t c = 0; c < cand.size(); ++c)
+        cand[c].first = detail::log_ei(mean[c], sd[c], best, o_.xi);
+    }
     std::sort(cand.begin(), cand.end(),
               [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<bool> cont(width_, false);

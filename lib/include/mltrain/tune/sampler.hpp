@@ -70,7 +70,9 @@ struct GpModel {
   std::vector<double> log_ls;
   double log_amp = 0, log_noise = -9;
   std::vector<double> L, alpha;  // Cholesky factor (row-major n x n) and K^-1 y
-  std::vector<double> ils;       // exp(-log_ls), set by factor()
+  std::vector<double> LT;        // L transposed (row j = column j of L), set by factor()
+  std::vector<double> kr, ke;  // r and exp(-sqrt(5) r) of each pair i >= j [i * n + j], by factor()
+  std::vector<double> ils;     // exp(-log_ls), set by factor()
   double log_marginal_likelihood(
       std::vector<double>* grad) const;  // at the current hyperparameters
   bool factor();                         // false when K is not positive definite
@@ -86,6 +88,9 @@ struct GpModel {
            const std::vector<double>* warm = nullptr, Restart restart = Restart::none);
   std::vector<double> theta() const;
   void predict(const std::vector<double>& x, double& mean, double& sd) const;
+  // predict() at many points, bitwise the same values, several points per pass over L.
+  void predict_many(const std::vector<std::vector<double>>& xs, std::vector<double>& mean,
+                    std::vector<double>& sd) const;
   double scaled_r2(const std::vector<double>& x, const double* xi) const;
   // predict() with the gradients of mean and sd over x (dmean, dsd resized to x's size).
   void predict_grad(const std::vector<double>& x, double& mean, double& sd,
