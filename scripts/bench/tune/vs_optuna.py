@@ -3,8 +3,8 @@
 budget, both run in this invocation on the same functions and seeds.
 
     .venv/bin/python scripts/bench/tune/vs_optuna.py MLTRAIN SCRATCH [--parts quality,time]
-        [--seeds 100] [--functions branin,hartmann6,rosenbrock4,mixed5] [--samplers tpe,gp]
-        [--modes seq,par4] [--gp-seeds 40] [--jobs 2] [--cache FILE] [--table-only]
+        [--seeds 100] [--functions branin,hartmann6,rosenbrock4,mixed5,fmnist] [--samplers tpe,gp]
+        [--modes seq,par4] [--gp-seeds 40] [--jobs 2] [--cache FILE] [--table-only] [--fmnist-table FILE]
 
 quality  median regret (best value found - the function's minimum) after 50 and 100 trials, over
          --seeds seeds, per cell (function x sampler x mode x budget). mltrain: `mltrain tune` with
@@ -20,6 +20,11 @@ quality  median regret (best value found - the function's minimum) after 50 and 
          median(mltrain) - median(Optuna). Verdict per cell: "<=" when mltrain's median is not
          worse; "worse" when it is but the interval holds 0; "WORSE" when the whole interval is
          above 0 (worse beyond the interval).
+         fmnist: the Fashion-MNIST MLP study's space (configs/tune/fashion_mnist_mlp.yaml), as the
+         tabular benchmark of fmnist_surface.py (420 real trainings, interpolated; built into
+         SCRATCH on first use, ~12 min, or --fmnist-table FILE). mltrain's trials are real
+         processes (`trial.command` running fmnist_surface.py's lookup); with 4 running they finish
+         in the order the processes end, not strictly oldest first.
 pruning  each pruner (median, percentile, ASHA, Hyperband) under TPE on curves.py's learning curves
          (parallel and crossing, 27 steps), sequential and 4 running, seeds 100-139: mltrain's best
          complete trial within the steps Optuna's study of the same seed used, against Optuna's
@@ -64,6 +69,16 @@ def mixed5(p):
 
 MINIMA = {fn: FUNCTIONS[fn][2] for fn in FUNCTIONS}
 MINIMA["mixed5"] = 0.0
+HERE = Path(__file__).resolve().parent
+_FMNIST = {}
+
+
+def fmnist_table():
+    """fmnist_surface.py's table, from the path main() puts in the environment (spawned workers
+    inherit it)."""
+    if "table" not in _FMNIST:
+        _FMNIST["table"] = json.loads(Path(os.environ["MLTRAIN_FMNIST_TABLE"]).read_text())
+    return _FMNIST["table"]
 
 
 def suggest_and_eval(trial, fn):
@@ -74,6 +89,13 @@ def suggest_and_eval(trial, fn):
              "width": trial.suggest_int("width", 16, 1024, log=True),
              "dropout": trial.suggest_float("dropout", 0.0, 0.5, step=0.05)}
         return lambda: mixed5(p)
+    if fn == "fmnist":
+        import fmnist_surface
+        p = (trial.suggest_float("lr", 1e-4, 1e-2, log=True),
+             trial.suggest_float("weight_decay", 1e-7, 1e-3, log=True),
+             trial.suggest_categorical("batch", fmnist_surface.BATCH),
+             trial.suggest_float("smoothing", 0.0, 0.2))
+        return lambda: fmnist_surface.value(fmnist_table(), *p)
     f, bounds, _ = FUNCTIONS[fn]
     x = [trial.suggest_float(f"x{i + 1}", lo, hi) for i, (lo, hi) in enumerate(bounds)]
     return lambda: f(x)
@@ -104,10 +126,30 @@ def optuna_study(fn, sampler, conc, seed, trials=TRIALS):
     return values, ask_s
 
 
+def fmnist_study_yaml(scratch):
+    """The study file of the fmnist cell: the space of configs/tune/fashion_mnist_mlp.yaml, each
+    trial a process looking its value up in fmnist_surface.py's table."""
+    path = Path(scratch) / "fmnist_study.yaml"
+    path.write_text(f"""study: {{name: fmnist, dir: {scratch}, n_trials: {TRIALS}}}
+sampler: {{name: tpe}}
+objective: {{metric: error, direction: minimize}}
+trial:
+  command: [{sys.executable}, -S, {HERE / "fmnist_surface.py"}, trial, {os.environ["MLTRAIN_FMNIST_TABLE"]}]
+  threads: 1
+space:
+  lr: {{type: float, low: 1.0e-4, high: 1.0e-2, log: true}}
+  weight_decay: {{type: float, low: 1.0e-7, high: 1.0e-3, log: true}}
+  batch: {{type: categorical, choices: [64, 128, 256, 512]}}
+  smoothing: {{type: float, low: 0.0, high: 0.2}}
+""")
+    return str(path)
+
+
 def mltrain_study(m, scratch, fn, sampler, conc, seed, trials=TRIALS):
     name = f"vs_{fn}_{sampler}_{conc}_{seed}"
-    subprocess.run([m, "tune", STUDY, "-q", f"study.dir={scratch}", f"study.name={name}",
-                    f"objective.function={fn}", f"sampler.name={sampler}", f"study.seed={seed}",
+    what = [fmnist_study_yaml(scratch)] if fn == "fmnist" else [STUDY, f"objective.function={fn}"]
+    subprocess.run([m, "tune", what[0], "-q", f"study.dir={scratch}", f"study.name={name}", *what[1:],
+                    f"sampler.name={sampler}", f"study.seed={seed}",
                     f"study.n_trials={trials}", f"study.max_concurrent={conc}"],
                    check=True, capture_output=True, text=True)
     values, ms = [], []
@@ -350,7 +392,7 @@ def main():
     ap.add_argument("--parts", default="quality,time,pruning")
     ap.add_argument("--pruning-seeds", type=int, default=40)
     ap.add_argument("--seeds", type=int, default=100)
-    ap.add_argument("--functions", default="branin,hartmann6,rosenbrock4,mixed5")
+    ap.add_argument("--functions", default="branin,hartmann6,rosenbrock4,mixed5,fmnist")
     ap.add_argument("--samplers", default="tpe,gp")
     ap.add_argument("--modes", default="seq,par4")
     # Optuna's GPSampler takes 10-25 s per 100-trial study here (one thread): 40 seeds, the issue's
@@ -359,8 +401,11 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", default=None, help="results file (default: SCRATCH/vs_optuna.jsonl)")
     ap.add_argument("--table-only", action="store_true", help="print the quality table from the cache, run nothing")
+    ap.add_argument("--fmnist-table", default=None,
+                    help="fmnist_surface.py's table (default: SCRATCH/fmnist_surface.json, trained if missing)")
     a = ap.parse_args()
     fns, samplers, modes = a.functions.split(","), a.samplers.split(","), a.modes.split(",")
+    MINIMA["fmnist"] = None
     for flag, given, known in (("--functions", fns, tuple(MINIMA)), ("--samplers", samplers, ("tpe", "gp")),
                                ("--modes", modes, ("seq", "par4")), ("--parts", a.parts.split(","), ("quality", "time", "pruning"))):
         if any(g not in known for g in given):
@@ -372,6 +417,15 @@ def main():
         version = f"(not run: {e.strerror})"
     print(f"optuna {optuna.__version__}; {version}")
     cache = Path(a.cache or os.path.join(a.scratch, "vs_optuna.jsonl"))
+    if "fmnist" in fns:
+        import fmnist_surface
+        if a.fmnist_table:
+            table, path = json.loads(Path(a.fmnist_table).read_text()), Path(a.fmnist_table).resolve()
+        else:
+            table, path = fmnist_surface.build(a.mltrain, a.scratch, a.jobs)
+        os.environ["MLTRAIN_FMNIST_TABLE"] = str(path)
+        MINIMA["fmnist"] = fmnist_surface.minimum(table)
+        print(f"fmnist: {len(table['error'])} trainings in {path}, best validation error {MINIMA['fmnist']:.4f}")
     ok = True
     if "time" in a.parts.split(",") and not a.table_only:  # first, while nothing else runs
         ok &= run_time(a.mltrain, a.scratch, fns, samplers)
