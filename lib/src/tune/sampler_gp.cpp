@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -108,34 +110,98 @@ double minimize_box(
 
 }  // namespace
 
+// The kernel loops also get AVX2 copies, picked at load time where the CPU has AVX2: twice the
+// lanes of the baseline SSE2. Not FMA, so each entry's arithmetic, and with it every suggestion,
+// is bitwise the same on either copy. GCC only (the sanitizer build uses clang).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MLTRAIN_GP_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MLTRAIN_GP_CLONES
+#endif
+
 namespace detail {
 
 constexpr double kSqrt5 = 2.2360679774997896;
 
-static double matern52(double r2, double amp) {
-  const double r = std::sqrt(std::max(r2, 0.0));
-  return amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * std::exp(-kSqrt5 * r);
+}  // namespace detail
+
+// e^x without libm, for -700 <= x <= 0: Cody-Waite reduction x = k ln 2 + f, |f| <= ln2 / 2,
+// Taylor to degree 13, 2^k by the exponent bits. Plain arithmetic, so the kernel loops below
+// vectorise (libm's exp is one call per entry: most of a GP suggestion's time); within 2 ulp of
+// exp (test_tune).
+static inline double exp_reduced(double x) {
+  constexpr double kLog2e = 1.4426950408889634, kShift = 6755399441055744.0;  // 1.5 * 2^52
+  constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
+  const double kd = x * kLog2e + kShift;  // k + kShift: k rounded into the low mantissa bits
+  const double k = kd - kShift;
+  const double f = (x - k * kLn2Hi) - k * kLn2Lo;
+  double p = 1.0 / 6227020800.0;
+  p = p * f + 1.0 / 479001600.0;
+  p = p * f + 1.0 / 39916800.0;
+  p = p * f + 1.0 / 3628800.0;
+  p = p * f + 1.0 / 362880.0;
+  p = p * f + 1.0 / 40320.0;
+  p = p * f + 1.0 / 5040.0;
+  p = p * f + 1.0 / 720.0;
+  p = p * f + 1.0 / 120.0;
+  p = p * f + 1.0 / 24.0;
+  p = p * f + 1.0 / 6.0;
+  p = p * f + 0.5;
+  p = p * f + 1.0;
+  p = p * f + 1.0;
+  uint64_t bits;
+  std::memcpy(&bits, &kd, sizeof bits);
+  bits = (bits - 0x4338000000000000ULL + 1023) << 52;  // the biased exponent of 2^k
+  double scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
 }
 
-bool GpModel::factor() {
+double detail::exp_nonpositive(double x) { return exp_reduced(std::max(x, -700.0)); }
+
+namespace detail {
+// Matern-5/2 at squared distances r2[0..m), with each r and exp(-sqrt(5) r) left in r and e (the
+// likelihood's gradient and the posterior's use them). Two passes: with the clamp and the
+// exponential in one loop GCC turns the clamp into a branch and vectorises neither. The tune
+// room builds with -fno-math-errno, so sqrt is an instruction, not a call. Below e^-700 (r > 313)
+// an entry is e^-700 x its polynomial: zero to the model.
+MLTRAIN_GP_CLONES static void matern52_row(const double* r2, size_t m, double amp, double* k,
+                                           double* r, double* e) {
+  for (size_t j = 0; j < m; ++j) {  // r2 is a sum of squares: never below 0
+    r[j] = std::sqrt(r2[j]);
+    e[j] = std::max(-kSqrt5 * r[j], -700.0);
+  }
+  for (size_t j = 0; j < m; ++j) {
+    e[j] = exp_reduced(e[j]);
+    k[j] = amp * (1.0 + kSqrt5 * r[j] + 5.0 / 3.0 * r2[j]) * e[j];
+  }
+}
+static void matern52_row(const double* r2, size_t m, double amp, double* k) {
+  thread_local std::vector<double> r, e;
+  r.resize(m), e.resize(m);
+  matern52_row(r2, m, amp, k, r.data(), e.data());
+}
+
+MLTRAIN_GP_CLONES bool GpModel::factor() {
   const size_t n = X.size(), D = log_ls.size();
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
   ils.resize(D);
   for (size_t d = 0; d < D; ++d) ils[d] = std::exp(-log_ls[d]);
   L.assign(n * n, 0.0);
   kr.assign(n * n, 0.0), ke.assign(n * n, 0.0);
-  for (size_t i = 0; i < n; ++i)
+  std::vector<double> r2(n);
+  for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j <= i; ++j) {
-      double r2 = 0;
+      double s = 0;
       for (size_t d = 0; d < D; ++d) {
         const double t = (X[i][d] - X[j][d]) * ils[d];
-        r2 += t * t;
+        s += t * t;
       }
-      // matern52(r2, amp), its r and exponential kept for the likelihood's gradient
-      const double r = std::sqrt(std::max(r2, 0.0)), e = std::exp(-kSqrt5 * r);
-      kr[i * n + j] = r, ke[i * n + j] = e;
-      L[i * n + j] = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e + (i == j ? noise + 1e-10 : 0.0);
+      r2[j] = s;
     }
+    matern52_row(r2.data(), i + 1, amp, &L[i * n], &kr[i * n], &ke[i * n]);
+    L[i * n + i] += noise + 1e-10;
+  }
   // In-place Cholesky (lower), by columns. The rows below the diagonal go four at a time: each
   // entry's sum runs over k in the same order as alone (bitwise the same factor), but four
   // independent sums keep the FPU busy where one would wait on its own previous subtraction.
@@ -183,7 +249,7 @@ bool GpModel::factor() {
 }
 
 // log p(y | X, theta) + log prior(theta); gradient over (log_ls..., log_amp, log_noise).
-double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
+MLTRAIN_GP_CLONES double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
   const size_t n = X.size(), D = log_ls.size();
   double lml = 0;
   for (size_t i = 0; i < n; ++i) lml -= 0.5 * y[i] * alpha[i] + std::log(L[i * n + i]);
@@ -202,7 +268,8 @@ double GpModel::log_marginal_likelihood(std::vector<double>* grad) const {
   // substitution in column order (entry i subtracts L[i][k] col[k] for k = j..i-1, as a row-wise
   // solve does, but each finished col[k] updates every later entry in one contiguous pass over
   // LT), and K^-1's dot products four at a time.
-  std::vector<double> LiT(n * n, 0.0), Kinv(n * n, 0.0);
+  thread_local std::vector<double> LiT, Kinv;  // scratch kept between calls: no malloc per step
+  LiT.assign(n * n, 0.0), Kinv.assign(n * n, 0.0);
   for (size_t j = 0; j < n; ++j) {
     double* col = &LiT[j * n];  // column j of L^-1: entries i >= j; below j, running sums
     for (size_t k = j; k < n; ++k) {
@@ -322,8 +389,13 @@ void GpModel::fit(const std::vector<std::vector<double>>& Xin, const std::vector
   }
   double best = std::numeric_limits<double>::infinity();
   std::vector<double> best_th = starts[0];
-  for (auto th : starts) {
-    const double v = minimize_box(objective, th, lo, hi, has_warm ? 30 : 60);
+  // With a restart the warm start is only evaluated, not refined (it was refined one observation
+  // ago and will be again from whichever start wins): one start's iterations per suggestion, so the
+  // restarting suggestions cost what the others do instead of twice as much.
+  for (size_t s = 0; s < starts.size(); ++s) {
+    auto th = starts[s];
+    const int iters = !has_warm ? 60 : (restart != Restart::none && s == 0) ? 0 : 30;
+    const double v = minimize_box(objective, th, lo, hi, iters);
     if (v < best) best = v, best_th = th;
   }
   set(best_th);
@@ -344,16 +416,14 @@ double GpModel::scaled_r2(const std::vector<double>& x, const double* xi) const 
   return r2;
 }
 
-void GpModel::predict(const std::vector<double>& x, double& mean, double& sd) const {
+MLTRAIN_GP_CLONES void GpModel::predict(const std::vector<double>& x, double& mean,
+                                        double& sd) const {
   const size_t n = X.size();
   const double amp = std::exp(log_amp);
-  thread_local std::vector<double> k;
-  k.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const double* xi = X[i].data();
-    const double r2 = scaled_r2(x, xi);
-    k[i] = matern52(r2, amp);
-  }
+  thread_local std::vector<double> k, r2;
+  k.resize(n), r2.resize(n);
+  for (size_t i = 0; i < n; ++i) r2[i] = scaled_r2(x, X[i].data());
+  matern52_row(r2.data(), n, amp, k.data());
   mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
   // v = L^-1 k in place, in column order: entry i subtracts L[i][j] v[j] for j = 0..i-1 in the
   // order a row-wise solve does (bitwise the same), each finished v[j] in one pass over LT's row.
@@ -368,8 +438,9 @@ void GpModel::predict(const std::vector<double>& x, double& mean, double& sd) co
   sd = std::sqrt(std::max(amp - vv, 1e-12));
 }
 
-void GpModel::predict_many(const std::vector<std::vector<double>>& xs, std::vector<double>& mean,
-                           std::vector<double>& sd) const {
+MLTRAIN_GP_CLONES void GpModel::predict_many(const std::vector<std::vector<double>>& xs,
+                                             std::vector<double>& mean,
+                                             std::vector<double>& sd) const {
   // predict()'s arithmetic for a block of points at once: the kernel block [n][B], the mean and
   // the forward solve with the points innermost, so each point's sums run in predict()'s order
   // while the block's points are independent (vectorised) work.
@@ -379,12 +450,22 @@ void GpModel::predict_many(const std::vector<std::vector<double>>& xs, std::vect
   const size_t n = X.size(), m = xs.size();
   const double amp = std::exp(log_amp);
   mean.assign(m, 0.0), sd.assign(m, 0.0);
-  std::vector<double> K(n * B), mu(B), vv(B);
+  const size_t D = ils.size();
+  std::vector<double> K(n * B), R2(n * B), xt(D * B), mu(B), vv(B);
   for (size_t c0 = 0; c0 < m; c0 += B) {
     const size_t b = std::min(B, m - c0);
-    for (size_t i = 0; i < n; ++i)
-      for (size_t c = 0; c < B; ++c)
-        K[i * B + c] = matern52(scaled_r2(xs[c0 + (c < b ? c : 0)], X[i].data()), amp);
+    for (size_t c = 0; c < B; ++c)  // the block's points by coordinate
+      for (size_t d = 0; d < D; ++d) xt[d * B + c] = xs[c0 + (c < b ? c : 0)][d];
+    std::fill(R2.begin(), R2.end(), 0.0);
+    for (size_t i = 0; i < n; ++i)  // scaled_r2's sums, coordinates in its order
+      for (size_t d = 0; d < D; ++d) {
+        const double xid = X[i][d], il = ils[d];
+        for (size_t c = 0; c < B; ++c) {
+          const double t = (xt[d * B + c] - xid) * il;
+          R2[i * B + c] += t * t;
+        }
+      }
+    matern52_row(R2.data(), n * B, amp, K.data());
     std::fill(mu.begin(), mu.end(), 0.0), std::fill(vv.begin(), vv.end(), 0.0);
     for (size_t i = 0; i < n; ++i) {
       const double ai = alpha[i];
@@ -406,17 +487,19 @@ void GpModel::predict_many(const std::vector<std::vector<double>>& xs, std::vect
   }
 }
 
-void GpModel::predict_grad(const std::vector<double>& x, double& mean, double& sd,
-                           std::vector<double>& dmean, std::vector<double>& dsd) const {
+MLTRAIN_GP_CLONES void GpModel::predict_grad(const std::vector<double>& x, double& mean, double& sd,
+                                             std::vector<double>& dmean,
+                                             std::vector<double>& dsd) const {
   const size_t n = X.size(), D = log_ls.size();
   const double amp = std::exp(log_amp);
-  std::vector<double> k(n), dk(n * D), v(n);  // dk[i * D + d] = dk_i / dx_d
+  thread_local std::vector<double> k, dk, v, r2, r, e;  // dk[i * D + d] = dk_i / dx_d
+  k.resize(n), dk.resize(n * D), v.resize(n), r2.resize(n), r.resize(n), e.resize(n);
+  for (size_t i = 0; i < n; ++i) r2[i] = scaled_r2(x, X[i].data());
+  matern52_row(r2.data(), n, amp, k.data(), r.data(), e.data());
   for (size_t i = 0; i < n; ++i) {
     const double* xi = X[i].data();
-    const double r2 = scaled_r2(x, xi);
-    const double r = std::sqrt(r2), e = std::exp(-kSqrt5 * r);
-    k[i] = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e;
-    const double c = -5.0 / 3.0 * amp * (1.0 + kSqrt5 * r) * e;  // dk/dx_d = c (x_d - X_id) ils_d^2
+    const double c =
+        -5.0 / 3.0 * amp * (1.0 + kSqrt5 * r[i]) * e[i];  // dk/dx_d = c (x_d - X_id) ils_d^2
     for (size_t d = 0; d < D; ++d) dk[i * D + d] = c * (x[d] - xi[d]) * ils[d] * ils[d];
   }
   mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
@@ -429,11 +512,11 @@ void GpModel::predict_grad(const std::vector<double>& x, double& mean, double& s
     const double* LTj = &LT[j * n];
     for (size_t i = j + 1; i < n; ++i) v[i] -= LTj[i] * vj;
   }
-  for (size_t i = n; i-- > 0;) {  // w = L^-T v = K^-1 k, in place (row i of L^T: contiguous)
-    double a = v[i];
-    const double* LTi = &LT[i * n];
-    for (size_t j = i + 1; j < n; ++j) a -= LTi[j] * v[j];
-    v[i] = a / L[i * n + i];
+  for (size_t j = n; j-- > 0;) {  // w = L^-T v = K^-1 k, in place, by columns of L^T (rows of L)
+    const double wj = v[j] / L[j * n + j];
+    v[j] = wj;
+    const double* Lj = &L[j * n];
+    for (size_t i = 0; i < j; ++i) v[i] -= Lj[i] * wj;
   }
   const double var = amp - vv;
   sd = std::sqrt(std::max(var, 1e-12));
@@ -512,10 +595,10 @@ class GpSampler : public Sampler {
     const double sdv =
         std::sqrt(var / double(y.size())) > 0 ? std::sqrt(var / double(y.size())) : 1.0;
     for (auto& v : y) v = (v - mean) / sdv;
-    // Hyperparameters: a short fit warm-started from the previous one (as Optuna's GP does), which
-    // keeps a suggestion at 100 trials under 20 ms (8-16 ms here). Every kRestart observations one
-    // more start joins it, the default and a random one in turn, so a poor optimum is left; one
-    // start at a time keeps the slowest suggestion near the typical one (both at once: ~35 ms).
+    // Hyperparameters: a short fit warm-started from the previous one (as Optuna's GP does). Every
+    // kRestart observations one more start joins it, the default and a random one in turn, so a
+    // poor optimum is left; on those suggestions the warm start is only evaluated, so no
+    // suggestion runs more than one start's iterations (the slowest stays near the typical one).
     detail::GpModel gp;
     using Restart = detail::GpModel::Restart;
     Restart restart = Restart::none;

@@ -77,9 +77,9 @@ struct GpModel {
       std::vector<double>* grad) const;  // at the current hyperparameters
   bool factor();                         // false when K is not positive definite
   // Hyperparameters by marginal likelihood: from `warm` (a previous fit's theta: log length
-  // scales, log amplitude, log noise) when given, plus one more start when `restart` says so (the
-  // default theta or a random one), the best of them kept; without `warm`, from the default and
-  // two random starts.
+  // scales, log amplitude, log noise) when given; when `restart` says so, one more start (the
+  // default theta or a random one) is fitted instead and `warm` only evaluated, the better kept;
+  // without `warm`, from the default and two random starts.
   // Beyond kFitPoints observations they are fitted on a subset (the best half and the latest
   // half), and the model then conditions on every point.
   static constexpr size_t kFitPoints = 64;
@@ -97,6 +97,9 @@ struct GpModel {
                     std::vector<double>& dmean, std::vector<double>& dsd) const;
 };
 double expected_improvement(double mean, double sd, double best, double xi);
+// e^x for the kernel's x <= 0, without libm (vectorisable), within 2 ulp of std::exp; x below
+// -700 gives e^-700.
+double exp_nonpositive(double x);
 // log EI, accurate far into the tail; with d/dmean and d/dsd when asked.
 double log_ei(double mean, double sd, double best, double xi, double* dmean = nullptr,
               double* dsd = nullptr);
