@@ -182,6 +182,24 @@ static void matern52_row(const double* r2, size_t m, double amp, double* k) {
   matern52_row(r2, m, amp, k, r.data(), e.data());
 }
 
+// v = L^-1 v in place (L lower, row-major n x n; LT its transpose), returning v . v: in column
+// order, entry i subtracts L[i][j] v[j] for j = 0..i-1 in the order a row-wise solve does (bitwise
+// the same), each finished v[j] in one contiguous pass over LT's row. Inlined into its callers'
+// AVX2 copies.
+[[gnu::always_inline]] static inline double solve_lower(const std::vector<double>& L,
+                                                        const std::vector<double>& LT, size_t n,
+                                                        double* v) {
+  double vv = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const double vj = v[j] / L[j * n + j];
+    v[j] = vj;
+    vv += vj * vj;
+    const double* LTj = &LT[j * n];
+    for (size_t i = j + 1; i < n; ++i) v[i] -= LTj[i] * vj;
+  }
+  return vv;
+}
+
 MLTRAIN_GP_CLONES bool GpModel::factor() {
   const size_t n = X.size(), D = log_ls.size();
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
@@ -425,16 +443,7 @@ MLTRAIN_GP_CLONES void GpModel::predict(const std::vector<double>& x, double& me
   for (size_t i = 0; i < n; ++i) r2[i] = scaled_r2(x, X[i].data());
   matern52_row(r2.data(), n, amp, k.data());
   mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
-  // v = L^-1 k in place, in column order: entry i subtracts L[i][j] v[j] for j = 0..i-1 in the
-  // order a row-wise solve does (bitwise the same), each finished v[j] in one pass over LT's row.
-  double vv = 0;
-  for (size_t j = 0; j < n; ++j) {
-    const double vj = k[j] / L[j * n + j];
-    k[j] = vj;
-    vv += vj * vj;
-    const double* LTj = &LT[j * n];
-    for (size_t i = j + 1; i < n; ++i) k[i] -= LTj[i] * vj;
-  }
+  const double vv = solve_lower(L, LT, n, k.data());  // k becomes L^-1 k
   sd = std::sqrt(std::max(amp - vv, 1e-12));
 }
 
@@ -503,15 +512,8 @@ MLTRAIN_GP_CLONES void GpModel::predict_grad(const std::vector<double>& x, doubl
     for (size_t d = 0; d < D; ++d) dk[i * D + d] = c * (x[d] - xi[d]) * ils[d] * ils[d];
   }
   mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
-  double vv = 0;
-  v = k;  // v = L^-1 k, in predict()'s column order
-  for (size_t j = 0; j < n; ++j) {
-    const double vj = v[j] / L[j * n + j];
-    v[j] = vj;
-    vv += vj * vj;
-    const double* LTj = &LT[j * n];
-    for (size_t i = j + 1; i < n; ++i) v[i] -= LTj[i] * vj;
-  }
+  v = k;
+  const double vv = solve_lower(L, LT, n, v.data());  // v = L^-1 k
   for (size_t j = n; j-- > 0;) {  // w = L^-T v = K^-1 k, in place, by columns of L^T (rows of L)
     const double wj = v[j] / L[j * n + j];
     v[j] = wj;

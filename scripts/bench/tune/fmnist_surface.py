@@ -17,7 +17,6 @@ Both tuners get the same function; only the tuner differs. The `trial` mode is w
 `mltrain tune`'s trial.command runs; pure Python, so it starts in milliseconds under `-S`."""
 import json
 import math
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,19 +45,12 @@ def train_one(m, scratch, point):
            f"checkpoint.every={EPOCHS}ep", "train.target_accuracy=0", f"optim.lr={lr!r}",
            f"optim.weight_decay={wd!r}", f"data.batch_size={b}", f"label_smoothing.value={s}",
            f"run.dir={scratch}/fmnist_runs", f"run.name={name}", "runtime.threads=1", "--jsonl"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    evals = []
-    for line in out.stdout.splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and r.get("event") == "eval" and r.get("split", "val") != "test":
-            evals.append(r.get("accuracy"))
-    if out.returncode not in (0, 4) or not evals:  # 4: diverged, the error of a guess
-        sys.exit(f"fmnist_surface: {' '.join(cmd)} exited {out.returncode}:\n{out.stderr[-2000:]}")
+    from real_curves import eval_accuracies  # not at the top: the trial mode runs under -S
+    rc, evals, err = eval_accuracies(cmd)
+    if rc not in (0, 4) or not evals:  # 4: diverged, the error of a guess
+        sys.exit(f"fmnist_surface: {' '.join(cmd)} exited {rc}:\n{err}")
     a = evals[-1]
-    return key(LR.index(lr), WD.index(wd), b, SMOOTHING.index(s)), 0.9 if a is None or not math.isfinite(a) else 1 - a
+    return key(LR.index(lr), WD.index(wd), b, SMOOTHING.index(s)), 0.9 if a is None else 1 - a
 
 
 def build(m, scratch, jobs=2):

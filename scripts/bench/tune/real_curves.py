@@ -45,6 +45,22 @@ def key(cfg):
     return ",".join(f"{n}={v}" for n, v in cfg)
 
 
+def eval_accuracies(cmd):
+    """Runs an `mltrain train ... --jsonl` command: (exit status, each evaluation's accuracy in
+    order, None where it was not finite, the tail of stderr)."""
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    acc = []
+    for line in out.stdout.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and r.get("event") == "eval":
+            a = r.get("accuracy")
+            acc.append(a if a is not None and math.isfinite(a) else None)
+    return out.returncode, acc, out.stderr[-2000:]
+
+
 def train_one(m, scratch, cfg):
     p = dict(cfg)
     hidden = "[" + p["width"].replace("x", ",") + "]"
@@ -53,20 +69,12 @@ def train_one(m, scratch, cfg):
            f"checkpoint.every={REPORTS * EVERY}u", "train.target_accuracy=0", f"optim.lr={p['lr']}",
            f"data.batch_size={p['batch']}", f"model.hidden={hidden}", f"model.dropout={p['dropout']}",
            f"run.dir={scratch}/real_runs", f"run.name=r{configs().index(cfg)}", "runtime.threads=1", "--jsonl"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    curve = []
-    for line in out.stdout.splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if r.get("event") == "eval":
-            a = r.get("accuracy")
-            curve.append(CHANCE if a is None or not math.isfinite(a) else 1.0 - a)
-    if out.returncode != 0 and len(curve) < REPORTS:  # diverged (exit 4) or failed: chance from there
+    rc, acc, err = eval_accuracies(cmd)
+    curve = [CHANCE if a is None else 1.0 - a for a in acc]
+    if rc != 0 and len(curve) < REPORTS:  # diverged (exit 4) or failed: chance from there
         curve += [CHANCE] * (REPORTS - len(curve))
     if len(curve) != REPORTS:
-        sys.exit(f"real_curves: {key(cfg)} gave {len(curve)} evaluations, not {REPORTS}:\n{out.stderr[-2000:]}")
+        sys.exit(f"real_curves: {key(cfg)} gave {len(curve)} evaluations, not {REPORTS}:\n{err}")
     return key(cfg), curve
 
 
