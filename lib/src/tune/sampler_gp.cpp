@@ -206,8 +206,8 @@ MLTRAIN_GP_CLONES bool GpModel::factor() {
   ils.resize(D);
   for (size_t d = 0; d < D; ++d) ils[d] = std::exp(-log_ls[d]);
   L.assign(n * n, 0.0);
-  kr.assign(n * n, 0.0), ke.assign(n * n, 0.0);
-  std::vector<double> r2(n);
+  ke.assign(n * n, 0.0);
+  std::vector<double> r2(n), r(n);
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j <= i; ++j) {
       double s = 0;
@@ -217,7 +217,7 @@ MLTRAIN_GP_CLONES bool GpModel::factor() {
       }
       r2[j] = s;
     }
-    matern52_row(r2.data(), i + 1, amp, &L[i * n], &kr[i * n], &ke[i * n]);
+    matern52_row(r2.data(), i + 1, amp, &L[i * n], r.data(), &ke[i * n]);
     L[i * n + i] += noise + 1e-10;
   }
   // In-place Cholesky (lower), by columns. The rows below the diagonal go four at a time: each
@@ -330,7 +330,7 @@ MLTRAIN_GP_CLONES double GpModel::log_marginal_likelihood(std::vector<double>* g
         t2[d] = t * t;
         r2 += t2[d];
       }
-      const double r = kr[i * n + j], e = ke[i * n + j];  // factor()'s, bitwise
+      const double r = std::sqrt(r2), e = ke[i * n + j];  // factor()'s r2 and exponential, bitwise
       const double k = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e;
       const double base = amp * 5.0 / 3.0 * (1.0 + kSqrt5 * r) * e;  // dk/dlog_ls_d = base * t2_d
       for (size_t d = 0; d < D; ++d) (*grad)[d] += mult * w * base * t2[d];

@@ -126,9 +126,11 @@ def optuna_study(fn, sampler, conc, seed, trials=TRIALS):
     return values, ask_s
 
 
-def fmnist_study_yaml(scratch):
-    """The study file of the fmnist cell: the space of configs/tune/fashion_mnist_mlp.yaml, each
-    trial a process looking its value up in fmnist_surface.py's table."""
+def write_fmnist_study(scratch):
+    """The study file of the fmnist cell (written once, before the studies run side by side): the
+    space of configs/tune/fashion_mnist_mlp.yaml, each trial a process looking its value up in
+    fmnist_surface.py's table."""
+    Path(scratch).mkdir(parents=True, exist_ok=True)
     path = Path(scratch) / "fmnist_study.yaml"
     path.write_text(f"""study: {{name: fmnist, dir: {scratch}, n_trials: {TRIALS}}}
 sampler: {{name: tpe}}
@@ -147,7 +149,7 @@ space:
 
 def mltrain_study(m, scratch, fn, sampler, conc, seed, trials=TRIALS):
     name = f"vs_{fn}_{sampler}_{conc}_{seed}"
-    what = [fmnist_study_yaml(scratch)] if fn == "fmnist" else [STUDY, f"objective.function={fn}"]
+    what = [str(Path(scratch) / "fmnist_study.yaml")] if fn == "fmnist" else [STUDY, f"objective.function={fn}"]
     subprocess.run([m, "tune", what[0], "-q", f"study.dir={scratch}", f"study.name={name}", *what[1:],
                     f"sampler.name={sampler}", f"study.seed={seed}",
                     f"study.n_trials={trials}", f"study.max_concurrent={conc}"],
@@ -425,6 +427,8 @@ def main():
             table, path = fmnist_surface.build(a.mltrain, a.scratch, a.jobs)
         os.environ["MLTRAIN_FMNIST_TABLE"] = str(path)
         MINIMA["fmnist"] = fmnist_surface.minimum(table)
+        if not a.table_only:
+            write_fmnist_study(a.scratch)
         print(f"fmnist: {len(table['error'])} trainings in {path}, best validation error {MINIMA['fmnist']:.4f}")
     ok = True
     if "time" in a.parts.split(",") and not a.table_only:  # first, while nothing else runs

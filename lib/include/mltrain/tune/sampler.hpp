@@ -71,8 +71,8 @@ struct GpModel {
   double log_amp = 0, log_noise = -9;
   std::vector<double> L, alpha;  // Cholesky factor (row-major n x n) and K^-1 y
   std::vector<double> LT;        // L transposed (row j = column j of L), set by factor()
-  std::vector<double> kr, ke;  // r and exp(-sqrt(5) r) of each pair i >= j [i * n + j], by factor()
-  std::vector<double> ils;     // exp(-log_ls), set by factor()
+  std::vector<double> ke;        // exp(-sqrt(5) r) of each pair i >= j [i * n + j], set by factor()
+  std::vector<double> ils;       // exp(-log_ls), set by factor()
   double log_marginal_likelihood(
       std::vector<double>* grad) const;  // at the current hyperparameters
   bool factor();                         // false when K is not positive definite
