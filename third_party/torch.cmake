@@ -1,6 +1,9 @@
 # LibTorch from the project's virtual environment: the torch 2.15 wheel from PyPI that
 # scripts/venv.sh installs (its share/cmake/Torch). Sets TORCH_LIBRARIES, TORCH_INCLUDE_DIRS,
-# Torch_VERSION, MLTRAIN_TORCH_CUDA (the CUDA version the wheel was built with, "" for a CPU wheel)
+# Torch_VERSION, MLTRAIN_TORCH_CUDA (the CUDA version the wheel was built with, "" for a CPU wheel),
+# MLTRAIN_TORCH_CPU (an interface target: LibTorch's headers with libtorch_cpu.so and libc10.so
+# only, what the engine and the mltrain binary link; TORCH_LIBRARIES, with the CUDA libraries, is
+# for the CUDA plugin and the NCCL helper alone: lib/include/mltrain/runtime/cuda_plugin.hpp)
 # and decides MLTRAIN_WITH_CUDA:
 #
 #   AUTO (default)  CUDA on when the wheel has CUDA and an nvcc of the same major version is found
@@ -100,18 +103,20 @@ if(MLTRAIN_CUDA)
     endif()
   endforeach()
 else()
-  # A CUDA wheel's TorchConfig insists on a CUDA toolkit, so the CPU-only binary links the
-  # wheel's libraries directly. libtorch.so still pulls in libtorch_cuda.so and the CUDA runtime
-  # from the venv (RPATH $ORIGIN), which load and report no device on a machine without a GPU.
-  add_library(mltrain_torch INTERFACE)
-  target_include_directories(mltrain_torch SYSTEM INTERFACE "${_root}/include"
-                             "${_root}/include/torch/csrc/api/include")
-  target_link_libraries(mltrain_torch INTERFACE "${_root}/lib/libtorch.so" "${_root}/lib/libtorch_cpu.so"
-                        "${_root}/lib/libc10.so")
-  set(TORCH_LIBRARIES mltrain_torch)
+  # A CUDA wheel's TorchConfig insists on a CUDA toolkit, so the CPU-only binary takes the wheel's
+  # libraries directly (below).
+  set(TORCH_LIBRARIES "")
   set(TORCH_INCLUDE_DIRS "${_root}/include" "${_root}/include/torch/csrc/api/include")
   set(Torch_VERSION "${_series}.0")
 endif()
+# The engine links LibTorch's CPU half only: not libtorch.so, whose DT_NEEDED pulls in
+# libtorch_cuda.so and every CUDA library with it (their relocations cost each process ~0.14 s
+# and ~370 MB of resident pages on a CPU node). CUDA builds load that half as a plugin.
+add_library(mltrain_torch_cpu INTERFACE)
+target_include_directories(mltrain_torch_cpu SYSTEM INTERFACE "${_root}/include"
+                           "${_root}/include/torch/csrc/api/include")
+target_link_libraries(mltrain_torch_cpu INTERFACE "${_root}/lib/libtorch_cpu.so" "${_root}/lib/libc10.so")
+set(MLTRAIN_TORCH_CPU mltrain_torch_cpu)
 # The wheel's CUDA libraries (NCCL, cuDNN, cuBLAS, ... under site-packages/nvidia/*/lib) are what
 # libtorch_cuda.so was built against and finds at run time through its own RUNPATH. The linker and
 # our binaries must see them first too: an older NCCL or nvrtc in /usr/local/cuda/lib64 would leave

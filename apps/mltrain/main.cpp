@@ -36,6 +36,9 @@ static void print_version() {
             << (compat::cuda_built() ? std::string("yes (") + MLTRAIN_CUDA_BUILD + ")" : "no")
             << "; GPUs visible: " << gpus
             << (gpus == 0 ? " (runtime.device=auto trains on the CPU)" : "") << "\n"
+            << "CUDA libraries: " << compat::cuda_plugin_status()
+            << "; libtorch_cuda.so in this process: "
+            << (compat::cuda_libraries_mapped() ? "yes" : "no") << "\n"
             << "kernels: BLAS " << k["blas"].get<std::string>() << ", oneDNN "
             << k["onednn"].get<std::string>() << ", CPU capability "
             << k["cpu_capability"].get<std::string>() << ", native bf16 "
@@ -65,6 +68,8 @@ int main(int argc, char** argv) {
   // (The default logger keeps its identity and lifetime; only its sink changes.)
   spdlog::default_logger()->sinks() = {std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};
   spdlog::set_pattern("%H:%M:%S %^%l%$ %v");
+  // Before any LibTorch call: ATen caches its CUDA hooks when first asked (runtime/cuda_plugin.hpp).
+  mltrain::compat::cuda_plugin();
   CLI::App app{"mltrain: a training orchestrator on LibTorch.\n" + mltrain::exit_codes_text()};
   app.set_help_all_flag("--help-all", "help for every subcommand");
   bool version = false;

@@ -2,6 +2,8 @@
 // corpora, SIGKILL/SIGTERM resume, damaged checkpoints, the run folder.
 #include "cli_support.hpp"
 
+#include <dlfcn.h>
+
 #include <map>
 
 TEST_CASE("--version, --help and usage errors", "[cli]") {
@@ -246,6 +248,58 @@ TEST_CASE("no GPU: device auto trains on the CPU, device cuda is a config error"
   CHECK_THAT(r.out, Catch::Contains("runtime.device: cuda asked for, but"));
   CHECK_THAT(r.out, Catch::Contains(MLTRAIN_EXPECT_CUDA ? "no CUDA device is visible"
                                                         : "this mltrain was built without CUDA"));
+}
+
+// The CUDA half is a plugin loaded only where an NVIDIA driver is (runtime/cuda_plugin.hpp): on
+// this machine (no driver) the binary never maps libtorch_cuda.so; MLTRAIN_CUDA=on loads it
+// anyway and still finds no device; a broken plugin is named, and CUDA stays off.
+TEST_CASE("CUDA libraries load only where a driver is", "[cli][cuda]") {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!driver) driver = dlopen("libcuda.so.1", RTLD_LAZY);
+  const bool has_driver = driver != nullptr;
+  auto def = run("--version");
+  REQUIRE(def.code == 0);
+  if (!MLTRAIN_EXPECT_CUDA) {
+    CHECK_THAT(def.out, Catch::Contains("CUDA libraries: not built"));
+    CHECK_THAT(def.out, Catch::Contains("libtorch_cuda.so in this process: no"));
+    return;
+  }
+  CHECK_THAT(def.out, Catch::Contains(has_driver ? "libtorch_cuda.so in this process: yes"
+                                                 : "libtorch_cuda.so in this process: no"));
+  if (!has_driver)
+    CHECK_THAT(def.out, Catch::Contains("CUDA libraries: not loaded (no NVIDIA driver"));
+
+  auto on = sh("MLTRAIN_CUDA=on " + kBin + " --version");
+  REQUIRE(on.code == 0);
+  CHECK_THAT(on.out, Catch::Contains("CUDA libraries: loaded ("));
+  CHECK_THAT(on.out, Catch::Contains("libmltrain_cuda.so)"));
+  CHECK_THAT(on.out, Catch::Contains("libtorch_cuda.so in this process: yes"));
+
+  auto off = sh("MLTRAIN_CUDA=off " + kBin + " --version");
+  CHECK_THAT(off.out, Catch::Contains("CUDA libraries: not loaded (MLTRAIN_CUDA=off)"));
+  CHECK_THAT(off.out, Catch::Contains("libtorch_cuda.so in this process: no"));
+
+  // Not a shared library where the plugin should be: the loader's error is named, the binary runs
+  // on the CPU, and asking for CUDA is a config error that says why.
+  auto d = tmpdir("badplugin");
+  { std::ofstream(d / "libmltrain_cuda.so") << "not an ELF file\n"; }
+  const std::string bad =
+      "MLTRAIN_CUDA=on MLTRAIN_CUDA_PLUGIN=" + (d / "libmltrain_cuda.so").string();
+  auto b = sh(bad + " " + kBin + " --version");
+  CHECK(b.code == 0);
+  CHECK_THAT(b.out, Catch::Contains("the CUDA libraries could not be loaded, so CUDA is off"));
+  CHECK_THAT(b.out, Catch::Contains("libtorch_cuda.so in this process: no"));
+  auto args = small_run(d, "cuda");
+  args.push_back("runtime.device=cuda");
+  auto t = sh(bad + " " + kBin + " " + join(args, 1));
+  CHECK(t.code == 2);
+  CHECK_THAT(t.out, Catch::Contains("no CUDA device is visible: CUDA libraries not loaded ("));
+  CHECK_THAT(t.out, Catch::Contains((d / "libmltrain_cuda.so").string()));
+  auto missing = sh("MLTRAIN_CUDA=on MLTRAIN_CUDA_PLUGIN=" + (d / "none.so").string() + " " + kBin +
+                    " --version");
+  CHECK_THAT(missing.out,
+             Catch::Contains("not loaded (no libmltrain_cuda.so at " + (d / "none.so").string()));
+  if (driver) dlclose(driver);
 }
 
 TEST_CASE("run folder contents; safetensors readable with numpy alone", "[cli]") {

@@ -28,9 +28,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
-#ifdef MLTRAIN_WITH_NCCL_PG
-#include "nccl_group.hpp"
-#endif
 
 namespace fs = std::filesystem;
 
@@ -45,11 +42,8 @@ bool gloo_compiled() {
 }
 
 bool nccl_group_compiled() {
-#ifdef MLTRAIN_WITH_NCCL_PG
-  return true;
-#else
-  return false;
-#endif
+  const auto* cuda = compat::cuda_plugin();
+  return cuda && cuda->make_nccl_group;
 }
 
 struct Comm::Impl {
@@ -138,8 +132,8 @@ Comm::~Comm() {
     impl_->watch_cv.notify_all();
     impl_->watchdog.join();
   }
-#ifdef MLTRAIN_WITH_NCCL_PG
-  if (impl_->nccl && impl_->pg) detail::shutdown_nccl_group(impl_->pg);
+#ifdef MLTRAIN_WITH_GLOO
+  if (impl_->nccl && impl_->pg) compat::cuda_plugin()->shutdown_nccl_group(impl_->pg);
 #endif
 }
 
@@ -228,10 +222,14 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
 #else
   const bool nccl = o.backend == "nccl";
   if (nccl && !nccl_group_compiled())
-    throw ConfigError("distributed.backend",
-                      "nccl is not available in this build (no CUDA LibTorch with nccl.h)",
-                      "use distributed.backend=gloo, or build with -DMLTRAIN_WITH_CUDA=ON against "
-                      "a CUDA LibTorch");
+    throw ConfigError(
+        "distributed.backend",
+        "nccl is not available: " +
+            (compat::cuda_built() ? "CUDA is " + compat::cuda_plugin_status() +
+                                        (compat::cuda_plugin() ? ", built without nccl.h" : "")
+                                  : std::string("this mltrain was built without CUDA")),
+        "use distributed.backend=gloo, or build with -DMLTRAIN_WITH_CUDA=ON against "
+        "a CUDA LibTorch with nccl.h");
   if (nccl && !o.device.is_cuda())
     throw ConfigError("distributed.backend",
                       "nccl moves CUDA tensors only, and this run trains on the CPU",
@@ -251,13 +249,11 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   auto group_store = c10::make_intrusive<c10d::PrefixStore>("mltrain", c->impl_->store);
   try {
     if (nccl) {
-#ifdef MLTRAIN_WITH_NCCL_PG
       // A collective that outlives the timeout raises in wait() (blocking wait) instead of the
       // watchdog aborting the process, so the failure path below names the missing ranks.
       ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
       ::setenv("NCCL_BLOCKING_WAIT", "1", 0);  // its name before LibTorch 2.2
-      c->impl_->pg = detail::make_nccl_group(group_store, w.rank, w.size, timeout);
-#endif
+      c->impl_->pg = compat::cuda_plugin()->make_nccl_group(group_store, w.rank, w.size, timeout);
     } else {
       c->impl_->pg = gloo_group(group_store, w, w.rank, w.size, timeout);
     }
@@ -871,9 +867,8 @@ std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::s
   const auto timeout = std::chrono::milliseconds(int64_t(timeout_s_ * 1000));
   try {
     if (impl_->nccl) {
-#ifdef MLTRAIN_WITH_NCCL_PG
-      c->impl_->pg = detail::make_nccl_group(group_store, c->world_.rank, c->world_.size, timeout);
-#endif
+      c->impl_->pg = compat::cuda_plugin()->make_nccl_group(group_store, c->world_.rank,
+                                                            c->world_.size, timeout);
     } else {
       c->impl_->pg = gloo_group(group_store, world_, c->world_.rank, c->world_.size, timeout);
     }

@@ -129,6 +129,8 @@ nlohmann::json describe() {
           {"libtorch", compat::torch_version()},
           {"mkldnn", compat::mkldnn_available()},
           {"cuda_built", compat::cuda_built()},
+          {"cuda_libraries", compat::cuda_plugin_status()},
+          {"cuda_libraries_mapped", compat::cuda_libraries_mapped()},
           {"cuda", compat::cuda_available()},
           {"cuda_device", compat::cuda_device_name()},
           {"cudnn_benchmark", compat::cuda_available() && compat::cudnn_benchmark()},

@@ -1,23 +1,18 @@
 #pragma once
-// LibTorch's CUDA and version-specific calls live here, behind MLTRAIN_WITH_CUDA, so the CPU-only
-// binary (no nvcc) compiles the same sources as the CUDA one. mltrain builds against LibTorch 2.15
-// from PyPI only: the shims for Debian's 1.13 (pre-2.3 allocator, pre-2.4 autocast setters,
-// c10d's ProcessGroup base) are gone (docs/ARCHITECTURE.md, "Engine version").
+// LibTorch's CUDA and version-specific calls live here. The CUDA half is a plugin
+// (runtime/cuda_plugin.hpp: libmltrain_cuda.so, loaded only where an NVIDIA driver is), so the
+// mltrain binary links LibTorch's CPU libraries alone and the same sources serve the CPU-only
+// build (no nvcc: cuda_built() is false and no plugin exists). mltrain builds against LibTorch
+// 2.15 from PyPI only (docs/ARCHITECTURE.md, "Engine version").
 //
-//   mltrain::compat::cuda_available();      // false on a CPU-only build
+//   mltrain::compat::cuda_available();      // false on a CPU-only build or a CPU node
 //   auto ver = mltrain::compat::torch_version();
 #include <string>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
-#ifdef MLTRAIN_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <ATen/detail/CUDAHooksInterface.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
+
+#include "mltrain/runtime/cuda_plugin.hpp"
 
 namespace c10d {
 class ProcessGroup;
@@ -41,11 +36,8 @@ inline constexpr bool cuda_built() {
 }
 
 inline bool cuda_available() {
-#ifdef MLTRAIN_WITH_CUDA
-  return torch::cuda::is_available();
-#else
-  return false;
-#endif
+  const auto* cuda = cuda_plugin();
+  return cuda && cuda->available();
 }
 
 inline bool mkldnn_available() { return at::hasMKLDNN(); }
@@ -60,93 +52,78 @@ inline torch::Device resolve_device(const std::string& name, int index = 0) {
 }
 
 inline int cuda_device_count() {
-#ifdef MLTRAIN_WITH_CUDA
-  return cuda_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-#else
-  return 0;
-#endif
+  const auto* cuda = cuda_plugin();
+  return cuda ? cuda->device_count() : 0;
 }
 
 // Makes `index` the current CUDA device (NCCL and the caching allocator follow it).
 inline void set_cuda_device(int index) {
-#ifdef MLTRAIN_WITH_CUDA
-  if (cuda_available()) c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
-#else
-  (void)index;
-#endif
+  if (const auto* cuda = cuda_plugin()) cuda->set_device(index);
 }
 
 inline void set_cudnn_benchmark(bool on) { at::globalContext().setBenchmarkCuDNN(on); }
 inline bool cudnn_benchmark() { return at::globalContext().benchmarkCuDNN(); }
 
-// Page-locked host memory needs a CUDA runtime; on a CPU build a plain allocation is returned.
+// Page-locked host memory needs a CUDA runtime (the plugin's libraries registered its allocator);
+// without one a plain allocation is returned.
 inline torch::Tensor host_empty(at::IntArrayRef shape, at::ScalarType dtype, bool pinned) {
   auto o = torch::TensorOptions().dtype(dtype);
   return torch::empty(shape, cuda_available() && pinned ? o.pinned_memory(true) : o);
 }
 
 inline void cuda_synchronize() {
-#ifdef MLTRAIN_WITH_CUDA
-  if (cuda_available()) torch::cuda::synchronize();
-#endif
+  if (const auto* cuda = cuda_plugin()) cuda->synchronize();
 }
 
 // Marks the point in the current CUDA stream after an asynchronous host-to-device copy; wait()
 // blocks until the copy has read its (pinned) source, so the loader may refill that buffer.
-// A no-op on CPU builds and for CPU batches.
+// A no-op without CUDA and for CPU batches.
 class CopyFence {
  public:
+  CopyFence() = default;
+  CopyFence(const CopyFence&) = delete;
+  CopyFence& operator=(const CopyFence&) = delete;
+  CopyFence(CopyFence&& o) noexcept : event_(o.event_), armed_(o.armed_) {
+    o.event_ = nullptr;
+    o.armed_ = false;
+  }
+  CopyFence& operator=(CopyFence&& o) noexcept {
+    std::swap(event_, o.event_);
+    std::swap(armed_, o.armed_);
+    return *this;
+  }
+  ~CopyFence() {
+    if (event_) cuda_plugin()->event_destroy(event_);
+  }
   void record(const torch::Device& dev) {
-#ifdef MLTRAIN_WITH_CUDA
-    if (dev.is_cuda()) {
-      event_.record(at::cuda::getCurrentCUDAStream(dev.index()));
-      armed_ = true;
-    }
-#endif
+    if (!dev.is_cuda()) return;
+    const auto* cuda = cuda_plugin();
+    if (!cuda) return;
+    if (!event_) event_ = cuda->event_create();
+    cuda->event_record(event_, dev.index() < 0 ? 0 : dev.index());
+    armed_ = true;
   }
   void wait() {
-#ifdef MLTRAIN_WITH_CUDA
-    if (armed_) event_.synchronize();
+    if (armed_) cuda_plugin()->event_synchronize(event_);
     armed_ = false;
-#endif
   }
 
  private:
-#ifdef MLTRAIN_WITH_CUDA
-  at::cuda::CUDAEvent event_;
+  void* event_ = nullptr;
   bool armed_ = false;
-#endif
 };
 
-struct CudaMemory {
-  int64_t allocated = 0, reserved = 0, peak_allocated = 0;
-};
 inline CudaMemory cuda_memory(int device = 0) {
-  CudaMemory m;
-#ifdef MLTRAIN_WITH_CUDA
-  if (!cuda_available()) return m;
-  const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
-  const size_t agg = 0;  // StatType::AGGREGATE in every version (the enum moved namespaces in 2.5)
-  m.allocated = s.allocated_bytes[agg].current;
-  m.reserved = s.reserved_bytes[agg].current;
-  m.peak_allocated = s.allocated_bytes[agg].peak;
-#endif
-  return m;
+  const auto* cuda = cuda_plugin();
+  return cuda ? cuda->memory(device) : CudaMemory{};
 }
-// Total memory of a GPU (bytes; 0 on CPU builds): the default budget for data.batch_size=auto.
+// Total memory of a GPU (bytes; 0 without CUDA): the default budget for data.batch_size=auto.
 inline int64_t cuda_total_memory(int device = 0) {
-#ifdef MLTRAIN_WITH_CUDA
-  if (cuda_available())
-    return static_cast<int64_t>(at::cuda::getDeviceProperties(device)->totalGlobalMem);
-#endif
-  (void)device;
-  return 0;
+  const auto* cuda = cuda_plugin();
+  return cuda ? cuda->total_memory(device) : 0;
 }
 inline void cuda_reset_peak(int device = 0) {
-#ifdef MLTRAIN_WITH_CUDA
-  if (cuda_available()) c10::cuda::CUDACachingAllocator::resetPeakStats(device);
-#endif
-  (void)device;
+  if (const auto* cuda = cuda_plugin()) cuda->reset_peak(device);
 }
 
 // Versions for `mltrain checklist` and env.json: CUDA the LibTorch was built with, cuDNN it
@@ -156,23 +133,16 @@ struct CudaVersions {
 };
 inline CudaVersions cuda_versions() {
   CudaVersions v;
-#ifdef MLTRAIN_WITH_CUDA
-#ifdef CUDA_VERSION
-  v.cuda = std::to_string(CUDA_VERSION / 1000) + "." + std::to_string((CUDA_VERSION % 1000) / 10);
+#ifdef MLTRAIN_TORCH_CUDA_VERSION
+  v.cuda = MLTRAIN_TORCH_CUDA_VERSION;
 #endif
-  try {
-    if (cuda_available()) v.cudnn = std::to_string(at::detail::getCUDAHooks().versionCuDNN());
-  } catch (const std::exception&) {
-  }
-#endif
+  if (const auto* cuda = cuda_plugin()) v.cudnn = cuda->cudnn_version();
   return v;
 }
 
 inline std::string cuda_device_name(int device = 0) {
-#ifdef MLTRAIN_WITH_CUDA
-  if (cuda_available()) return at::cuda::getDeviceProperties(device)->name;
-#endif
-  return "";
+  const auto* cuda = cuda_plugin();
+  return cuda ? cuda->device_name(device) : "";
 }
 
 // RNG state of the default CPU generator, as a uint8 tensor (the same bytes torch.get_rng_state()
@@ -188,25 +158,13 @@ inline void set_cpu_rng_state(const torch::Tensor& state) {
   gen.set_state(state);
 }
 
-// RNG state of the default CUDA generator (dropout on the GPU); empty on CPU builds.
+// RNG state of the default CUDA generator (dropout on the GPU); empty without CUDA.
 inline torch::Tensor cuda_rng_state() {
-#ifdef MLTRAIN_WITH_CUDA
-  if (cuda_available()) {
-    auto gen = at::cuda::detail::getDefaultCUDAGenerator(0);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.get_state();
-  }
-#endif
-  return {};
+  const auto* cuda = cuda_plugin();
+  return cuda ? cuda->rng_state() : torch::Tensor();
 }
 inline void set_cuda_rng_state(const torch::Tensor& state) {
-#ifdef MLTRAIN_WITH_CUDA
-  if (cuda_available() && state.defined()) {
-    auto gen = at::cuda::detail::getDefaultCUDAGenerator(0);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  }
-#endif
+  if (const auto* cuda = cuda_plugin()) cuda->set_rng_state(state);
 }
 
 // Whether autocast is on for the CPU or CUDA, and its dtype: what activation checkpointing records
