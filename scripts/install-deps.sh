@@ -12,6 +12,7 @@ pkgs=(
   libgloo-dev                         # gloo's headers, which c10d's ProcessGroupGloo.hpp includes (the wheel ships c10d's only)
   libdnnl2                            # oneDNN's sgemm for the kernel route (runtime.kernel_route: onednn), loaded at run time
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 zlib1g-dev
+  libdeflate-dev                      # whole-buffer gzip decoding, ~2x zlib's: Fashion-MNIST loads in half the time
   libturbojpeg0-dev libspng-dev       # JPEG and PNG decoding for image folders (data.format: image_folder)
   libssl-dev                          # SHA-256 of checkpoints and chunk sets (libcrypto)
   libcurl4-openssl-dev                # the MLflow REST sink (tracking.mlflow)

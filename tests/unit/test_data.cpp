@@ -95,6 +95,46 @@ TEST_CASE("IDX accept table", "[idx]") {
   CHECK(f.dtype == DType::kF32);
 }
 
+// A gzipped IDX file decodes in one call (libdeflate, when built in) or through zlib's stream (several
+// members, a lying trailer); both give the bytes zlib's gzread gives, and a corrupt file is
+// reported by the stream as before.
+TEST_CASE("gzip: one-call and streamed decoding give zlib's bytes", "[idx]") {
+  auto zlib_bytes = [](const std::string& path) {
+    gzFile f = gzopen(path.c_str(), "rb");
+    std::string out;
+    char buf[1 << 16];
+    int n;
+    while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+    gzclose(f);
+    return out;
+  };
+  auto payload = [](const Array& a) {
+    return std::string(reinterpret_cast<const char*>(a.data), static_cast<size_t>(a.numel()));
+  };
+  // The real file, single member: every byte after the 16-byte header.
+  const std::string real = kFmnist + "/train-images-idx3-ubyte.gz";
+  const auto img = read_array(real);
+  CHECK(payload(img) == zlib_bytes(real).substr(16));
+  // Random bytes, so the stream is not trivially compressible.
+  std::string raw = idx_bytes(0x08, {300, 7, 11}, 0);
+  uint32_t x = 12345;
+  for (int i = 0; i < 300 * 7 * 11; ++i)
+    raw += static_cast<char>((x = x * 1103515245u + 12345u) >> 24);
+  const auto one = read_array(put("one.idx.gz", gz(raw, 1 << 30)));
+  CHECK(payload(one) == raw.substr(16));
+  // Two gzip members back to back (what `cat a.gz b.gz` makes): the one-call path declines it.
+  const std::string two_members = gz(raw.substr(0, 5000), 1 << 30) + gz(raw.substr(5000), 1 << 30);
+  const auto two = read_array(put("two.idx.gz", two_members));
+  CHECK(payload(two) == raw.substr(16));
+  // A trailer whose length is wrong: declined by the one-call path, named by zlib's check.
+  std::string lying = gz(raw, 1 << 30);
+  lying[lying.size() - 4] ^= 1;
+  const auto p = put("lying.idx.gz", lying);
+  auto err = data_error([&] { read_array(p); });
+  CHECK_THAT(err, Catch::Contains("gzip stream"));
+  CHECK_THAT(err, Catch::Contains(p));
+}
+
 TEST_CASE("IDX reject table", "[idx]") {
   const std::pair<std::string, const char*> rows[] = {
       {idx_bytes(0x08, {3, 2, 2}, 11), "truncated: header says 3x2x2 u8"},

@@ -4,6 +4,9 @@
 #include <cstdint>
 
 #include <zlib.h>
+#ifdef MLTRAIN_WITH_LIBDEFLATE
+#include <libdeflate.h>
+#endif
 
 #include <algorithm>
 #include <numeric>
@@ -103,12 +106,42 @@ bool has_gzip_magic(const std::string& path) {
   return n == 2 && m[0] == 0x1f && m[1] == 0x8b;
 }
 
+// A single-member gzip file decoded in one call into a buffer of its trailer's size (ISIZE): about
+// twice zlib's stream (the main job's 47 MB of images: 98 vs 210 ms). False when libdeflate is
+// not built in or the file is anything else (several members, over 4 GiB, corrupt, truncated):
+// zlib's stream then decodes it or names the fault, as before.
+bool inflate_whole(const std::string& path, Bytes& b) {
+#ifdef MLTRAIN_WITH_LIBDEFLATE
+  const MappedFile in(path);
+  if (in.size() < 18) return false;  // header 10 + trailer 8
+  uint32_t isize = 0;
+  std::memcpy(&isize, in.data() + in.size() - 4, 4);  // little-endian, as x86 and ARM
+  std::shared_ptr<uint8_t[]> out(new uint8_t[std::max<size_t>(isize, 1)]);
+  libdeflate_decompressor* d = libdeflate_alloc_decompressor();
+  if (!d) return false;
+  size_t used = 0, got = 0;
+  const auto rc =
+      libdeflate_gzip_decompress_ex(d, in.data(), in.size(), out.get(), isize, &used, &got);
+  libdeflate_free_decompressor(d);
+  if (rc != LIBDEFLATE_SUCCESS || used != in.size() || got != isize) return false;
+  b.data = out.get();
+  b.size = got;
+  b.storage = std::move(out);
+  return true;
+#else
+  (void)path;
+  (void)b;
+  return false;
+#endif
+}
+
 Bytes read_bytes(const std::string& path) {
   if (!std::filesystem::exists(path))
     throw DataError(path, "file not found",
                     "check data.* paths (or install dataset-fashion-mnist)");
   Bytes b;
   if (has_gzip_magic(path)) {
+    if (inflate_whole(path, b)) return b;
     gzFile gz = gzopen(path.c_str(), "rb");
     if (!gz) throw DataError(path, "cannot open gzip file");
     gzbuffer(gz, 1 << 20);
