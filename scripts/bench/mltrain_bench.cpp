@@ -39,6 +39,7 @@ static double secs(Clock::time_point a) {
 static int bench_main(int argc, char** argv);
 
 int main(int argc, char** argv) {
+  mltrain::compat::cuda_plugin();  // before any LibTorch call, as mltrain's main (cuda_plugin.hpp)
   try {
     return bench_main(argc, argv);
   } catch (const std::exception& e) {

@@ -221,19 +221,23 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
                     "rebuild with libgloo-dev installed (scripts/install-deps.sh)");
 #else
   const bool nccl = o.backend == "nccl";
-  if (nccl && !nccl_group_compiled())
-    throw ConfigError(
-        "distributed.backend",
-        "nccl is not available: " +
-            (compat::cuda_built() ? "CUDA is " + compat::cuda_plugin_status() +
-                                        (compat::cuda_plugin() ? ", built without nccl.h" : "")
-                                  : std::string("this mltrain was built without CUDA")),
-        "use distributed.backend=gloo, or build with -DMLTRAIN_WITH_CUDA=ON against "
-        "a CUDA LibTorch with nccl.h");
+  if (nccl && !compat::cuda_built())
+    throw ConfigError("distributed.backend",
+                      "nccl is not available in this build (no CUDA LibTorch with nccl.h)",
+                      "use distributed.backend=gloo, or build with -DMLTRAIN_WITH_CUDA=ON against "
+                      "a CUDA LibTorch");
+  // A device that is not CUDA is the likelier mistake (and, without a driver, the reason the
+  // CUDA plugin is not loaded), so it is named before the plugin's NCCL support.
   if (nccl && !o.device.is_cuda())
     throw ConfigError("distributed.backend",
                       "nccl moves CUDA tensors only, and this run trains on the CPU",
                       "set runtime.device=cuda, or distributed.backend=gloo");
+  if (nccl && !nccl_group_compiled())
+    throw ConfigError("distributed.backend",
+                      "nccl is not available: CUDA libraries " + compat::cuda_plugin_status() +
+                          (compat::cuda_plugin() ? ", built without nccl.h" : ""),
+                      "use distributed.backend=gloo, or rebuild where the wheel's nccl.h is found "
+                      "(scripts/build.sh)");
   if (!nccl && o.backend != "gloo")
     throw ConfigError("distributed.backend", "unknown backend '" + o.backend + "'",
                       "use gloo or nccl");

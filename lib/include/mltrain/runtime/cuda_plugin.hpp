@@ -69,8 +69,10 @@ inline constexpr const char* kCudaPluginEntry = "mltrain_cuda_plugin";
 // NVIDIA driver is installed, or when loading failed (cuda_plugin_status() says which). The
 // environment variable MLTRAIN_CUDA decides: unset or auto (load where libcuda.so.1, the driver,
 // can be opened), on (always load: a machine without a GPU then reports none), off (never).
-// mltrain's main() calls it before any other LibTorch call, because ATen caches its CUDA hooks
-// the first time something asks for them.
+// mltrain's main() (and mltrain_bench's) calls it before any other LibTorch call, because ATen
+// caches its CUDA hooks the first time something asks for them: a program that asks LibTorch
+// first (torch::manual_seed does) sees no CUDA even after the plugin loads. The test binaries
+// load it lazily, on the first compat:: CUDA query, and run on the CPU.
 const CudaPlugin* cuda_plugin();
 // One line for --version and env.json: "loaded (path)", "not loaded: <why>" or "not built".
 std::string cuda_plugin_status();
