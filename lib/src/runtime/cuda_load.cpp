@@ -67,9 +67,12 @@ Loaded load() {
     }
     tried += (tried.empty() ? "" : ", ") + c;
   }
+  // RTLD_GLOBAL: the CUDA libraries land in the global scope, as they did when the binary linked
+  // them (and as PyTorch's Python loads its global deps), for libraries that LibTorch itself
+  // dlopens later (nvrtc, cuDNN's sub-libraries) and that look symbols up there.
   if (path.empty()) {
     why = "no libmltrain_cuda.so at " + tried;
-  } else if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL); !h) {
+  } else if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL); !h) {
     const char* e = dlerror();
     why = e ? e : "dlopen failed";
   } else if (auto entry = reinterpret_cast<CudaPluginEntry>(dlsym(h, kCudaPluginEntry)); !entry) {
