@@ -37,7 +37,7 @@
 namespace mltrain::dist {
 
 bool gloo_compiled();
-bool nccl_group_compiled();  // distributed.backend=nccl available (a CUDA LibTorch with nccl.h)
+bool nccl_group_compiled();  // distributed.backend=nccl available: the CUDA plugin loaded, built with nccl.h
 
 struct CommOptions {
   std::string backend = "gloo";  // gloo | nccl
