@@ -116,6 +116,9 @@ bool inflate_whole(const std::string& path, Bytes& b) {
   if (in.size() < 18) return false;  // header 10 + trailer 8
   uint32_t isize = 0;
   std::memcpy(&isize, in.data() + in.size() - 4, 4);  // little-endian, as x86 and ARM
+  // DEFLATE expands at most ~1032:1: a larger ISIZE is a damaged trailer (a truncated file ends in
+  // arbitrary bytes), not a reason to allocate up to 4 GiB; zlib's stream names the fault.
+  if (isize / 1032 > in.size()) return false;
   std::shared_ptr<uint8_t[]> out(new uint8_t[std::max<size_t>(isize, 1)]);
   libdeflate_decompressor* d = libdeflate_alloc_decompressor();
   if (!d) return false;

@@ -67,16 +67,16 @@ int resolve_threads(const config::ExperimentConfig& cfg, const dist::World& worl
 }
 
 torch::Device prepare_device(const config::ExperimentConfig& cfg, int gpu) {
-  if (cfg.runtime.device == "cuda" && !compat::cuda_available())
-    throw ConfigError(
-        "runtime.device",
-        "cuda asked for, but " +
-            std::string(!compat::cuda_built()   ? "this mltrain was built without CUDA"
-                        : compat::cuda_plugin() ? "no CUDA device is visible"
-                                                : "no CUDA device is visible: CUDA libraries " +
-                                                      compat::cuda_plugin_status()),
-        "use runtime.device=auto or cpu, or build where nvcc of the wheel's CUDA "
-        "major version is on PATH (scripts/build.sh)");
+  if (cfg.runtime.device == "cuda" && !compat::cuda_available()) {
+    std::string why = "no CUDA device is visible";
+    if (!compat::cuda_built())
+      why = "this mltrain was built without CUDA";
+    else if (!compat::cuda_plugin())
+      why += ": CUDA libraries " + compat::cuda_plugin_status();
+    throw ConfigError("runtime.device", "cuda asked for, but " + why,
+                      "use runtime.device=auto or cpu, or build where nvcc of the wheel's CUDA "
+                      "major version is on PATH (scripts/build.sh)");
+  }
   const torch::Device device = compat::resolve_device(cfg.runtime.device, gpu);
   if (device.is_cuda()) {
     if (gpu >= compat::cuda_device_count())
