@@ -54,6 +54,12 @@ TEST_CASE(
     std::shuffle(shuffled.begin(), shuffled.end(), gen);
     CHECK(torch::equal(flat(em.mean(shuffled, nullptr)), all));
   }
+  // Maxima taken by the caller (each shard's, while it is in cache) give the same bits.
+  std::vector<std::vector<float>> maxima;
+  for (const auto& s : shards) maxima.push_back(ExactMean::maxima(s));
+  CHECK(torch::equal(flat(em.mean(shards, nullptr, maxima)), all));
+  CHECK_THROWS_WITH(em.mean(shards, nullptr, {maxima.front()}),
+                    Catch::Contains("maxima that do not match the shards"));
   // The plain fp32 sum is not order-free: the reason for the integer grid.
   auto fp32 = [](const Shards& ts) {
     torch::Tensor acc = torch::zeros_like(flat(ts[0]));
@@ -89,6 +95,11 @@ TEST_CASE("exact mean: zero segments stay zero, a non-finite element makes its s
   const auto m = em.mean({a, b}, nullptr);
   CHECK(torch::isnan(m[0]).all().item<bool>());
   CHECK(torch::equal(m[1], torch::zeros({2})));
+  CHECK(ExactMean::maxima(b) == std::vector<float>{INFINITY, 0.f});
+  CHECK(ExactMean::maxima({torch::tensor({-4.f, 3.f, NAN})})[0] == INFINITY);
+  const auto m2 = em.mean({a, b}, nullptr, {ExactMean::maxima(a), ExactMean::maxima(b)});
+  CHECK(torch::isnan(m2[0]).all().item<bool>());
+  CHECK(torch::equal(m2[1], torch::zeros({2})));
   const std::vector<torch::Tensor> c = {torch::tensor({3.f, 2.f, 1.5f}), torch::zeros({2})};
   const auto ok = em.mean({a, c}, nullptr);
   CHECK(torch::equal(ok[0], torch::tensor({2.f, 0.f, 1.f})));

@@ -1,5 +1,6 @@
 #include "mltrain/dist/exact_sum.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,11 +22,18 @@ static int ceil_log2(int64_t n) {
 // acc[i] += round_half_even(x[i] * scale) for |x[i] * scale| <= 2^51: adding and subtracting
 // 1.5 * 2^52 rounds a double to an integer with plain IEEE additions (vectorised; no FMA can form:
 // the file is compiled with -ffp-contract=off, and x * scale is exact, a power-of-two scaling).
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void add_on_grid(const float* x,
-                                                                                     double* acc,
-                                                                                     int64_t n,
-                                                                                     double scale) {
+// The first shard of a block assigns (acc[i] = ...): 0 + r is r, so the sum's bits are the same and
+// the accumulator needs no zeroing pass.
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void add_on_grid(
+    const float* x, double* acc, int64_t n, double scale, bool first) {
   constexpr double kMagic = 6755399441055744.0;  // 1.5 * 2^52
+  if (first) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double y = static_cast<double>(x[i]) * scale;
+      acc[i] = (y + kMagic) - kMagic;
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const double y = static_cast<double>(x[i]) * scale;
     acc[i] += (y + kMagic) - kMagic;
@@ -51,8 +59,21 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static void from_gr
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(acc[i] * unscale / shards);
 }
 
+std::vector<float> ExactMean::maxima(const std::vector<torch::Tensor>& shard) {
+  std::vector<float> out;
+  out.reserve(shard.size());
+  for (const auto& t : shard) {
+    const uint32_t bits = max_abs_bits(t.data_ptr<float>(), t.numel());
+    float m;
+    std::memcpy(&m, &bits, sizeof m);
+    out.push_back(bits < 0x7f800000u ? m : std::numeric_limits<float>::infinity());
+  }
+  return out;
+}
+
 std::vector<torch::Tensor> ExactMean::mean(const std::vector<std::vector<torch::Tensor>>& local,
-                                           Comm* comm) const {
+                                           Comm* comm,
+                                           const std::vector<std::vector<float>>& maxima) const {
   if (local.empty())
     throw RuntimeError("distributed.invariance", "a rank with no virtual shard",
                        "report this as a bug");
@@ -69,16 +90,18 @@ std::vector<torch::Tensor> ExactMean::mean(const std::vector<std::vector<torch::
                                " is not a contiguous fp32 CPU tensor of the first shard's size",
                            "report this as a bug");
     }
+  if (!maxima.empty() && (maxima.size() != local.size() ||
+                          std::any_of(maxima.begin(), maxima.end(),
+                                      [&](const auto& m) { return m.size() != nseg; })))
+    throw RuntimeError("distributed.invariance", "shard maxima that do not match the shards",
+                       "report this as a bug");
   // 1. The largest magnitude of every segment over this rank's shards (NaN or inf: not finite)...
   torch::Tensor maxes = torch::zeros({int64_t(nseg)}, torch::kFloat);
   float* mx = maxes.data_ptr<float>();
-  for (const auto& shard : local)
-    for (size_t g = 0; g < nseg; ++g) {
-      const uint32_t bits = max_abs_bits(shard[g].data_ptr<float>(), shard[g].numel());
-      float m;
-      std::memcpy(&m, &bits, sizeof m);
-      mx[g] = bits < 0x7f800000u ? std::max(mx[g], m) : std::numeric_limits<float>::infinity();
-    }
+  for (size_t s = 0; s < local.size(); ++s) {
+    const std::vector<float> m = maxima.empty() ? ExactMean::maxima(local[s]) : maxima[s];
+    for (size_t g = 0; g < nseg; ++g) mx[g] = std::max(mx[g], m[g]);  // inf wins; never NaN
+  }
   // ... and over every rank (a maximum is exact in any order).
   if (comm && comm->size() > 1) {
     for (const auto& other : comm->allgather(maxes, "allgather(invariant shard maxima)"))
@@ -92,15 +115,19 @@ std::vector<torch::Tensor> ExactMean::mean(const std::vector<std::vector<torch::
   for (size_t g = 0; g < nseg; ++g)
     if (std::isfinite(mx[g]) && mx[g] > 0)
       scale[g] = std::ldexp(1.0, bits - (std::ilogb(mx[g]) + 1));
-  torch::Tensor acc = torch::zeros({offset[nseg]}, torch::kDouble);
+  torch::Tensor acc = torch::empty({offset[nseg]}, torch::kDouble);
   double* a = acc.data_ptr<double>();
   constexpr int64_t kBlock = 4096;
   for (size_t g = 0; g < nseg; ++g) {
-    if (scale[g] == 0.0) continue;
+    if (scale[g] == 0.0) {  // all zero or not finite on every rank: sent as zeros, not read back
+      std::fill(a + offset[g], a + offset[g + 1], 0.0);
+      continue;
+    }
     for (int64_t start = offset[g]; start < offset[g + 1]; start += kBlock) {
       const int64_t n = std::min(kBlock, offset[g + 1] - start);
-      for (const auto& shard : local)
-        add_on_grid(shard[g].data_ptr<float>() + (start - offset[g]), a + start, n, scale[g]);
+      for (size_t s = 0; s < local.size(); ++s)
+        add_on_grid(local[s][g].data_ptr<float>() + (start - offset[g]), a + start, n, scale[g],
+                    s == 0);
     }
   }
   if (comm && comm->size() > 1) {

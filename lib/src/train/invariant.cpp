@@ -41,6 +41,7 @@ InvariantShards::InvariantShards(const config::ExperimentConfig& cfg, model::Mod
     if (b.is_floating_point()) float_buffers_.emplace_back(name, b);
   }
   shards_out_.resize(size_t(here_));
+  maxima_.resize(size_t(here_));
 }
 
 // The CPU generator keyed by (seed, step, slot): slot s < V before shard s, V after the step.
@@ -89,11 +90,12 @@ void InvariantShards::run(const data::Batch& batch, int64_t step,
       p.mutable_grad() = torch::Tensor();
     }
     for (auto& [name, t] : float_buffers_) out.push_back(t.detach().reshape({-1}).clone());
+    maxima_[size_t(s)] = dist::ExactMean::maxima(out);  // while the backward's output is in cache
   }
   torch::NoGradGuard no_grad;
   // Gradients, and running statistics as the mean of what each shard's forward made of the step's
   // start: one exact mean (each tensor keeps its own grid), one all-gather and one all-reduce.
-  const auto mean = mean_.mean(shards_out_, comm_);
+  const auto mean = mean_.mean(shards_out_, comm_, maxima_);
   for (size_t i = 0; i < params_.size(); ++i)
     params_[i].second.mutable_grad() = mean[i].view(params_[i].second.sizes());
   for (size_t i = 0; i < float_buffers_.size(); ++i)

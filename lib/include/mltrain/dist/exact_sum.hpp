@@ -30,8 +30,12 @@ class ExactMean {
   // every shard (and on every rank of `comm`, whose other ranks hold the rest of the shards; comm
   // nullptr: every shard is local). Returns each segment's mean, flat: the same bits on every rank
   // and in every world.
-  std::vector<torch::Tensor> mean(const std::vector<std::vector<torch::Tensor>>& local,
-                                  Comm* comm) const;
+  // maxima[s]: shard s's maxima() when the caller took them while the shard was still in cache
+  // (empty: mean() reads every shard once more for them); the result is the same bits.
+  std::vector<torch::Tensor> mean(const std::vector<std::vector<torch::Tensor>>& local, Comm* comm,
+                                  const std::vector<std::vector<float>>& maxima = {}) const;
+  // The largest magnitude of each segment of one shard (infinity where one is not finite).
+  static std::vector<float> maxima(const std::vector<torch::Tensor>& shard);
 
  private:
   int64_t shards_ = 1;

@@ -57,6 +57,7 @@ class InvariantShards {
   // Per local shard, one segment per tensor: its gradient of every parameter (moved out of .grad,
   // never copied), then its floating-point buffers after its forward; one exact mean for both.
   std::vector<std::vector<torch::Tensor>> shards_out_;
+  std::vector<std::vector<float>> maxima_;  // per local shard, its segments' largest magnitudes
 };
 
 }  // namespace mltrain::train
