@@ -90,9 +90,9 @@ std::vector<torch::Tensor> ExactMean::mean(const std::vector<std::vector<torch::
                                " is not a contiguous fp32 CPU tensor of the first shard's size",
                            "report this as a bug");
     }
-  if (!maxima.empty() && (maxima.size() != local.size() ||
-                          std::any_of(maxima.begin(), maxima.end(),
-                                      [&](const auto& m) { return m.size() != nseg; })))
+  if (!maxima.empty() &&
+      (maxima.size() != local.size() ||
+       std::any_of(maxima.begin(), maxima.end(), [&](const auto& m) { return m.size() != nseg; })))
     throw RuntimeError("distributed.invariance", "shard maxima that do not match the shards",
                        "report this as a bug");
   // 1. The largest magnitude of every segment over this rank's shards (NaN or inf: not finite)...
