@@ -7,6 +7,8 @@
 #   world 1: default (2 threads) vs bitwise (invariance_threads 1, the default) and 2 threads
 #   larger shards: the MLP at a global batch of 1536 and the CNN at 768 (128 and 64 samples per
 #            shard), world 2 only
+#   the floor: what one Gloo all-reduce of the MLP's gradient costs in fp32 and in fp64, and the
+#            maxima's all-gather, in PyTorch alone (gloo_floor.py)
 # Prints seconds per optimizer step (median of ROUNDS) and rank 0's peak RSS, as ratios to default.
 #   ROUNDS=3 bash scripts/bench/invariance.sh [mlp:192] [cnn:96] [mlp:1536] [cnn:768]
 set -euo pipefail
@@ -38,7 +40,7 @@ for run in $RUNS; do
     [w1_bitwise12_t2]="1 distributed.invariance=bitwise distributed.invariance_threads=2"
   )
   order=(w2_default w2_bitwise12 w2_bitwise2 w1_default w1_bitwise12 w1_bitwise12_t2)
-  [ "$G" -le 192 ] || order=(w2_default w2_bitwise12)  # larger shards: the world-2 cost only
+  [ "$G" -le 192 ] || order=(w2_default w2_bitwise12 w2_bitwise2)  # larger shards: world 2 only
   for r in $(seq 1 "$ROUNDS"); do
     for v in "${order[@]}"; do
       read -r world args <<<"${variants[$v]}"
@@ -71,3 +73,4 @@ for world in ('w2', 'w1'):
               f'time {s / base[0]:.2f}x  RSS {rss / base[1]:.2f}x')
 PY
 done
+.venv/bin/python scripts/bench/gloo_floor.py
