@@ -117,6 +117,13 @@ target_include_directories(mltrain_torch_cpu SYSTEM INTERFACE "${_root}/include"
                            "${_root}/include/torch/csrc/api/include")
 target_link_libraries(mltrain_torch_cpu INTERFACE "${_root}/lib/libtorch_cpu.so" "${_root}/lib/libc10.so")
 set(MLTRAIN_TORCH_CPU mltrain_torch_cpu)
+# The OpenMP runtime libtorch_cpu.so was built with and loads (the wheel ships its own libgomp.so.1),
+# for runtime/parallel.cpp's OpenMP calls; the toolchain's libgomp where a build of LibTorch has none.
+if(EXISTS "${_root}/lib/libgomp.so.1")
+  set(MLTRAIN_TORCH_OPENMP "${_root}/lib/libgomp.so.1")
+else()
+  set(MLTRAIN_TORCH_OPENMP gomp)
+endif()
 # The wheel's CUDA libraries (NCCL, cuDNN, cuBLAS, ... under site-packages/nvidia/*/lib) are what
 # libtorch_cuda.so was built against and finds at run time through its own RUNPATH. The linker and
 # our binaries must see them first too: an older NCCL or nvrtc in /usr/local/cuda/lib64 would leave

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -61,6 +62,20 @@ TEST_CASE(
   auto r = torch::addmm(nan_self, torch::eye(2), torch::eye(2), /*beta=*/0, /*alpha=*/1);
   CHECK(torch::equal(r, torch::eye(2)));
   CHECK_THROWS_AS(runtime::set_kernel_route("mkl"), ConfigError);
+}
+
+TEST_CASE("runtime::parallel_for runs on LibTorch's intra-op threads and covers the range once",
+          "[runtime]") {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  std::vector<int> seen(1000, 0), thread_of(1000, -1);
+  runtime::parallel_for(0, 1000, 10, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) ++seen[i], thread_of[i] = at::get_thread_num();
+  });
+  at::set_num_threads(threads);
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  // Two threads took part (compiled without OpenMP, ATen's inline loop used only the caller's).
+  CHECK(std::set<int>(thread_of.begin(), thread_of.end()) == std::set<int>{0, 1});
 }
 
 TEST_CASE("kernel route: batched matmul (attention) matches LibTorch's bmm, views and gradients",

@@ -230,3 +230,30 @@ TEST_CASE("metric names: per task, checked at config time with the task's list",
                            "data.test_images=b", "data.num_classes=3", "task.pos_weight=[1,2]"}),
                   ConfigError);
 }
+
+TEST_CASE("argmax_rows: LibTorch's argmax indices, ties, NaN and infinities included", "[task]") {
+  torch::manual_seed(3);
+  // GPT-2's logit width (not a multiple of 16) and a narrow one; random rows, then rows built to
+  // trip a scan: ties (the first wins), NaN (the first NaN wins, wherever the largest is), -inf
+  // rows, +inf with a tie, a largest element in the tail past the last full 16 lanes, -0 and +0.
+  for (const int64_t cols : {int64_t{50257}, int64_t{10}}) {
+    torch::Tensor x = torch::randn({64, cols});
+    auto at = [&](int64_t r, int64_t c) -> float& { return x.data_ptr<float>()[r * cols + c]; };
+    const int64_t last = cols - 1, mid = cols / 2;
+    at(0, mid) = 50, at(0, last) = 50;                   // tie: mid
+    at(1, last) = NAN, at(1, 3) = 1e30f;                 // NaN wins over the largest
+    at(2, mid) = NAN, at(2, last) = NAN;                 // the first NaN
+    x[3].fill_(-INFINITY);                               // all -inf: 0
+    at(4, 2) = INFINITY, at(4, last) = INFINITY;         // +inf tie: 2
+    at(5, last) = 99;                                    // the tail
+    x[6].fill_(0.f), at(6, 1) = -0.f, at(6, mid) = 0.f;  // zeros of both signs: 0
+    x[7].fill_(-1.f), at(7, 5 % cols) = -0.f;            // a single -0 above -1
+    const torch::Tensor want = x.argmax(1);
+    CHECK(torch::equal(task::argmax_rows(x), want));
+    CHECK(task::argmax_rows(x)[1].item<int64_t>() == last);
+    CHECK(task::argmax_rows(x)[3].item<int64_t>() == 0);
+    // A non-contiguous view and other dtypes go through LibTorch: the same indices.
+    CHECK(torch::equal(task::argmax_rows(x.t().contiguous().t()), want));
+    CHECK(torch::equal(task::argmax_rows(x.to(torch::kDouble)), want));
+  }
+}

@@ -75,6 +75,44 @@ TEST_CASE("clip by norm matches torch.nn.utils.clip_grad_norm_", "[clip]") {
   }
 }
 
+TEST_CASE("gradient norm of fp32 gradients: double sums, the same bits for any thread count",
+          "[clip]") {
+  torch::manual_seed(5);
+  // Sizes across the 65,536-element blocks and the 16 lanes, a channels-last weight, a gradient
+  // of 1e20 (its square overflows fp32) and an absent gradient.
+  model::NamedTensors params;
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{200003}, {65536}, {17}, {1}})
+    params.emplace_back("p", torch::zeros(shape));
+  for (auto& [name, p] : params) p.mutable_grad() = torch::randn(p.sizes());
+  auto conv = torch::zeros({8, 3, 5, 5}).contiguous(torch::MemoryFormat::ChannelsLast);
+  conv.mutable_grad() = torch::randn({8, 3, 5, 5}).contiguous(torch::MemoryFormat::ChannelsLast);
+  params.emplace_back("conv", conv);
+  params.emplace_back("unused", torch::zeros({3}));
+  double want = 0;  // exact enough: the double sum of the squares in another order
+  for (auto& [name, p] : params)
+    if (p.grad().defined()) want += p.grad().to(torch::kDouble).square().sum().item<double>();
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const double one = grad_norm(params);
+  at::set_num_threads(2);
+  const double two = grad_norm(params);
+  at::set_num_threads(threads);
+  CHECK(one == two);
+  CHECK(one == Approx(std::sqrt(want)).epsilon(1e-13));
+  // LibTorch's fp32 norm agrees to fp32's rounding.
+  std::vector<torch::Tensor> grads;
+  for (auto& [name, p] : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  CHECK(one ==
+        Approx(torch::stack(at::_foreach_norm(grads, 2)).norm().item<double>()).epsilon(1e-6));
+  params[2].second.grad()[0] = 1e20f;  // fp32 squares overflow; doubles do not
+  CHECK(grad_norm(params) == Approx(double(1e20f)).epsilon(1e-12));
+  params[2].second.grad()[1] = INFINITY;
+  CHECK(std::isinf(grad_norm(params)));
+  params[2].second.grad()[2] = NAN;
+  CHECK(std::isnan(grad_norm(params)));
+}
+
 TEST_CASE("clip by value and adaptive (AutoClip percentile)", "[clip]") {
   auto p = torch::zeros({4});
   p.mutable_grad() = torch::tensor({-3.f, -0.5f, 0.5f, 3.f});

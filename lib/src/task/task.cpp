@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/runtime/runtime.hpp"
 
 namespace mltrain::task {
 
@@ -25,6 +27,31 @@ std::string sizes_text(const torch::Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); ++d) s += (d ? "," : "") + std::to_string(t.size(d));
   return s + "]";
+}
+
+// Row r's index of its first largest element, as argmax gives it (NaN is the largest, its first
+// occurrence wins), for `cols` floats: the largest in 16 lanes (x > m ? x : m is one max
+// instruction), then a scan for its first occurrence, which stays in cache.
+__attribute__((target_clones("avx512f", "avx2", "default"))) int64_t first_argmax(const float* x,
+                                                                                  int64_t cols) {
+  float lane[16];
+  std::fill(lane, lane + 16, -std::numeric_limits<float>::infinity());
+  bool nan = false;
+  int64_t i = 0;
+  for (; i + 16 <= cols; i += 16)
+    for (int j = 0; j < 16; ++j) {
+      lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+      nan |= x[i + j] != x[i + j];
+    }
+  float m = -std::numeric_limits<float>::infinity();
+  for (; i < cols; ++i) {
+    m = x[i] > m ? x[i] : m;
+    nan |= x[i] != x[i];
+  }
+  for (const float v : lane) m = v > m ? v : m;
+  for (i = 0; i < cols; ++i)
+    if (nan ? x[i] != x[i] : x[i] == m) return i;
+  return 0;
 }
 
 // Sums of every rank, in place (one process: unchanged).
@@ -63,7 +90,7 @@ class Classification : public Task {
     s.loss = F::cross_entropy(s.output, b.y, opts);
     if (b.y2.defined())  // mixup/cutmix: the same mix of the two label sets
       s.loss = s.loss * b.lam + F::cross_entropy(s.output, b.y2, opts) * (1 - b.lam);
-    s.correct = s.output.argmax(1).eq(b.y).sum();
+    s.correct = argmax_rows(s.output.detach()).eq(b.y).sum();
     s.units = b.y.size(0);
     return s;
   }
@@ -266,7 +293,7 @@ class LanguageModel : public Task {
     s.loss = F::cross_entropy(s.output.reshape({-1, v}), flat_y,
                               F::CrossEntropyFuncOptions().ignore_index(ignore_));
     const auto valid = flat_y.ne(ignore_);
-    s.correct = s.output.reshape({-1, v}).argmax(1).eq(flat_y).logical_and(valid).sum();
+    s.correct = argmax_rows(s.output.detach().reshape({-1, v})).eq(flat_y).logical_and(valid).sum();
     s.units = valid.sum().item<int64_t>();
     return s;
   }
@@ -383,6 +410,24 @@ std::unique_ptr<Accumulator> Custom::accumulator() const {
 }
 
 }  // namespace
+
+// LibTorch's argmax reduces a row with a scalar loop (GPT-2's 256 x 50,257 logits: 11.4 ms, against
+// 1.0 ms for their maxima).
+torch::Tensor argmax_rows(const torch::Tensor& t) {
+  if (!t.device().is_cpu() || t.scalar_type() != torch::kFloat || t.dim() != 2 || t.size(1) == 0)
+    return t.argmax(1);
+  const torch::Tensor c = t.contiguous();
+  const int64_t rows = c.size(0), cols = c.size(1);
+  torch::Tensor out = torch::empty({rows}, torch::kLong);
+  const float* x = c.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  runtime::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 16) / cols),
+                        [&](int64_t begin, int64_t end) {
+                          for (int64_t r = begin; r < end; ++r)
+                            o[r] = first_argmax(x + r * cols, cols);
+                        });
+  return out;
+}
 
 std::unique_ptr<Task> make_task(const config::ExperimentConfig& cfg) {
   const auto& t = cfg.task;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/runtime/runtime.hpp"
 
 namespace mltrain::train {
 
@@ -66,13 +67,56 @@ void LossScaler::load(const nlohmann::json& j) {
   skipped_ = j.at("skipped");
 }
 
+// The sum of squares of n floats in double, in 16 lanes (element i into lane i % 16) summed in a
+// fixed order at the end: a float squared is exact in double, so a fused multiply-add and a
+// multiply then add give the same bits, and so does every instruction set.
+__attribute__((target_clones("avx512f", "avx2", "default"))) static double sum_squares(
+    const float* x, int64_t n) {
+  double lane[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) {
+      const double v = x[i + j];
+      lane[j] += v * v;
+    }
+  for (int j = 0; i < n; ++i, ++j) {
+    const double v = x[i];
+    lane[j] += v * v;
+  }
+  for (int w = 8; w > 0; w /= 2)
+    for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+  return lane[0];
+}
+
 torch::Tensor grad_norm_tensor(const model::NamedTensors& params) {
   torch::NoGradGuard no_grad;
   const std::vector<torch::Tensor> grads = defined_grads(params);
   if (grads.empty()) return {};
-  // One fused pass, left on the device (the caller reads it with whatever else it needs).
-  auto norms = at::_foreach_norm(grads, 2);
-  return torch::stack(norms).to(torch::kDouble).norm(2);
+  const bool cpu_fp32 = std::all_of(grads.begin(), grads.end(), [](const torch::Tensor& g) {
+    return g.device().is_cpu() && g.scalar_type() == torch::kFloat &&
+           g.is_non_overlapping_and_dense();
+  });
+  if (!cpu_fp32) {
+    // One fused pass, left on the device (the caller reads it with whatever else it needs).
+    auto norms = at::_foreach_norm(grads, 2);
+    return torch::stack(norms).to(torch::kDouble).norm(2);
+  }
+  // fp32 on the CPU: ATen's norm reduces a whole tensor on one thread with one chain of additions
+  // (GPT-2 124M: 41 ms a step). Here fixed blocks of memory (a dense tensor's elements in any
+  // layout) are summed in double on every thread, then added in block order: the same bits for
+  // any thread count, and no overflow of the squares.
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  std::vector<std::pair<const float*, int64_t>> blocks;
+  for (const auto& g : grads)
+    for (int64_t at = 0; at < g.numel(); at += kBlock)
+      blocks.emplace_back(g.data_ptr<float>() + at, std::min(kBlock, g.numel() - at));
+  std::vector<double> part(blocks.size());
+  runtime::parallel_for(0, int64_t(blocks.size()), 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) part[b] = sum_squares(blocks[b].first, blocks[b].second);
+  });
+  double total = 0;
+  for (const double v : part) total += v;
+  return torch::tensor(std::sqrt(total), torch::kDouble);
 }
 
 double grad_norm(const model::NamedTensors& params) {

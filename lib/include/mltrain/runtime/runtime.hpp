@@ -8,6 +8,7 @@
 //   mltrain::runtime::apply(opt);
 //   spdlog::info("{}", mltrain::runtime::describe().dump());
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -50,5 +51,12 @@ int64_t current_rss_kib();
 // Seconds since this process was exec'd (/proc/self/stat's start time against CLOCK_BOOTTIME, to
 // the kernel's 10 ms tick): dynamic loading and static initialisers included. NaN without /proc.
 double seconds_since_exec();
+
+// f(b, e) over [begin, end) in chunks of at least `grain`, on LibTorch's intra-op threads, as
+// at::parallel_for. ATen's is inline and runs serially in a file compiled without OpenMP, which is
+// every file of mltrain but runtime/parallel.cpp (compiled with -fopenmp against the wheel's
+// libgomp): call this one.
+void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                  const std::function<void(int64_t, int64_t)>& f);
 
 }  // namespace mltrain::runtime
