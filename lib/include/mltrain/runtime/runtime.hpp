@@ -54,8 +54,7 @@ double seconds_since_exec();
 
 // f(b, e) over [begin, end) in chunks of at least `grain`, on LibTorch's intra-op threads, as
 // at::parallel_for. ATen's is inline and runs serially in a file compiled without OpenMP, which is
-// every file of mltrain but runtime/parallel.cpp (compiled with -fopenmp against the wheel's
-// libgomp): call this one.
+// every file of mltrain: call this one (runtime/parallel.cpp calls LibTorch's libgomp directly).
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   const std::function<void(int64_t, int64_t)>& f);
 
