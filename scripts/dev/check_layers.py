@@ -46,6 +46,9 @@ SEAM = {
 FORBIDDEN = {
     re.compile(r"\bremove_all\s*\("): "std::filesystem::remove_all binds to pip LibTorch 2.x's own "
     "copy, which calls address 0; use mltrain::remove_tree (core/fs.hpp)",
+    re.compile(r"\bat::parallel_for\s*\("): "ATen's OpenMP parallel_for is inline and runs on the "
+    "calling thread alone in code compiled without OpenMP (all of mltrain); use "
+    "mltrain::runtime::parallel_for (runtime/runtime.hpp)",
 }
 # Rooms that never include LibTorch (tune's tests link no LibTorch), and the CLI's own rules:
 # apps/ parses, calls one room and prints; tensors stay in the engine (main.cpp maps LibTorch's

@@ -8,7 +8,6 @@
 // reroutes every consumer at once: nn::Linear, matmul, the autograd backward of both, and
 // TorchScript models, without touching model code. Anything the fast path does not cover
 // (other dtypes, odd strides, empty sizes) goes to LibTorch's own structured kernels.
-#include <ATen/Parallel.h>
 #include <ATen/ops/addmm_native.h>
 #include <ATen/ops/bmm_native.h>
 #include <ATen/ops/mm_native.h>
@@ -241,14 +240,13 @@ void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   const int64_t batch = a.size(0), M = a.size(1), K = a.size(2), N = b.size(2);
   const BatchOperand A = batch_operand(a), B = batch_operand(b);
   float* c = out.data_ptr<float>();
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int status =
-          dnnl_sgemm(A.trans, B.trans, M, N, K, 1.0f, A.data + i * A.batch_stride, A.ld,
-                     B.data + i * B.batch_stride, B.ld, 0.0f, c + i * M * N, N);
-      TORCH_CHECK(status == 0, "dnnl_sgemm failed with status ", status);
-    }
-  });
+  // One product after the other, each threaded by oneDNN itself: what the at::parallel_for written
+  // here before did (it ran serially; runtime::parallel_for over the batch is unmeasured).
+  for (int64_t i = 0; i < batch; ++i) {
+    const int status = dnnl_sgemm(A.trans, B.trans, M, N, K, 1.0f, A.data + i * A.batch_stride,
+                                  A.ld, B.data + i * B.batch_stride, B.ld, 0.0f, c + i * M * N, N);
+    TORCH_CHECK(status == 0, "dnnl_sgemm failed with status ", status);
+  }
 }
 
 at::Tensor& native_bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
