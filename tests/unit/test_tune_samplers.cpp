@@ -110,6 +110,24 @@ TEST_CASE("TPE and GP-EI beat random search on Branin and Hartmann-6", "[tune]")
   }
 }
 
+TEST_CASE("TPE's bad-group widths: Optuna 5.0's neighbour rule, value for value", "[tune]") {
+  // Golden: optuna 5.0.0's _ParzenEstimator on FloatDistribution(0, 1) with these observations
+  // (its defaults: magic clip, no endpoints), the sigmas of its mixture, prior last.
+  const std::vector<std::pair<std::vector<double>, std::vector<double>>> table = {
+      {{0.2}, {0.8, 1.0}},
+      {{0.1, 0.5, 0.55, 0.9}, {0.4, 0.4, 0.35, 0.35, 1.0}},
+      {{0.3, 0.31, 0.32, 0.33, 0.34, 0.35, 0.36, 0.9},  // the clip: 1 / (8 + 2)
+       {0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.54, 0.54, 1.0}},
+      {{0.7, 0.1}, {0.6, 0.6, 1.0}},  // any order
+      {{}, {1.0}},
+  };
+  for (const auto& [centres, want] : table) {
+    const auto got = detail::tpe_neighbour_widths(centres);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-12));
+  }
+}
+
 TEST_CASE("GP: marginal-likelihood gradient matches finite differences; EI by hand", "[tune]") {
   detail::GpModel m;
   std::mt19937_64 rng(3);

@@ -3,7 +3,7 @@
 budget, both run in this invocation on the same functions and seeds.
 
     .venv/bin/python scripts/bench/tune/vs_optuna.py MLTRAIN SCRATCH [--parts quality,time]
-        [--seeds 100] [--functions branin,hartmann6,rosenbrock4,mixed5,fmnist] [--samplers tpe,gp]
+        [--seeds 100] [--seed-base 0] [--mltrain-set KEY=VALUE] [--functions branin,hartmann6,rosenbrock4,mixed5,fmnist] [--samplers tpe,gp]
         [--modes seq,par4] [--gp-seeds 40] [--jobs 2] [--cache FILE] [--table-only] [--fmnist-table FILE]
 
 quality  median regret (best value found - the function's minimum) after 50 and 100 trials, over
@@ -14,7 +14,7 @@ quality  median regret (best value found - the function's minimum) after 50 and 
          running at once in both tuners, the oldest finishing at each tick, so every suggestion
          after the first four sees exactly 3 running trials (what `max_concurrent: 4` does with a
          test function; for Optuna what 4 workers on one JournalStorage see when trials take equal
-         time, without the timing noise). A 50-trial result is the first 50 finished trials of the
+         time, without the timing noise). "par16" (not in the issue's table): 16 at once, the same way. A 50-trial result is the first 50 finished trials of the
          100-trial study (both tuners finish trials in the order they started them here).
          Interval: 90 % paired bootstrap (the same seeds resampled for both) of
          median(mltrain) - median(Optuna). Verdict per cell: "<=" when mltrain's median is not
@@ -152,7 +152,7 @@ def mltrain_study(m, scratch, fn, sampler, conc, seed, trials=TRIALS):
     what = [str(Path(scratch) / "fmnist_study.yaml")] if fn == "fmnist" else [STUDY, f"objective.function={fn}"]
     subprocess.run([m, "tune", what[0], "-q", f"study.dir={scratch}", f"study.name={name}", *what[1:],
                     f"sampler.name={sampler}", f"study.seed={seed}",
-                    f"study.n_trials={trials}", f"study.max_concurrent={conc}"],
+                    f"study.n_trials={trials}", f"study.max_concurrent={conc}", *MLTRAIN_SET],
                    check=True, capture_output=True, text=True)
     values, ms = [], []
     d = Path(scratch) / name
@@ -183,13 +183,27 @@ def seeds_of(sampler, seeds, gp_seeds):
     return min(seeds, gp_seeds) if sampler == "gp" else seeds
 
 
+# --seed-base: the first seed of the quality cells. A change to a sampler is designed on seeds far
+# from the table's (e.g. --seed-base 1000) and then judged on seeds 0..N-1, which it never saw.
+SEED_BASE = 0
+
+
+# --mltrain-set KEY=VALUE (repeatable): overrides for every mltrain study, to try a sampler setting
+# against the same cached Optuna studies (give each try its own SCRATCH or --cache).
+MLTRAIN_SET = []
+
+
+def seed_range(n):
+    return range(SEED_BASE, SEED_BASE + n)
+
+
 def run_quality(m, scratch, cache_path, fns, samplers, modes, seeds, gp_seeds, jobs):
     cache = load_cache(cache_path)
     todo = [(tuner, fn, s, mode, seed) for s in samplers for fn in fns for mode in modes
-            for seed in range(seeds_of(s, seeds, gp_seeds))
+            for seed in seed_range(seeds_of(s, seeds, gp_seeds))
             for tuner in ("mltrain", "optuna") if (tuner, fn, s, mode, seed) not in cache]
     print(f"quality: {len(todo)} studies to run ({len(cache)} cached)", file=sys.stderr, flush=True)
-    conc = {"seq": 1, "par4": 4}
+    conc = {"seq": 1, "par4": 4, "par16": 16}
     # Spawned, not forked: a forked child of this threaded process stalled in torch (GPSampler).
     procs = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
     threads = ThreadPoolExecutor(jobs)
@@ -214,7 +228,7 @@ def run_quality(m, scratch, cache_path, fns, samplers, modes, seeds, gp_seeds, j
 
 def regrets(cache, tuner, fn, s, mode, seeds, k):
     out = []
-    for seed in range(seeds):
+    for seed in seed_range(seeds):
         r = cache.get((tuner, fn, s, mode, seed))
         if r is None:
             return None
@@ -230,7 +244,7 @@ def paired_interval(a, b, n=4000):
 
 
 def table_quality(cache, fns, samplers, modes, seeds, gp_seeds):
-    print(f"## Quality: median regret over {seeds} seeds (GP: {min(seeds, gp_seeds)}; lower is better),"
+    print(f"## Quality: median regret over {seeds} seeds from {SEED_BASE} (GP: {min(seeds, gp_seeds)}; lower is better),"
           " mltrain vs Optuna 5.0 defaults")
     print("interval: 90 % paired bootstrap of median(mltrain) - median(Optuna)")
     print(f"{'function':<12} {'sampler':<7} {'mode':<5} {'trials':>6} {'mltrain':>11} {'optuna':>11} "
@@ -394,6 +408,9 @@ def main():
     ap.add_argument("--parts", default="quality,time,pruning")
     ap.add_argument("--pruning-seeds", type=int, default=40)
     ap.add_argument("--seeds", type=int, default=100)
+    ap.add_argument("--seed-base", type=int, default=0, help="first seed of the quality cells")
+    ap.add_argument("--mltrain-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for every mltrain study (repeatable)")
     ap.add_argument("--functions", default="branin,hartmann6,rosenbrock4,mixed5,fmnist")
     ap.add_argument("--samplers", default="tpe,gp")
     ap.add_argument("--modes", default="seq,par4")
@@ -406,10 +423,15 @@ def main():
     ap.add_argument("--fmnist-table", default=None,
                     help="fmnist_surface.py's table (default: SCRATCH/fmnist_surface.json, trained if missing)")
     a = ap.parse_args()
+    global SEED_BASE
+    if a.mltrain_set:
+        print(f"mltrain overrides: {' '.join(a.mltrain_set)}")
+    SEED_BASE = a.seed_base
+    MLTRAIN_SET.extend(a.mltrain_set)
     fns, samplers, modes = a.functions.split(","), a.samplers.split(","), a.modes.split(",")
     MINIMA["fmnist"] = None
     for flag, given, known in (("--functions", fns, tuple(MINIMA)), ("--samplers", samplers, ("tpe", "gp")),
-                               ("--modes", modes, ("seq", "par4")), ("--parts", a.parts.split(","), ("quality", "time", "pruning"))):
+                               ("--modes", modes, ("seq", "par4", "par16")), ("--parts", a.parts.split(","), ("quality", "time", "pruning"))):
         if any(g not in known for g in given):
             ap.error(f"{flag} {','.join(given)}: use a comma-separated list of {', '.join(known)}")
     import optuna
@@ -418,6 +440,7 @@ def main():
     except OSError as e:  # --table-only needs no binary
         version = f"(not run: {e.strerror})"
     print(f"optuna {optuna.__version__}; {version}")
+    Path(a.scratch).mkdir(parents=True, exist_ok=True)
     cache = Path(a.cache or os.path.join(a.scratch, "vs_optuna.jsonl"))
     if "fmnist" in fns:
         import fmnist_surface

@@ -63,6 +63,10 @@ std::unique_ptr<Sampler> make_sampler(const SamplerOptions& opt, const Space& sp
 // Exposed for tests.
 namespace detail {
 uint64_t seed_for(uint64_t seed, int number);
+// TPE's g(x) widths in one unit-cube dimension for the given centres (any order), the prior's
+// (1) appended: the larger gap to a neighbour or an edge, the outermost centres measured inward,
+// at least 1 / min(100, n + 2).
+std::vector<double> tpe_neighbour_widths(const std::vector<double>& centres);
 // Matern-5/2 GP on points in the unit cube: fit hyperparameters, predict mean and sd.
 struct GpModel {
   std::vector<std::vector<double>> X;
