@@ -38,8 +38,11 @@ for seed in $(seq "${SEED_FROM:-1}" "$SEEDS"); do
     >"$TMP/ml.log" 2>&1 ||
     { cat "$TMP/ml.log" >&2; exit 1; }
   $PY -c "import json,sys
-s = [json.loads(l) for l in open(sys.argv[1]) if '\"summary\"' in l][-1]
-print(json.dumps({'side': 'mltrain', 'seed': int(sys.argv[2]), 'time_to_target_s': s.get('time_to_target_s')}))" \
+rows = [json.loads(l) for l in open(sys.argv[1])]
+s = [r for r in rows if r.get('event') == 'summary'][-1]
+acc = [r['accuracy'] for r in rows if r.get('event') == 'eval']
+print(json.dumps({'side': 'mltrain', 'seed': int(sys.argv[2]), 'time_to_target_s': s.get('time_to_target_s'),
+                  'accuracy': acc}))" \
     "$TMP/runs/tta/v0/metrics.jsonl" "$seed" | tee -a "$TMP/results.jsonl" >&2
   for r in $RECIPES; do
     IFS=: read -r mode batch lr epochs <<<"$r"
@@ -75,4 +78,16 @@ for s in sides:
     print(f"{s:<24} {m:7.1f} +- {h:5.1f}   seeds reaching it {len(ok)}/{len(t)}: " + ", ".join("-" if x is None else f"{x:.1f}" for x in t))
 for s in sides[1:]:
     print(f"mltrain vs {s}: {means[s] / means['mltrain']:.2f}x (target >= 1.5x against the fastest recipe)")
+# Per epoch: which evaluation first reached the target, and the test accuracy after each epoch
+# (mean over the seeds that got there; a run stops at the target, so later epochs have fewer).
+print("\nper epoch: test accuracy, mean over the seeds still running (n); the evaluation that reached 91.6 %")
+for s in sides:
+    accs = [r.get("accuracy") or [] for r in rows if r["side"] == s]
+    first = [next((i + 1 for i, a in enumerate(acc) if a >= 0.916), None) for acc in accs]
+    cols = []
+    for e in range(max(map(len, accs), default=0)):
+        at = [acc[e] for acc in accs if len(acc) > e]
+        cols.append(f"{100 * statistics.mean(at):.2f} ({len(at)})")
+    print(f"{s:<24} reached at evaluation " + ", ".join("-" if f is None else str(f) for f in first))
+    print(f"{'':<24} " + "  ".join(cols))
 PYEOF

@@ -2,7 +2,7 @@
 """Issue #46: mltrain tune against Optuna 5.0 (the venv's, defaults unless stated) at the same
 budget, both run in this invocation on the same functions and seeds.
 
-    .venv/bin/python scripts/bench/tune/vs_optuna.py MLTRAIN SCRATCH [--parts quality,time]
+    .venv/bin/python scripts/bench/tune/vs_optuna.py MLTRAIN SCRATCH [--parts quality,time] [--pruning-equal-steps]
         [--seeds 100] [--seed-base 0] [--mltrain-set KEY=VALUE] [--functions branin,hartmann6,rosenbrock4,mixed5,fmnist] [--samplers tpe,gp]
         [--modes seq,par4] [--gp-seeds 40] [--jobs 2] [--cache FILE] [--table-only] [--fmnist-table FILE]
 
@@ -29,6 +29,8 @@ pruning  each pruner (median, percentile, ASHA, Hyperband) under TPE on curves.p
          (parallel and crossing, 27 steps), sequential and 4 running, seeds 100-139: mltrain's best
          complete trial within the steps Optuna's study of the same seed used, against Optuna's
          best (Optuna at its defaults: TPESampler(seed), its pruners as curves.PRUNERS builds them).
+         --pruning-equal-steps: the same budget, but mltrain's study may go on past 100 trials
+         (up to 300) while Optuna's steps last: quality per step rather than per 100 trials.
 time     milliseconds per suggestion at 100 trials, sequential, seeds 0-4, each tuner alone on the
          machine: mltrain's `sample_ms` (journal) and Optuna's ask() plus the suggest calls; the
          mean of suggestions 91-100 and the largest of all 100.
@@ -350,10 +352,14 @@ def optuna_pruning(fn, pruner, conc, seed):
     return curves.optuna_study(fn, pruner, seed, TRIALS, conc, defaults=True)
 
 
-def run_pruning(m, scratch, cache_path, seeds, jobs, pruners=("median", "percentile", "asha", "hyperband")):
+def run_pruning(m, scratch, cache_path, seeds, jobs, pruners=("median", "percentile", "asha", "hyperband"),
+                mltrain_trials=TRIALS):
     """Pruners at Optuna's step budget: TPE (both at defaults) and each pruner on the synthetic
     learning curves of curves.py (27 steps, 100 trials), seeds 100.. (the pruning rules were
-    designed on 0-19); mltrain's study is cut off where Optuna's, same seed, ran out of steps."""
+    designed on 0-19); mltrain's study is cut off where Optuna's, same seed, ran out of steps.
+    mltrain_trials > 100 (--pruning-equal-steps): mltrain's study may start more trials than
+    Optuna's 100 while the steps last, so a pruner that stops trials sooner spends what it saved
+    (the first 100 trials are the same: no pruner reads n_trials)."""
     import curves
     cache = load_cache(cache_path, ("tuner", "fn", "pruner", "conc", "seed"), "result")
     cells = [(fn, conc, p) for fn in curves.CURVES for conc in (1, 4) for p in pruners]
@@ -363,7 +369,7 @@ def run_pruning(m, scratch, cache_path, seeds, jobs, pruners=("median", "percent
     procs = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
     threads = ThreadPoolExecutor(jobs)
     futs = [(k, procs.submit(optuna_pruning, k[1], k[2], k[3], k[4]) if k[0] == "optuna"
-             else threads.submit(mltrain_pruning, m, scratch, k[1], k[2], k[3], k[4])) for k in todo]
+             else threads.submit(mltrain_pruning, m, scratch, k[1], k[2], k[3], k[4], mltrain_trials)) for k in todo]
     with open(cache_path, "a") as out:
         for k, f in futs:
             cache[k] = f.result()
@@ -374,6 +380,8 @@ def run_pruning(m, scratch, cache_path, seeds, jobs, pruners=("median", "percent
           " final value (lower is better)")
     print("mltrain cut off where Optuna's study of the same seed ran out of steps; interval: 90 % paired bootstrap"
           " of the difference of medians")
+    if mltrain_trials > TRIALS:
+        print(f"equal steps: mltrain may start up to {mltrain_trials} trials within that budget, Optuna ran {TRIALS}")
     print(f"{'curves':<16} {'running':>7} {'pruner':<10} {'mltrain@budget':>14} {'optuna':>9} {'steps mltrain/optuna':>21}"
           f" {'interval':>24}  verdict")
     wins = 0
@@ -407,6 +415,8 @@ def main():
     ap.add_argument("scratch")
     ap.add_argument("--parts", default="quality,time,pruning")
     ap.add_argument("--pruning-seeds", type=int, default=40)
+    ap.add_argument("--pruning-equal-steps", action="store_true",
+                    help="pruning part: mltrain may start up to 300 trials within Optuna's step budget")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--seed-base", type=int, default=0, help="first seed of the quality cells")
     ap.add_argument("--mltrain-set", action="append", default=[], metavar="KEY=VALUE",
@@ -461,7 +471,14 @@ def main():
                                                                a.seeds, a.gp_seeds, a.jobs)
         ok &= table_quality(c, fns, samplers, modes, a.seeds, a.gp_seeds)
     if "pruning" in a.parts.split(","):
-        ok &= run_pruning(a.mltrain, a.scratch, Path(str(cache) + ".pruning.jsonl"), a.pruning_seeds, a.jobs)
+        if a.pruning_equal_steps:  # Optuna's studies are the same: read them from the 100-trial cache
+            eq = Path(str(cache) + ".pruning_equal_steps.jsonl")
+            plain = Path(str(cache) + ".pruning.jsonl")
+            if plain.exists() and not eq.exists():
+                eq.write_text("".join(l + "\n" for l in plain.read_text().splitlines() if '"optuna"' in l))
+            ok &= run_pruning(a.mltrain, a.scratch, eq, a.pruning_seeds, a.jobs, mltrain_trials=3 * TRIALS)
+        else:
+            ok &= run_pruning(a.mltrain, a.scratch, Path(str(cache) + ".pruning.jsonl"), a.pruning_seeds, a.jobs)
     sys.exit(0 if ok else 1)
 
 
