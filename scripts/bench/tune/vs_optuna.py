@@ -14,7 +14,7 @@ quality  median regret (best value found - the function's minimum) after 50 and 
          running at once in both tuners, the oldest finishing at each tick, so every suggestion
          after the first four sees exactly 3 running trials (what `max_concurrent: 4` does with a
          test function; for Optuna what 4 workers on one JournalStorage see when trials take equal
-         time, without the timing noise). "par16" (not in the issue's table): 16 at once, the same way. A 50-trial result is the first 50 finished trials of the
+         time, without the timing noise). "par8" and "par16" (not in the issue's table): 8 or 16 at once, the same way. A 50-trial result is the first 50 finished trials of the
          100-trial study (both tuners finish trials in the order they started them here).
          Interval: 90 % paired bootstrap (the same seeds resampled for both) of
          median(mltrain) - median(Optuna). Verdict per cell: "<=" when mltrain's median is not
@@ -205,7 +205,7 @@ def run_quality(m, scratch, cache_path, fns, samplers, modes, seeds, gp_seeds, j
             for seed in seed_range(seeds_of(s, seeds, gp_seeds))
             for tuner in ("mltrain", "optuna") if (tuner, fn, s, mode, seed) not in cache]
     print(f"quality: {len(todo)} studies to run ({len(cache)} cached)", file=sys.stderr, flush=True)
-    conc = {"seq": 1, "par4": 4, "par16": 16}
+    conc = {"seq": 1, "par4": 4, "par8": 8, "par16": 16}
     # Spawned, not forked: a forked child of this threaded process stalled in torch (GPSampler).
     procs = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
     threads = ThreadPoolExecutor(jobs)
@@ -441,7 +441,7 @@ def main():
     fns, samplers, modes = a.functions.split(","), a.samplers.split(","), a.modes.split(",")
     MINIMA["fmnist"] = None
     for flag, given, known in (("--functions", fns, tuple(MINIMA)), ("--samplers", samplers, ("tpe", "gp")),
-                               ("--modes", modes, ("seq", "par4", "par16")), ("--parts", a.parts.split(","), ("quality", "time", "pruning"))):
+                               ("--modes", modes, ("seq", "par4", "par8", "par16")), ("--parts", a.parts.split(","), ("quality", "time", "pruning"))):
         if any(g not in known for g in given):
             ap.error(f"{flag} {','.join(given)}: use a comma-separated list of {', '.join(known)}")
     import optuna
