@@ -434,10 +434,10 @@ def main():
                     help="fmnist_surface.py's table (default: SCRATCH/fmnist_surface.json, trained if missing)")
     a = ap.parse_args()
     global SEED_BASE
-    if a.mltrain_set:
-        print(f"mltrain overrides: {' '.join(a.mltrain_set)}")
     SEED_BASE = a.seed_base
     MLTRAIN_SET.extend(a.mltrain_set)
+    if MLTRAIN_SET:
+        print(f"mltrain overrides: {' '.join(MLTRAIN_SET)}")
     fns, samplers, modes = a.functions.split(","), a.samplers.split(","), a.modes.split(",")
     MINIMA["fmnist"] = None
     for flag, given, known in (("--functions", fns, tuple(MINIMA)), ("--samplers", samplers, ("tpe", "gp")),
@@ -475,7 +475,8 @@ def main():
             eq = Path(str(cache) + ".pruning_equal_steps.jsonl")
             plain = Path(str(cache) + ".pruning.jsonl")
             if plain.exists() and not eq.exists():
-                eq.write_text("".join(l + "\n" for l in plain.read_text().splitlines() if '"optuna"' in l))
+                eq.write_text("".join(json.dumps(r) + "\n" for r in load_cache(
+                    plain, ("tuner", "fn", "pruner", "conc", "seed")).values() if r["tuner"] == "optuna"))
             ok &= run_pruning(a.mltrain, a.scratch, eq, a.pruning_seeds, a.jobs, mltrain_trials=3 * TRIALS)
         else:
             ok &= run_pruning(a.mltrain, a.scratch, Path(str(cache) + ".pruning.jsonl"), a.pruning_seeds, a.jobs)
