@@ -260,10 +260,11 @@ TEST_CASE("GP kernel's exponential: within 2 ulp of std::exp on [-700, 0]", "[tu
   CHECK(detail::exp_nonpositive(-5000.0) < 1e-300);
 }
 
-TEST_CASE("GP: the interleaved Cholesky and the blocked posterior are bitwise the plain loops'",
+TEST_CASE("GP: the vectorised Cholesky, likelihood gradient and posterior are the plain loops'",
           "[tune]") {
-  // 37 points (not a multiple of the four rows done at once) and 70 predictions (two blocks of 32
-  // and a short one): the speed-ups reorder independent sums only, never one sum's terms.
+  // 37 points (not a multiple of the vector widths or of the four rows done at once) and 70
+  // predictions (two blocks of 32 and a short one): the speed-ups reorder independent sums only,
+  // never one sum's terms, so every value is bitwise the plain loops'.
   std::mt19937_64 rng(9);
   std::uniform_real_distribution<double> U(0, 1);
   std::vector<std::vector<double>> X;
@@ -306,6 +307,42 @@ TEST_CASE("GP: the interleaved Cholesky and the blocked posterior are bitwise th
     CHECK(mean[c] == m1);
     CHECK(sd[c] == s1);
   }
+  // The likelihood's gradient against the plain loops: L^-1 column by column, K^-1 by dot
+  // products of those columns, the gradient summed pair by pair.
+  std::vector<double> col(n * n, 0.0);  // column j of L^-1 at col[j * n ..]
+  for (size_t j = 0; j < n; ++j)
+    for (size_t i = j; i < n; ++i) {
+      double v = i == j ? 1.0 : 0.0;
+      for (size_t k = j; k < i; ++k) v -= m.L[i * n + k] * col[j * n + k];
+      col[j * n + i] = v / m.L[i * n + i];
+    }
+  const size_t D = m.log_ls.size();
+  const double amp = std::exp(m.log_amp), noise = std::exp(m.log_noise);
+  std::vector<double> want(D + 2, 0.0), t2(D);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j <= i; ++j) {
+      double kinv = 0;
+      for (size_t k = i; k < n; ++k) kinv += col[i * n + k] * col[j * n + k];
+      const double w = m.alpha[i] * m.alpha[j] - kinv, mult = i == j ? 0.5 : 1.0;
+      double r2 = 0;
+      for (size_t d = 0; d < D; ++d) {
+        const double t = (m.X[i][d] - m.X[j][d]) * std::exp(-m.log_ls[d]);
+        t2[d] = t * t;
+        r2 += t2[d];
+      }
+      const double r = std::sqrt(r2), e = detail::exp_nonpositive(-std::sqrt(5.0) * r);
+      const double kk = amp * (1.0 + std::sqrt(5.0) * r + 5.0 / 3.0 * r2) * e;
+      const double base = amp * 5.0 / 3.0 * (1.0 + std::sqrt(5.0) * r) * e;
+      for (size_t d = 0; d < D; ++d) want[d] += mult * w * base * t2[d];
+      want[D] += mult * w * kk;
+      if (i == j) want[D + 1] += 0.5 * w * noise;
+    }
+  for (size_t d = 0; d < D; ++d) want[d] += -(m.log_ls[d] - std::log(0.5)) / (1.5 * 1.5);
+  want[D] += -(m.log_amp - 0.0) / (1.5 * 1.5);
+  std::vector<double> got;
+  m.log_marginal_likelihood(&got);
+  REQUIRE(got.size() == want.size());
+  for (size_t k = 0; k < want.size(); ++k) CHECK(got[k] == want[k]);
 }
 
 // The point a sampler suggests next with `running` pending, for pending = liar or ignore.

@@ -110,11 +110,13 @@ double minimize_box(
 
 }  // namespace
 
-// The kernel loops also get AVX2 copies, picked at load time where the CPU has AVX2: twice the
-// lanes of the baseline SSE2. Not FMA, so each entry's arithmetic, and with it every suggestion,
-// is bitwise the same on either copy. GCC only (the sanitizer build uses clang).
+// The kernel loops also get AVX-512 and AVX2 copies, picked at load time by what the CPU has:
+// eight and four lanes where the baseline SSE2 has two. The file is compiled without
+// floating-point contraction (lib/CMakeLists.txt), so no copy fuses a multiply and an add: each
+// entry's arithmetic, and with it every suggestion, is bitwise the same on any copy. GCC only
+// (the sanitizer build uses clang).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MLTRAIN_GP_CLONES __attribute__((target_clones("avx2", "default")))
+#define MLTRAIN_GP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define MLTRAIN_GP_CLONES
 #endif
@@ -207,51 +209,44 @@ MLTRAIN_GP_CLONES bool GpModel::factor() {
   for (size_t d = 0; d < D; ++d) ils[d] = std::exp(-log_ls[d]);
   L.assign(n * n, 0.0);
   ke.assign(n * n, 0.0);
+  Xt.resize(D * n);
+  for (size_t j = 0; j < n; ++j)
+    for (size_t d = 0; d < D; ++d) Xt[d * n + j] = X[j][d];
   std::vector<double> r2(n), r(n);
   for (size_t i = 0; i < n; ++i) {
-    for (size_t j = 0; j <= i; ++j) {
-      double s = 0;
-      for (size_t d = 0; d < D; ++d) {
-        const double t = (X[i][d] - X[j][d]) * ils[d];
-        s += t * t;
+    // Squared scaled distances to points 0..i, coordinates summed in order, points side by side.
+    std::fill(r2.begin(), r2.begin() + long(i + 1), 0.0);
+    for (size_t d = 0; d < D; ++d) {
+      const double xid = X[i][d], il = ils[d];
+      const double* xd = &Xt[d * n];
+      for (size_t j = 0; j <= i; ++j) {
+        const double t = (xid - xd[j]) * il;
+        r2[j] += t * t;
       }
-      r2[j] = s;
     }
     matern52_row(r2.data(), i + 1, amp, &L[i * n], r.data(), &ke[i * n]);
     L[i * n + i] += noise + 1e-10;
   }
-  // In-place Cholesky (lower), by columns. The rows below the diagonal go four at a time: each
-  // entry's sum runs over k in the same order as alone (bitwise the same factor), but four
-  // independent sums keep the FPU busy where one would wait on its own previous subtraction.
+  // In-place Cholesky (lower), right-looking: once column j is final (and copied into LT's row
+  // j), every later row subtracts its multiple of it from its own entries j+1..i in one contiguous
+  // pass (vectorised). Each entry still receives its subtractions in order k = 0, 1, ..., as the
+  // textbook's dot products do, so the factor is bitwise the same (test_tune).
+  LT.assign(n * n, 0.0);
   for (size_t j = 0; j < n; ++j) {
-    const double* Lj = &L[j * n];
-    double s = Lj[j];
-    for (size_t k = 0; k < j; ++k) s -= Lj[k] * Lj[k];
+    double* Lj = &L[j * n];
+    const double s = Lj[j];
     if (!(s > 0)) return false;
     const double ljj = std::sqrt(s);
-    L[j * n + j] = ljj;
-    size_t i = j + 1;
-    for (; i + 4 <= n; i += 4) {
-      double* a0 = &L[i * n];
-      double* a1 = a0 + n;
-      double* a2 = a1 + n;
-      double* a3 = a2 + n;
-      double v0 = a0[j], v1 = a1[j], v2 = a2[j], v3 = a3[j];
-      for (size_t k = 0; k < j; ++k) {
-        const double b = Lj[k];
-        v0 -= a0[k] * b, v1 -= a1[k] * b, v2 -= a2[k] * b, v3 -= a3[k] * b;
-      }
-      a0[j] = v0 / ljj, a1[j] = v1 / ljj, a2[j] = v2 / ljj, a3[j] = v3 / ljj;
-    }
-    for (; i < n; ++i) {
-      double v = L[i * n + j];
-      for (size_t k = 0; k < j; ++k) v -= L[i * n + k] * Lj[k];
-      L[i * n + j] = v / ljj;
+    Lj[j] = ljj;
+    double* LTj = &LT[j * n];
+    LTj[j] = ljj;
+    for (size_t i = j + 1; i < n; ++i) LTj[i] = L[i * n + j] /= ljj;
+    for (size_t i = j + 1; i < n; ++i) {
+      double* Li = &L[i * n];
+      const double a = Li[j];
+      for (size_t k = j + 1; k <= i; ++k) Li[k] -= a * LTj[k];
     }
   }
-  LT.assign(n * n, 0.0);
-  for (size_t i = 0; i < n; ++i)
-    for (size_t j = 0; j <= i; ++j) LT[j * n + i] = L[i * n + j];
   alpha = y;  // solve L L^T alpha = y
   for (size_t i = 0; i < n; ++i) {
     double v = alpha[i];
@@ -278,65 +273,108 @@ MLTRAIN_GP_CLONES double GpModel::log_marginal_likelihood(std::vector<double>* g
   for (size_t d = 0; d < D; ++d) lml += prior(log_ls[d], std::log(0.5), 1.5);
   lml += prior(log_amp, 0.0, 1.5);
   if (!grad) return lml;
-  // K^-1 = L^-T L^-1 from the Cholesky factor, with L^-1 kept transposed (row j = column j of L^-1)
-  // so both passes run over contiguous memory. W = alpha alpha^T - K^-1;
+  // K^-1 = L^-T L^-1 from the Cholesky factor. W = alpha alpha^T - K^-1;
   // dlml/dtheta = 0.5 tr(W dK/dtheta).
-  // Both are written so that every entry's sum runs in the order of the plain row-by-row loops
-  // (bitwise the same), with independent sums side by side: column j of L^-1 by forward
-  // substitution in column order (entry i subtracts L[i][k] col[k] for k = j..i-1, as a row-wise
-  // solve does, but each finished col[k] updates every later entry in one contiguous pass over
-  // LT), and K^-1's dot products four at a time.
-  thread_local std::vector<double> LiT, Kinv;  // scratch kept between calls: no malloc per step
-  LiT.assign(n * n, 0.0), Kinv.assign(n * n, 0.0);
-  for (size_t j = 0; j < n; ++j) {
-    double* col = &LiT[j * n];  // column j of L^-1: entries i >= j; below j, running sums
-    for (size_t k = j; k < n; ++k) {
-      col[k] = k == j ? 1.0 / L[k * n + k] : col[k] / L[k * n + k];
-      const double ck = col[k];
-      const double* LTk = &LT[k * n];
-      for (size_t i = k + 1; i < n; ++i) col[i] -= LTk[i] * ck;
-    }
-  }
+  // Every entry's sum runs in the order of the plain loops (column-by-column forward
+  // substitution, dot products of L^-1's columns, pair-by-pair gradient sums), so the result is
+  // bitwise the same, but the independent entries of a row go side by side (vectorised) and no
+  // division waits on the one before it.
+  // L^-1 by rows (Li, row-major): entry (i, j < i) subtracts L[i][k] Li[k][j] for k = j..i-1 in
+  // that order, then divides by L[i][i]; row i takes each finished row k in one contiguous pass.
+  thread_local std::vector<double> Li, Kinv, T2, mwb, mwk, zeros;  // scratch kept between calls
+  Li.assign(n * n, 0.0), Kinv.assign(n * n, 0.0);
   for (size_t i = 0; i < n; ++i) {
-    const double* a = &LiT[i * n];
-    size_t j = 0;
-    for (; j + 4 <= i + 1; j += 4) {
-      const double *b0 = &LiT[j * n], *b1 = b0 + n, *b2 = b1 + n, *b3 = b2 + n;
-      double v0 = 0, v1 = 0, v2 = 0, v3 = 0;
-      for (size_t k = i; k < n; ++k) {
-        const double ak = a[k];
-        v0 += ak * b0[k], v1 += ak * b1[k], v2 += ak * b2[k], v3 += ak * b3[k];
-      }
-      Kinv[i * n + j] = v0, Kinv[i * n + j + 1] = v1, Kinv[i * n + j + 2] = v2;
-      Kinv[i * n + j + 3] = v3;
+    double* row = &Li[i * n];
+    const double* Lrow = &L[i * n];
+    for (size_t k = 0; k < i; ++k) {
+      const double a = Lrow[k];
+      const double* Lk = &Li[k * n];
+      for (size_t j = 0; j <= k; ++j) row[j] -= a * Lk[j];
     }
-    for (; j <= i; ++j) {
-      const double* b = &LiT[j * n];
-      double v = 0;
-      for (size_t k = i; k < n; ++k) v += a[k] * b[k];
-      Kinv[i * n + j] = v;  // the lower triangle is all the gradient reads
+    const double lii = Lrow[i];
+    for (size_t j = 0; j < i; ++j) row[j] /= lii;
+    row[i] = 1.0 / lii;
+  }
+  // K^-1's lower triangle: entry (i, j) gathers Li[k][i] Li[k][j] over k = i..n-1 in that order.
+  // Four k at a time per pass over the row: each entry still adds them in order k, k+1, ...
+  for (size_t i = 0; i < n; ++i) {
+    double* Ki = &Kinv[i * n];
+    size_t k = i;
+    for (; k + 4 <= n; k += 4) {
+      const double a0 = Li[k * n + i], a1 = Li[(k + 1) * n + i], a2 = Li[(k + 2) * n + i],
+                   a3 = Li[(k + 3) * n + i];
+      const double *L0 = &Li[k * n], *L1 = L0 + n, *L2 = L1 + n, *L3 = L2 + n;
+      for (size_t j = 0; j <= i; ++j) {
+        double v = Ki[j];
+        v += a0 * L0[j];
+        v += a1 * L1[j];
+        v += a2 * L2[j];
+        v += a3 * L3[j];
+        Ki[j] = v;
+      }
+    }
+    for (; k < n; ++k) {
+      const double a = Li[k * n + i];
+      const double* Lk = &Li[k * n];
+      for (size_t j = 0; j <= i; ++j) Ki[j] += a * Lk[j];
     }
   }
+  // The gradient, row i of pairs at a time: each pair's terms side by side (factor()'s Xt), then summed into the gradient pair by pair in the plain loop's order.
   grad->assign(D + 2, 0.0);
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
-  std::vector<double> t2(D);
-  for (size_t i = 0; i < n; ++i)
-    for (size_t j = 0; j <= i; ++j) {
-      const double w = alpha[i] * alpha[j] - Kinv[i * n + j];
-      const double mult = i == j ? 0.5 : 1.0;  // symmetric: off-diagonal pairs count twice
-      double r2 = 0;
-      for (size_t d = 0; d < D; ++d) {
-        const double t = (X[i][d] - X[j][d]) * ils[d];
-        t2[d] = t * t;
-        r2 += t2[d];
+  T2.resize(D * n), mwb.resize(n), mwk.resize(n), zeros.assign(n, 0.0);
+  std::vector<double> g(D + 2, 0.0);
+  thread_local std::vector<double> r2v;
+  r2v.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t m = i + 1;  // pairs (i, 0..i)
+    std::fill(r2v.begin(), r2v.begin() + long(m), 0.0);
+    for (size_t d = 0; d < D; ++d) {
+      const double xid = X[i][d], il = ils[d];
+      const double* xd = &Xt[d * n];
+      double* t2 = &T2[d * n];
+      for (size_t j = 0; j < m; ++j) {
+        const double t = (xid - xd[j]) * il;
+        t2[j] = t * t;
+        r2v[j] += t2[j];
       }
-      const double r = std::sqrt(r2), e = ke[i * n + j];  // factor()'s r2 and exponential, bitwise
+    }
+    const double ai = alpha[i];
+    const double* Ki = &Kinv[i * n];
+    const double* ei = &ke[i * n];
+    for (size_t j = 0; j < m; ++j) {
+      const double w = ai * alpha[j] - Ki[j];
+      const double mult = j == i ? 0.5 : 1.0;  // symmetric: off-diagonal pairs count twice
+      const double r2 = r2v[j], r = std::sqrt(r2), e = ei[j];  // factor()'s exponential, bitwise
       const double k = amp * (1.0 + kSqrt5 * r + 5.0 / 3.0 * r2) * e;
       const double base = amp * 5.0 / 3.0 * (1.0 + kSqrt5 * r) * e;  // dk/dlog_ls_d = base * t2_d
-      for (size_t d = 0; d < D; ++d) (*grad)[d] += mult * w * base * t2[d];
-      (*grad)[D] += mult * w * k;
-      if (i == j) (*grad)[D + 1] += 0.5 * w * noise;
+      mwb[j] = mult * w * base;
+      mwk[j] = mult * w * k;
     }
+    // The sums in registers, up to seven coordinates and the amplitude's per pass over the row
+    // (in the gradient vector every += would wait on the store of the one before).
+    for (size_t d0 = 0; d0 < D || d0 == 0; d0 += 7) {
+      const size_t cnt = std::min<size_t>(D - d0, 7);
+      const double* r[7];
+      double s[7];
+      for (size_t l = 0; l < 7; ++l)
+        r[l] = l < cnt ? &T2[(d0 + l) * n] : zeros.data(), s[l] = l < cnt ? g[d0 + l] : 0.0;
+      const double *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3], *r4 = r[4], *r5 = r[5],
+                   *r6 = r[6], *kk = d0 == 0 ? mwk.data() : zeros.data();
+      double s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5], s6 = s[6];
+      double sk = d0 == 0 ? g[D] : 0.0;
+      for (size_t j = 0; j < m; ++j) {
+        const double b = mwb[j];
+        s0 += b * r0[j], s1 += b * r1[j], s2 += b * r2[j], s3 += b * r3[j];
+        s4 += b * r4[j], s5 += b * r5[j], s6 += b * r6[j], sk += kk[j];
+      }
+      const double out[7] = {s0, s1, s2, s3, s4, s5, s6};
+      for (size_t l = 0; l < cnt; ++l) g[d0 + l] = out[l];
+      if (d0 == 0) g[D] = sk;
+    }
+    g[D + 1] += 0.5 * (ai * ai - Ki[i]) * noise;
+  }
+  *grad = g;
   for (size_t d = 0; d < D; ++d) (*grad)[d] += dprior(log_ls[d], std::log(0.5), 1.5);
   (*grad)[D] += dprior(log_amp, 0.0, 1.5);
   return lml;
@@ -447,8 +485,15 @@ MLTRAIN_GP_CLONES void GpModel::predict(const std::vector<double>& x, double& me
   sd = std::sqrt(std::max(amp - vv, 1e-12));
 }
 
-MLTRAIN_GP_CLONES void GpModel::predict_many(const std::vector<std::vector<double>>& xs,
-                                             std::vector<double>& mean,
+void GpModel::predict_many(const std::vector<std::vector<double>>& xs, std::vector<double>& mean,
+                           std::vector<double>& sd) const {
+  std::vector<double> flat;
+  flat.reserve(xs.size() * ils.size());
+  for (const auto& x : xs) flat.insert(flat.end(), x.begin(), x.end());
+  predict_many(flat.data(), xs.size(), mean, sd);
+}
+
+MLTRAIN_GP_CLONES void GpModel::predict_many(const double* xs, size_t m, std::vector<double>& mean,
                                              std::vector<double>& sd) const {
   // predict()'s arithmetic for a block of points at once: the kernel block [n][B], the mean and
   // the forward solve with the points innermost, so each point's sums run in predict()'s order
@@ -456,7 +501,7 @@ MLTRAIN_GP_CLONES void GpModel::predict_many(const std::vector<std::vector<doubl
   // Whole blocks only (a short last block is padded with its first point): the inner loops have
   // a fixed length the compiler vectorises without remainder code.
   constexpr size_t B = 32;
-  const size_t n = X.size(), m = xs.size();
+  const size_t n = X.size();
   const double amp = std::exp(log_amp);
   mean.assign(m, 0.0), sd.assign(m, 0.0);
   const size_t D = ils.size();
@@ -464,7 +509,7 @@ MLTRAIN_GP_CLONES void GpModel::predict_many(const std::vector<std::vector<doubl
   for (size_t c0 = 0; c0 < m; c0 += B) {
     const size_t b = std::min(B, m - c0);
     for (size_t c = 0; c < B; ++c)  // the block's points by coordinate
-      for (size_t d = 0; d < D; ++d) xt[d * B + c] = xs[c0 + (c < b ? c : 0)][d];
+      for (size_t d = 0; d < D; ++d) xt[d * B + c] = xs[(c0 + (c < b ? c : 0)) * D + d];
     std::fill(R2.begin(), R2.end(), 0.0);
     for (size_t i = 0; i < n; ++i)  // scaled_r2's sums, coordinates in its order
       for (size_t d = 0; d < D; ++d) {
@@ -481,15 +526,21 @@ MLTRAIN_GP_CLONES void GpModel::predict_many(const std::vector<std::vector<doubl
       const double* ki = &K[i * B];
       for (size_t c = 0; c < B; ++c) mu[c] += ki[c] * ai;
     }
-    for (size_t j = 0; j < n; ++j) {
-      double* vj = &K[j * B];
-      const double ljj = L[j * n + j];
-      for (size_t c = 0; c < B; ++c) vj[c] /= ljj, vv[c] += vj[c] * vj[c];
-      for (size_t i = j + 1; i < n; ++i) {
-        const double lij = L[i * n + j];
-        double* ki = &K[i * B];
-        for (size_t c = 0; c < B; ++c) ki[c] -= lij * vj[c];
+    // The forward solve row by row: row i gathers its subtractions j = 0..i-1 in a register
+    // block, in the order the column-wise solve applies them (bitwise the same), so each
+    // finished row is read, not read and written, by the rows after it.
+    for (size_t i = 0; i < n; ++i) {
+      double acc[B];
+      double* ki = &K[i * B];
+      for (size_t c = 0; c < B; ++c) acc[c] = ki[c];
+      const double* Li = &L[i * n];
+      for (size_t j = 0; j < i; ++j) {
+        const double lij = Li[j];
+        const double* vj = &K[j * B];
+        for (size_t c = 0; c < B; ++c) acc[c] -= lij * vj[c];
       }
+      const double lii = Li[i];
+      for (size_t c = 0; c < B; ++c) acc[c] /= lii, vv[c] += acc[c] * acc[c], ki[c] = acc[c];
     }
     for (size_t c = 0; c < b; ++c)
       mean[c0 + c] = mu[c], sd[c0 + c] = std::sqrt(std::max(amp - vv[c], 1e-12));
@@ -503,7 +554,15 @@ MLTRAIN_GP_CLONES void GpModel::predict_grad(const std::vector<double>& x, doubl
   const double amp = std::exp(log_amp);
   thread_local std::vector<double> k, dk, v, r2, r, e;  // dk[i * D + d] = dk_i / dx_d
   k.resize(n), dk.resize(n * D), v.resize(n), r2.resize(n), r.resize(n), e.resize(n);
-  for (size_t i = 0; i < n; ++i) r2[i] = scaled_r2(x, X[i].data());
+  std::fill(r2.begin(), r2.end(), 0.0);  // scaled_r2's sums, the points side by side
+  for (size_t d = 0; d < D; ++d) {
+    const double xd = x[d], il = ils[d];
+    const double* col = &Xt[d * n];
+    for (size_t i = 0; i < n; ++i) {
+      const double t = (xd - col[i]) * il;
+      r2[i] += t * t;
+    }
+  }
   matern52_row(r2.data(), n, amp, k.data(), r.data(), e.data());
   for (size_t i = 0; i < n; ++i) {
     const double* xi = X[i].data();
@@ -627,46 +686,46 @@ class GpSampler : public Sampler {
                                   const std::vector<std::vector<double>>& X,
                                   const std::vector<double>& y, double best,
                                   std::mt19937_64& rng) const {
+    // The candidates flat, row c at C[c * W], drawn in the order the draws have always had.
+    const size_t W = width_;
     std::uniform_real_distribution<double> U(0, 1);
     std::normal_distribution<double> N(0, 1);
-    std::vector<std::pair<double, std::vector<double>>> cand;
-    for (int i = 0; i < 1000; ++i) {
-      std::vector<double> z(width_);
-      for (auto& v : z) v = U(rng);
-      cand.emplace_back(0.0, z);
-    }
+    std::vector<double> C;
+    C.reserve((1000 + 500) * W);
+    for (int i = 0; i < 1000; ++i)
+      for (size_t j = 0; j < W; ++j) C.push_back(U(rng));
     std::vector<size_t> order(y.size());
     std::iota(order.begin(), order.end(), size_t{0});
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return y[a] < y[b]; });
     for (size_t r = 0; r < std::min<size_t>(5, order.size()); ++r)
       for (int i = 0; i < 100; ++i) {
-        auto z = X[order[r]];
         const double s = i < 50 ? 0.02 : 0.1;
-        for (auto& v : z) v = std::clamp(v + s * N(rng), 0.0, 1.0);
-        cand.emplace_back(0.0, z);
+        for (double v : X[order[r]]) C.push_back(std::clamp(v + s * N(rng), 0.0, 1.0));
       }
+    const size_t m = C.size() / W;
+    std::vector<double> acq(m);
     {  // log EI at every candidate as the objective will see it, the posterior in blocks
-      std::vector<std::vector<double>> seen;
-      seen.reserve(cand.size());
-      for (const auto& c : cand) seen.push_back(round_trip(space, c.second));
-      std::vector<double> mean, sd;
-      gp.predict_many(seen, mean, sd);
-      for (size_t c = 0; c < cand.size(); ++c)
-        cand[c].first = detail::log_ei(mean[c], sd[c], best, o_.xi);
+      std::vector<double> seen(C.size()), mean, sd;
+      for (size_t c = 0; c < m; ++c) round_trip(space, &C[c * W], &seen[c * W]);
+      gp.predict_many(seen.data(), m, mean, sd);
+      for (size_t c = 0; c < m; ++c) acq[c] = detail::log_ei(mean[c], sd[c], best, o_.xi);
     }
-    std::sort(cand.begin(), cand.end(),
-              [](const auto& a, const auto& b) { return a.first > b.first; });
+    // Best first (the permutation sorting (acq, candidate) pairs by acq gives).
+    std::vector<size_t> rank(m);
+    std::iota(rank.begin(), rank.end(), size_t{0});
+    std::sort(rank.begin(), rank.end(), [&](size_t a, size_t b) { return acq[a] > acq[b]; });
+    auto candidate = [&](size_t c) {
+      const double* z = &C[rank[c] * W];
+      return std::vector<double>(z, z + W);
+    };
     std::vector<bool> cont(width_, false);
     for (size_t d = 0; d < space.size(); ++d)
       if (space[d].kind == Param::Kind::Float && space[d].step == 0)
         cont[size_t(offset_[d])] = true;
-    std::vector<double> lo(width_, 0.0), hi(width_, 1.0);
-    for (size_t j = 0; j < width_; ++j)
-      if (!cont[j]) lo[j] = hi[j] = 0;  // fixed below by freezing
-    double best_acq = cand[0].first;
-    std::vector<double> best_z = cand[0].second;
-    for (size_t c = 0; c < std::min<size_t>(5, cand.size()); ++c) {
-      std::vector<double> z = cand[c].second;
+    double best_acq = acq[rank[0]];
+    std::vector<double> best_z = candidate(0);
+    for (size_t c = 0; c < std::min<size_t>(5, m); ++c) {
+      std::vector<double> z = candidate(c);
       std::vector<double> free_lo, free_hi, u;
       std::vector<size_t> idx;
       for (size_t j = 0; j < width_; ++j)
@@ -675,9 +734,10 @@ class GpSampler : public Sampler {
       if (idx.empty()) break;
       // -log EI over the continuous coordinates, gradient by the chain rule through the
       // posterior's (the others are fixed, so round_trip leaves them as they are).
-      std::vector<double> dm, ds;
+      std::vector<double> dm, ds, zz;
+      const std::vector<double> fixed = round_trip(space, z);  // the same at every step
       auto f = [&](const std::vector<double>& uu, std::vector<double>& g) {
-        auto zz = round_trip(space, z);
+        zz = fixed;
         for (size_t k = 0; k < idx.size(); ++k) zz[idx[k]] = uu[k];
         double m, sd, gm, gs;
         gp.predict_grad(zz, m, sd, dm, ds);
@@ -749,6 +809,20 @@ class GpSampler : public Sampler {
   // What the objective will actually see: integers and steps snapped, one-hot categoricals.
   std::vector<double> round_trip(const Space& space, const std::vector<double>& z) const {
     return encode(space, decode(space, z));
+  }
+  // The same into out (width_ entries), without allocating.
+  void round_trip(const Space& space, const double* z, double* out) const {
+    for (size_t d = 0; d < space.size(); ++d) {
+      const size_t o = size_t(offset_[d]);
+      if (space[d].numeric()) {
+        out[o] = space[d].to_unit(space[d].from_unit(z[o]));
+      } else {
+        size_t best = 0;
+        for (size_t c = 1; c < space[d].n_choices(); ++c)
+          if (z[o + c] > z[o + best]) best = c;
+        for (size_t c = 0; c < space[d].n_choices(); ++c) out[o + c] = c == best ? 1.0 : 0.0;
+      }
+    }
   }
 
   // Trial `number` (< n) of an n-point Latin hypercube drawn from the study seed.

@@ -77,6 +77,7 @@ struct GpModel {
   std::vector<double> LT;        // L transposed (row j = column j of L), set by factor()
   std::vector<double> ke;        // exp(-sqrt(5) r) of each pair i >= j [i * n + j], set by factor()
   std::vector<double> ils;       // exp(-log_ls), set by factor()
+  std::vector<double> Xt;        // X by coordinate [d * n + i], set by factor()
   double log_marginal_likelihood(
       std::vector<double>* grad) const;  // at the current hyperparameters
   bool factor();                         // false when K is not positive definite
@@ -94,6 +95,9 @@ struct GpModel {
   void predict(const std::vector<double>& x, double& mean, double& sd) const;
   // predict() at many points, bitwise the same values, several points per pass over L.
   void predict_many(const std::vector<std::vector<double>>& xs, std::vector<double>& mean,
+                    std::vector<double>& sd) const;
+  // The same for m points stored one after another (m x the points' width doubles).
+  void predict_many(const double* xs, size_t m, std::vector<double>& mean,
                     std::vector<double>& sd) const;
   double scaled_r2(const std::vector<double>& x, const double* xi) const;
   // predict() with the gradients of mean and sd over x (dmean, dsd resized to x's size).
