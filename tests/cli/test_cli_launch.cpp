@@ -98,25 +98,42 @@ TEST_CASE(
   CHECK(diff < 1e-3 * moved);  // ... and both runs moved them the same way
 }
 
+// Ranks started by hand, as an external launcher would: `mltrain train` on the tiny MLP in `dir`
+// with `overrides`, and the environment of a 2-rank world on one node under run id `run_id`, its
+// FileStore in `dir` (TMPDIR) so a killed rank's store stays in the test's folder.
+static std::string hand_train(const fs::path& dir, const std::string& overrides) {
+  return kBin + " train " + kSrc +
+         "/configs/fashion_mnist_mlp.yaml data.batch_size=64 run.dir=" + dir.string() + " " +
+         overrides;
+}
+static std::string hand_env(const fs::path& dir, const std::string& run_id) {
+  return "TMPDIR=" + dir.string() +
+         " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_ports()) +
+         " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MLTRAIN_RUN_ID=" + run_id + " ";
+}
+// Both ranks at once, each with `env`; their output in <tag>0.log / <tag>1.log, exit codes in
+// <tag>0.rc / <tag>1.rc.
+static void two_ranks(const fs::path& dir, const std::string& env, const std::string& train,
+                      const std::string& tag) {
+  std::string cmd = "cd " + dir.string() + " && { ";
+  for (const char* r : {"0", "1"})
+    cmd += std::string("(") + env + " RANK=" + r + " LOCAL_RANK=" + r + " " + train + " > " + tag +
+           r + ".log 2>&1; echo $? > " + tag + r + ".rc)" + (r[0] == '0' ? " & " : "; wait; }");
+  REQUIRE(std::system(("bash -c '" + cmd + "'").c_str()) == 0);
+}
+
 TEST_CASE(
     "a dead peer: the surviving rank fails fast, names the missing rank and dumps its last "
     "collectives",
     "[cli][dist]") {
   const auto d = tmpdir("ddp_dead");
-  // Two ranks started by hand (as an external launcher would); rank 1 SIGKILLs itself at step 10.
-  const std::string train =
-      kBin + " train " + kSrc +
-      "/configs/fashion_mnist_mlp.yaml data.limit_train=4096 data.batch_size=64 "
-      "train.duration=2ep distributed.timeout_s=20 run.dir=" +
-      d.string() + " run.name=dead";
-  const std::string env =
-      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_ports()) +
-      " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MLTRAIN_RUN_ID=dead$$ MLTRAIN_TEST_KILL=1:10 ";
+  // Rank 1 SIGKILLs itself at step 10.
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string cmd = "cd " + d.string() + " && { (" + env + "RANK=0 LOCAL_RANK=0 " + train +
-                          " > r0.log 2>&1; echo $? > r0.rc) & (" + env + "RANK=1 LOCAL_RANK=1 " +
-                          train + " > r1.log 2>&1; echo $? > r1.rc); wait; }";
-  REQUIRE(std::system(("bash -c '" + cmd + "'").c_str()) == 0);
+  two_ranks(d, hand_env(d, "dead$$") + "MLTRAIN_TEST_KILL=1:10",
+            hand_train(d,
+                       "data.limit_train=4096 train.duration=2ep distributed.timeout_s=20 "
+                       "run.name=dead"),
+            "r");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string log0 = slurp(d / "r0.log");
   INFO(log0);
@@ -126,6 +143,46 @@ TEST_CASE(
   CHECK(log0.find("last collectives on this rank") != std::string::npos);
   CHECK(log0.find("allreduce(gradient bucket 0)") != std::string::npos);
   CHECK(secs < 20);  // within the collective timeout
+}
+
+TEST_CASE(
+    "a one-node store file that a killed run left behind is cleared by the next run with its id; "
+    "a rank left alone fails within the timeout, naming the store and no C++ backtrace",
+    "[cli][dist]") {
+  const auto d = tmpdir("ddp_stale_store");
+  // First rank 1 is SIGKILLed at step 1, so the FileStore, with the dead ranks' addresses in it,
+  // is never released.
+  const std::string train = hand_train(
+      d, "data.limit_train=2048 train.duration=1ep distributed.timeout_s=5 run.name=stale");
+  auto both = [&](const std::string& extra, const std::string& tag) {
+    two_ranks(d, hand_env(d, "stale") + extra, train, tag);
+  };
+  both("MLTRAIN_TEST_KILL=1:1", "a");
+  REQUIRE(std::stoi(slurp(d / "a1.rc")) == 137);
+  const fs::path store = d / "mltrain-store-stale-2";
+  REQUIRE(fs::exists(store));
+  // The same id again: the first rank to look finds no live rank on the store and removes it;
+  // both train (without the lock, one of them read the dead ranks' addresses and failed).
+  both("", "b");
+  const std::string b0 = slurp(d / "b0.log"), b1 = slurp(d / "b1.log");
+  INFO(b0 << b1);
+  CHECK(std::stoi(slurp(d / "b0.rc")) == 0);
+  CHECK(std::stoi(slurp(d / "b1.rc")) == 0);
+  CHECK((b0 + b1).find("removed " + store.string()) != std::string::npos);
+  CHECK_FALSE(fs::exists(store));  // a run that ends releases its store and its lock
+  CHECK_FALSE(fs::exists(store.string() + ".lock"));
+  // One rank alone: the group cannot form; exit 1 within the timeout, the error and its fix.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto alone =
+      sh("cd " + d.string() + " && " + hand_env(d, "stale") + "RANK=0 LOCAL_RANK=0 " + train);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(alone.out);
+  CHECK(alone.code == 1);
+  CHECK(alone.out.find("rank 0 could not join the Gloo group") != std::string::npos);
+  CHECK(alone.out.find("fix: check that every rank started") != std::string::npos);
+  CHECK(alone.out.find(store.string()) != std::string::npos);
+  CHECK(alone.out.find("frame #") == std::string::npos);
+  CHECK(secs < 30);
 }
 
 TEST_CASE(

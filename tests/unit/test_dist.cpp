@@ -101,6 +101,18 @@ TEST_CASE("world from torchrun, Slurm or nothing", "[dist]") {
          s.nodes == 4));
   CHECK(s.master_addr == "gpu07");
   CHECK(s.master_port == 20000 + 123456 % 20000);
+  // The FileStore's name: the same for every task of a step, another for the next srun of a
+  // reused job id (a store file a killed run left behind is not read as this run's).
+  auto step = [&](const char* procid, const char* launcher_port) {
+    return from({{"SLURM_PROCID", procid},
+                 {"SLURM_NTASKS", "2"},
+                 {"SLURM_JOB_ID", "1"},
+                 {"SLURM_STEP_ID", "0"},
+                 {"SLURM_STEP_LAUNCHER_PORT", launcher_port}})
+        .run_id;
+  };
+  CHECK(step("0", "41234") == step("1", "41234"));
+  CHECK(step("0", "41234") != step("0", "38021"));
   // torchrun inside an allocation: torchrun's variables win.
   CHECK(from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}})
             .source == "torchrun");

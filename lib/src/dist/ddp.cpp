@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -46,7 +49,23 @@ bool nccl_group_compiled() {
   return cuda && cuda->make_nccl_group;
 }
 
+// A FileStore's lock file (claim_file_store), held by an open descriptor until the owner goes.
+// The last live rank to go removes it, so a finished run leaves nothing in the folder.
+struct StoreLock {
+  int fd = -1;
+  std::string path;
+  StoreLock() = default;
+  StoreLock(const StoreLock&) = delete;
+  StoreLock& operator=(const StoreLock&) = delete;
+  ~StoreLock() {
+    if (fd < 0) return;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());
+    ::close(fd);
+  }
+};
+
 struct Comm::Impl {
+  StoreLock store_lock;  // a FileStore's (claim_file_store); released after the store below
 #ifdef MLTRAIN_WITH_GLOO
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<compat::C10dGroup> pg;
@@ -138,9 +157,43 @@ Comm::~Comm() {
 }
 
 #ifdef MLTRAIN_WITH_GLOO
+// The file the ranks of one node meet in: named by the run id, so every rank of a run finds it.
+static fs::path file_store_path(const World& w, const CommOptions& o) {
+  const fs::path dir = o.store_dir.empty() ? fs::temp_directory_path() : fs::path(o.store_dir);
+  return dir / ("mltrain-store-" + w.run_id + "-" + std::to_string(w.size));
+}
+
+// Before a rank opens the FileStore: every live rank of a run holds a shared lock on
+// "<store>.lock" for as long as it runs (the kernel drops it when the process dies, SIGKILL
+// included). c10d's FileStore deletes its file only when every rank that opened it has let go,
+// so a killed run leaves it behind, with the dead ranks' addresses in it, for the next run with
+// the same id (a Slurm job id handed out again, a fixed MLTRAIN_RUN_ID) to read. A rank that can
+// take the lock exclusively knows no live rank uses the file and removes it; the others wait for
+// that on their shared lock. (The converted lock is briefly released: a rank taking it then
+// finds no file left to remove. The last rank of a run removes the lock file as it goes; a run
+// with the same id started in that instant could split over two lock files, which nothing but
+// two runs sharing an id at once does.)
+static void claim_file_store(const fs::path& path, StoreLock& lock) {
+  const std::string lp = path.string() + ".lock";
+  lock.path = lp;
+  lock.fd = ::open(lp.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  if (lock.fd < 0)
+    throw RuntimeError("distributed", "cannot open " + lp + ": " + std::strerror(errno),
+                       "make the folder writable, or point TMPDIR at one that is");
+  if (::flock(lock.fd, LOCK_EX | LOCK_NB) == 0) {
+    std::error_code ec;
+    if (fs::remove(path, ec))
+      spdlog::warn("[dist] removed {}: the store file of a killed run with the same id",
+                   path.string());
+  }
+  while (::flock(lock.fd, LOCK_SH) != 0 && errno == EINTR) {
+  }
+}
+
 // The rendezvous store, following the launcher: torchrun's own TCPStore, a FileStore on one node,
 // else a TCPStore served by rank 0. *kind names it for the log.
 static c10::intrusive_ptr<c10d::Store> make_store(const World& w, const CommOptions& o,
+                                                  StoreLock& lock,
                                                   std::chrono::milliseconds timeout,
                                                   std::string* kind) {
   c10::intrusive_ptr<c10d::Store> store;
@@ -166,9 +219,8 @@ static c10::intrusive_ptr<c10d::Store> make_store(const World& w, const CommOpti
     }
     *kind = "torchrun's TCPStore";
   } else if (w.single_node()) {
-    const fs::path dir = o.store_dir.empty() ? fs::temp_directory_path() : fs::path(o.store_dir);
-    const fs::path path = dir / ("mltrain-store-" + w.run_id + "-" + std::to_string(w.size));
-    store = c10::make_intrusive<c10d::FileStore>(path.string(), w.size);
+    claim_file_store(file_store_path(w, o), lock);
+    store = c10::make_intrusive<c10d::FileStore>(file_store_path(w, o).string(), w.size);
     *kind = "FileStore";
   } else {
     if (w.rank == 0)
@@ -248,7 +300,7 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
   c->timeout_s_ = o.timeout_s;
   const auto timeout = std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
   std::string store_kind;
-  c->impl_->store = make_store(w, o, timeout, &store_kind);
+  c->impl_->store = make_store(w, o, c->impl_->store_lock, timeout, &store_kind);
   c->impl_->store->setTimeout(timeout);
   auto group_store = c10::make_intrusive<c10d::PrefixStore>("mltrain", c->impl_->store);
   try {
@@ -262,10 +314,19 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
       c->impl_->pg = gloo_group(group_store, w, w.rank, w.size, timeout);
     }
   } catch (const std::exception& e) {
+    // c10's errors carry a C++ backtrace in what(); the message alone is what a user can act on.
+    const auto* c10e = dynamic_cast<const c10::Error*>(&e);
     throw RuntimeError("distributed",
                        std::string("rank ") + std::to_string(w.rank) + " could not join the " +
-                           (nccl ? "NCCL" : "Gloo") + " group: " + e.what(),
-                       "check that every rank started and MASTER_ADDR/MASTER_PORT match");
+                           (nccl ? "NCCL" : "Gloo") +
+                           " group: " + (c10e ? c10e->what_without_backtrace() : e.what()),
+                       store_kind == "FileStore"
+                           ? "check that every rank started; if an earlier run with the same id "
+                             "was killed, delete "
+                             "its store file " +
+                                 file_store_path(w, o).string() +
+                                 " (or export MLTRAIN_RUN_ID=<a new id>)"
+                           : "check that every rank started and MASTER_ADDR/MASTER_PORT match");
   }
   // Who is who, for naming the missing ranks when a collective fails.
   char host[256] = {};

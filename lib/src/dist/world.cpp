@@ -446,8 +446,11 @@ World world_from_env(const Getenv& getenv_in) {
     const int job = to_int(env, "SLURM_JOB_ID", 0);
     w.master_port =
         to_int(env, "MASTER_PORT", 20000 + job % 20000);  // a port per job, the same on every task
+    // The run id names the one-node FileStore. Job ids come round again (a controller whose state
+    // was reset starts at 1; MaxJobId wraps), and a killed run leaves its store file behind, so the
+    // id also carries the step's launcher port, which each srun draws and exports to all its tasks.
     w.run_id = "slurm" + std::to_string(job) + "." + str("SLURM_STEP_ID", "0") + "." +
-               str("SLURM_RESTART_COUNT", "0");
+               str("SLURM_RESTART_COUNT", "0") + ".srun" + str("SLURM_STEP_LAUNCHER_PORT", "0");
   }
   if (w.size < 1)
     throw ConfigError(w.source == "slurm" ? "SLURM_NTASKS" : "WORLD_SIZE", "must be at least 1");
