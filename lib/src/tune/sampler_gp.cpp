@@ -286,7 +286,23 @@ MLTRAIN_GP_CLONES double GpModel::log_marginal_likelihood(std::vector<double>* g
   for (size_t i = 0; i < n; ++i) {
     double* row = &Li[i * n];
     const double* Lrow = &L[i * n];
-    for (size_t k = 0; k < i; ++k) {
+    size_t k = 0;
+    for (; k + 4 <= i; k += 4) {  // rows k..k+3 in one pass over j <= k; their tails after
+      const double a0 = Lrow[k], a1 = Lrow[k + 1], a2 = Lrow[k + 2], a3 = Lrow[k + 3];
+      const double *L0 = &Li[k * n], *L1 = L0 + n, *L2 = L1 + n, *L3 = L2 + n;
+      for (size_t j = 0; j <= k; ++j) {
+        double v = row[j];
+        v -= a0 * L0[j];
+        v -= a1 * L1[j];
+        v -= a2 * L2[j];
+        v -= a3 * L3[j];
+        row[j] = v;
+      }
+      row[k + 1] = ((row[k + 1] - a1 * L1[k + 1]) - a2 * L2[k + 1]) - a3 * L3[k + 1];
+      row[k + 2] = (row[k + 2] - a2 * L2[k + 2]) - a3 * L3[k + 2];
+      row[k + 3] -= a3 * L3[k + 3];
+    }
+    for (; k < i; ++k) {
       const double a = Lrow[k];
       const double* Lk = &Li[k * n];
       for (size_t j = 0; j <= k; ++j) row[j] -= a * Lk[j];
@@ -534,7 +550,14 @@ MLTRAIN_GP_CLONES void GpModel::predict_many(const double* xs, size_t m, std::ve
       double* ki = &K[i * B];
       for (size_t c = 0; c < B; ++c) acc[c] = ki[c];
       const double* Li = &L[i * n];
-      for (size_t j = 0; j < i; ++j) {
+      size_t j = 0;
+      for (; j + 4 <= i; j += 4) {  // four finished rows per pass over the block, in order
+        const double l0 = Li[j], l1 = Li[j + 1], l2 = Li[j + 2], l3 = Li[j + 3];
+        const double *v0 = &K[j * B], *v1 = v0 + B, *v2 = v1 + B, *v3 = v2 + B;
+        for (size_t c = 0; c < B; ++c)
+          acc[c] = (((acc[c] - l0 * v0[c]) - l1 * v1[c]) - l2 * v2[c]) - l3 * v3[c];
+      }
+      for (; j < i; ++j) {
         const double lij = Li[j];
         const double* vj = &K[j * B];
         for (size_t c = 0; c < B; ++c) acc[c] -= lij * vj[c];
