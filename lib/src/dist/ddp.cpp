@@ -219,8 +219,9 @@ static c10::intrusive_ptr<c10d::Store> make_store(const World& w, const CommOpti
     }
     *kind = "torchrun's TCPStore";
   } else if (w.single_node()) {
-    claim_file_store(file_store_path(w, o), lock);
-    store = c10::make_intrusive<c10d::FileStore>(file_store_path(w, o).string(), w.size);
+    const fs::path path = file_store_path(w, o);
+    claim_file_store(path, lock);
+    store = c10::make_intrusive<c10d::FileStore>(path.string(), w.size);
     *kind = "FileStore";
   } else {
     if (w.rank == 0)
@@ -322,8 +323,7 @@ std::unique_ptr<Comm> Comm::create(const World& w, const CommOptions& o) {
                            " group: " + (c10e ? c10e->what_without_backtrace() : e.what()),
                        store_kind == "FileStore"
                            ? "check that every rank started; if an earlier run with the same id "
-                             "was killed, delete "
-                             "its store file " +
+                             "was killed, delete its store file " +
                                  file_store_path(w, o).string() +
                                  " (or export MLTRAIN_RUN_ID=<a new id>)"
                            : "check that every rank started and MASTER_ADDR/MASTER_PORT match");

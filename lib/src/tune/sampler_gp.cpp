@@ -202,6 +202,24 @@ static void matern52_row(const double* r2, size_t m, double amp, double* k) {
   return vv;
 }
 
+// r2[j] = squared distance of x to data point j < m in length-scale units: scaled_r2's sums
+// (coordinates in order), the points side by side over X by coordinate (Xt, n points a row).
+// Inlined into its callers' SIMD copies.
+[[gnu::always_inline]] static inline void scaled_r2_many(const double* x,
+                                                         const std::vector<double>& Xt,
+                                                         const std::vector<double>& ils, size_t n,
+                                                         size_t m, double* r2) {
+  std::fill(r2, r2 + m, 0.0);
+  for (size_t d = 0; d < ils.size(); ++d) {
+    const double xd = x[d], il = ils[d];
+    const double* col = &Xt[d * n];
+    for (size_t j = 0; j < m; ++j) {
+      const double t = (xd - col[j]) * il;
+      r2[j] += t * t;
+    }
+  }
+}
+
 MLTRAIN_GP_CLONES bool GpModel::factor() {
   const size_t n = X.size(), D = log_ls.size();
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
@@ -214,16 +232,7 @@ MLTRAIN_GP_CLONES bool GpModel::factor() {
     for (size_t d = 0; d < D; ++d) Xt[d * n + j] = X[j][d];
   std::vector<double> r2(n), r(n);
   for (size_t i = 0; i < n; ++i) {
-    // Squared scaled distances to points 0..i, coordinates summed in order, points side by side.
-    std::fill(r2.begin(), r2.begin() + long(i + 1), 0.0);
-    for (size_t d = 0; d < D; ++d) {
-      const double xid = X[i][d], il = ils[d];
-      const double* xd = &Xt[d * n];
-      for (size_t j = 0; j <= i; ++j) {
-        const double t = (xid - xd[j]) * il;
-        r2[j] += t * t;
-      }
-    }
+    scaled_r2_many(X[i].data(), Xt, ils, n, i + 1, r2.data());  // to points 0..i
     matern52_row(r2.data(), i + 1, amp, &L[i * n], r.data(), &ke[i * n]);
     L[i * n + i] += noise + 1e-10;
   }
@@ -335,11 +344,12 @@ MLTRAIN_GP_CLONES double GpModel::log_marginal_likelihood(std::vector<double>* g
       for (size_t j = 0; j <= i; ++j) Ki[j] += a * Lk[j];
     }
   }
-  // The gradient, row i of pairs at a time: each pair's terms side by side (factor()'s Xt), then summed into the gradient pair by pair in the plain loop's order.
-  grad->assign(D + 2, 0.0);
+  // The gradient, row i of pairs at a time: each pair's terms side by side (factor()'s Xt), then
+  // summed into the gradient pair by pair in the plain loop's order.
+  std::vector<double>& g = *grad;
+  g.assign(D + 2, 0.0);
   const double amp = std::exp(log_amp), noise = std::exp(log_noise);
-  T2.resize(D * n), mwb.resize(n), mwk.resize(n), zeros.assign(n, 0.0);
-  std::vector<double> g(D + 2, 0.0);
+  T2.resize(D * n), mwb.resize(n), mwk.resize(n), zeros.resize(n);  // zeros: never written
   thread_local std::vector<double> r2v;
   r2v.resize(n);
   for (size_t i = 0; i < n; ++i) {
@@ -390,9 +400,8 @@ MLTRAIN_GP_CLONES double GpModel::log_marginal_likelihood(std::vector<double>* g
     }
     g[D + 1] += 0.5 * (ai * ai - Ki[i]) * noise;
   }
-  *grad = g;
-  for (size_t d = 0; d < D; ++d) (*grad)[d] += dprior(log_ls[d], std::log(0.5), 1.5);
-  (*grad)[D] += dprior(log_amp, 0.0, 1.5);
+  for (size_t d = 0; d < D; ++d) g[d] += dprior(log_ls[d], std::log(0.5), 1.5);
+  g[D] += dprior(log_amp, 0.0, 1.5);
   return lml;
 }
 
@@ -494,7 +503,7 @@ MLTRAIN_GP_CLONES void GpModel::predict(const std::vector<double>& x, double& me
   const double amp = std::exp(log_amp);
   thread_local std::vector<double> k, r2;
   k.resize(n), r2.resize(n);
-  for (size_t i = 0; i < n; ++i) r2[i] = scaled_r2(x, X[i].data());
+  scaled_r2_many(x.data(), Xt, ils, n, n, r2.data());
   matern52_row(r2.data(), n, amp, k.data());
   mean = std::inner_product(k.begin(), k.end(), alpha.begin(), 0.0);
   const double vv = solve_lower(L, LT, n, k.data());  // k becomes L^-1 k
@@ -577,15 +586,7 @@ MLTRAIN_GP_CLONES void GpModel::predict_grad(const std::vector<double>& x, doubl
   const double amp = std::exp(log_amp);
   thread_local std::vector<double> k, dk, v, r2, r, e;  // dk[i * D + d] = dk_i / dx_d
   k.resize(n), dk.resize(n * D), v.resize(n), r2.resize(n), r.resize(n), e.resize(n);
-  std::fill(r2.begin(), r2.end(), 0.0);  // scaled_r2's sums, the points side by side
-  for (size_t d = 0; d < D; ++d) {
-    const double xd = x[d], il = ils[d];
-    const double* col = &Xt[d * n];
-    for (size_t i = 0; i < n; ++i) {
-      const double t = (xd - col[i]) * il;
-      r2[i] += t * t;
-    }
-  }
+  scaled_r2_many(x.data(), Xt, ils, n, n, r2.data());
   matern52_row(r2.data(), n, amp, k.data(), r.data(), e.data());
   for (size_t i = 0; i < n; ++i) {
     const double* xi = X[i].data();
@@ -831,9 +832,11 @@ class GpSampler : public Sampler {
   }
   // What the objective will actually see: integers and steps snapped, one-hot categoricals.
   std::vector<double> round_trip(const Space& space, const std::vector<double>& z) const {
-    return encode(space, decode(space, z));
+    std::vector<double> out(width_);
+    round_trip(space, z.data(), out.data());
+    return out;
   }
-  // The same into out (width_ entries), without allocating.
+  // encode(decode(z)) into out (width_ entries), without allocating.
   void round_trip(const Space& space, const double* z, double* out) const {
     for (size_t d = 0; d < space.size(); ++d) {
       const size_t o = size_t(offset_[d]);
