@@ -293,6 +293,7 @@ std::unique_ptr<Pipeline> build_pipeline(const config::ExperimentConfig& config,
                         "launch it with mltrain launch --nproc-per-node " + std::to_string(stages) +
                             " (or a multiple), or set "
                             "distributed.pipeline.stages=1");
+    PipelineStages::check(cfg, *p->model, world.size);
     lo.rank = world.rank / int(stages), lo.world = world.size / int(stages);
   }
   if (cfg.distributed.invariance == "bitwise") lo.global_block = cfg.train.global_batch;

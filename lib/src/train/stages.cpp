@@ -40,26 +40,31 @@ class StageTail : public model::Model {
   torch::Tensor in_;
 };
 
-PipelineStages::PipelineStages(const config::ExperimentConfig& cfg, model::Model& model,
-                               dist::Comm& world)
-    : cfg_(cfg), model_(model), world_(world) {
-  const auto& pc = cfg.distributed.pipeline;
-  stages_ = pc.stages;
-  kind_ = dist::pipe_kind(pc.schedule);
-  if (world.size() % stages_ != 0)
+void PipelineStages::check(const config::ExperimentConfig& cfg, const model::Model& model,
+                           int64_t world) {
+  const int64_t stages = cfg.distributed.pipeline.stages;
+  if (world % stages != 0)
     throw ConfigError("distributed.pipeline.stages",
-                      std::to_string(stages_) + " stages do not divide a world of " +
-                          std::to_string(world.size()) + " ranks (world = stages x replicas)",
-                      "launch a multiple of " + std::to_string(stages_) +
+                      std::to_string(stages) + " stages do not divide a world of " +
+                          std::to_string(world) + " ranks (world = stages x replicas)",
+                      "launch a multiple of " + std::to_string(stages) +
                           " ranks (--nproc-per-node), or set distributed.pipeline.stages to a "
                           "divisor of " +
-                          std::to_string(world.size()));
-  if (model.num_units() < stages_)
+                          std::to_string(world));
+  if (model.num_units() < stages)
     throw ConfigError(
         "distributed.pipeline.stages",
         model.describe() + " has " + std::to_string(model.num_units()) +
-            " units (layers or blocks) to cut, fewer than " + std::to_string(stages_) + " stages",
+            " units (layers or blocks) to cut, fewer than " + std::to_string(stages) + " stages",
         "use at most " + std::to_string(model.num_units()) + " stages, or a deeper model");
+}
+
+PipelineStages::PipelineStages(const config::ExperimentConfig& cfg, model::Model& model,
+                               dist::Comm& world)
+    : cfg_(cfg), model_(model), world_(world) {
+  check(cfg, model, world.size());
+  stages_ = cfg.distributed.pipeline.stages;
+  kind_ = dist::pipe_kind(cfg.distributed.pipeline.schedule);
   replicas_ = world.size() / stages_;
   stage_ = world.rank() % stages_;
   replica_ = world.rank() / stages_;

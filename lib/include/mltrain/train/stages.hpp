@@ -41,7 +41,11 @@ class StageTail;
 class PipelineStages {
  public:
   // Throws ConfigError (distributed.pipeline.stages) when the world is not a multiple of the
-  // stages or the model has fewer units than stages.
+  // stages or the model has fewer units than stages. build_pipeline calls it before the ranks
+  // form their group: every rank then exits 2 alone, none is left joining a group whose peers
+  // have gone (which exited 1, "connection closed by peer", and hid the cause).
+  static void check(const config::ExperimentConfig& cfg, const model::Model& model, int64_t world);
+  // check(), then the stage's groups.
   PipelineStages(const config::ExperimentConfig& cfg, model::Model& model, dist::Comm& world);
   ~PipelineStages();
   int64_t stages() const { return stages_; }
