@@ -3,17 +3,23 @@
 
 #include "temp_dir.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/model/dropout.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
+#include "mltrain/runtime/compat.hpp"
 
 using namespace mltrain;
 
@@ -66,6 +72,104 @@ TEST_CASE("models: shapes, parameter names, init schemes", "[model]") {
   auto bias = torch::ones({3});
   model::init_weights({{"fc.bias", bias}}, "xavier_uniform");
   CHECK(bias.abs().sum().item<float>() == 0.f);
+}
+
+// Counter-based dropout (model/dropout.hpp): its draws, its gradient, and what it must not depend on.
+TEST_CASE("dropout: keep rate, independence of neighbours and keys", "[model][dropout]") {
+  const int64_t n = 1 << 20;
+  std::vector<uint8_t> a(n), b(n);
+  for (double p : {0.1, 0.25, 0.5, 0.9}) {
+    INFO("p = " << p);
+    model::dropout_keep_mask(0x9E3779B97F4A7C15ull, p, 0, n, a.data());
+    // Kept count: binomial(n, 1 - p), within 5 standard deviations.
+    double kept = 0, both = 0;
+    for (int64_t i = 0; i < n; ++i) kept += a[i];
+    for (int64_t i = 0; i + 1 < n; ++i) both += a[i] & a[i + 1];
+    const double q = 1 - p, sd = std::sqrt(n * q * (1 - q));
+    CHECK(std::abs(kept - n * q) < 5 * sd);
+    // Neighbours independent: P(i and i+1 kept) = q^2 (the pairs overlap: 5 sd of a loose bound).
+    const double sd2 = std::sqrt(3.0 * n * q * q * (1 - q * q));
+    CHECK(std::abs(both - (n - 1) * q * q) < 5 * sd2);
+    // Another key: agreement as for two independent masks, q^2 + p^2.
+    model::dropout_keep_mask(0x9E3779B97F4A7C16ull, p, 0, n, b.data());
+    double agree = 0;
+    for (int64_t i = 0; i < n; ++i) agree += a[i] == b[i];
+    const double r = q * q + p * p;
+    CHECK(std::abs(agree - n * r) < 5 * std::sqrt(n * r * (1 - r)));
+  }
+  // A stretch of the stream is the same elements of the whole, at any offset (blocks of 4096).
+  model::dropout_keep_mask(42, 0.5, 0, n, a.data());
+  for (int64_t off : {int64_t(1), int64_t(4095), int64_t(4096), int64_t(12345)}) {
+    model::dropout_keep_mask(42, 0.5, off, 10000, b.data());
+    CHECK(std::equal(b.begin(), b.begin() + 10000, a.begin() + off));
+  }
+}
+
+TEST_CASE(
+    "dropout: y = x * mask / (1 - p), the gradient the same mask; same bits on 1 or 2 threads",
+    "[model][dropout]") {
+  const double p = 0.3;
+  const float s = static_cast<float>(1.0 / (1.0 - p));
+  torch::manual_seed(7);
+  auto x = (torch::randn({300, 700}) + 5).requires_grad_();  // 210,000 elements, none zero
+  auto y = model::dropout(x, p, /*training=*/true);
+  const auto kept = y.detach() != 0;
+  const double rate = kept.to(torch::kDouble).mean().item<double>();
+  CHECK(rate == Approx(0.7).margin(0.005));
+  CHECK(torch::equal(y.detach(), x.detach() * kept.to(torch::kFloat) * s));
+  // d(sum(y * w))/dx = w * mask * s, the upstream gradient non-contiguous (a transposed tensor).
+  auto w = torch::randn({700, 300}).t();
+  (y * w).sum().backward();
+  CHECK(torch::equal(x.grad(), w * kept.to(torch::kFloat) * s));
+  // The draw follows the CPU generator: the same seed, the same mask; whatever the thread count.
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    torch::manual_seed(7);
+    auto x2 = torch::randn({300, 700}) + 5;
+    CHECK(torch::equal(model::dropout(x2, p, true), y.detach()));
+  }
+  at::set_num_threads(threads);
+  // A saved generator state gives the mask again (checkpoints, activation checkpointing's replay).
+  const auto state = compat::cpu_rng_state();
+  auto first = model::dropout(x.detach(), p, true);
+  compat::set_cpu_rng_state(state);
+  CHECK(torch::equal(model::dropout(x.detach(), p, true), first));
+  CHECK_FALSE(torch::equal(model::dropout(x.detach(), p, true), first));
+  // Evaluation and p = 0: the input itself.
+  CHECK(model::dropout(x, p, false).is_same(x));
+  CHECK(model::dropout(x, 0, true).is_same(x));
+  // A dropped NaN stays NaN (x * 0), as in PyTorch; p = 1 drops everything.
+  auto nan = torch::full({4096}, std::numeric_limits<float>::quiet_NaN());
+  CHECK(torch::isnan(model::dropout(nan, 0.5, true)).all().item<bool>());
+  CHECK(model::dropout(torch::ones({64}), 1.0, true).abs().sum().item<float>() == 0.f);
+}
+
+TEST_CASE("dropout: channels-last, double, bf16 and a second derivative", "[model][dropout]") {
+  const double p = 0.5;
+  torch::manual_seed(3);
+  // Channels-last input: the output keeps its layout, and kept elements are x * 2.
+  auto x = (torch::rand({8, 16, 5, 5}) + 1).contiguous(at::MemoryFormat::ChannelsLast);
+  auto y = model::dropout(x, p, true);
+  CHECK(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+  auto kept = (y != 0).to(torch::kFloat);
+  CHECK(torch::equal(y, x * kept * 2));
+  // Other dtypes take ATen's arithmetic on the same mask.
+  for (auto dtype : {torch::kDouble, torch::kBFloat16}) {
+    torch::manual_seed(3);
+    auto xd = (torch::rand({8, 16, 5, 5}) + 1).contiguous(at::MemoryFormat::ChannelsLast);
+    auto yd = model::dropout(xd.to(dtype).requires_grad_(), p, true);
+    CHECK(torch::equal((yd != 0).to(torch::kFloat), kept));
+    yd.sum().backward();
+  }
+  // create_graph: the gradient is a function of the upstream gradient, mask * 2.
+  auto xg = torch::ones({64}, torch::requires_grad());
+  auto yg = model::dropout(xg, p, true);
+  auto up = torch::ones({64}, torch::requires_grad());
+  auto g = torch::autograd::grad({yg}, {xg}, {up}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  CHECK(g.requires_grad());
+  auto gg = torch::autograd::grad({g.sum()}, {up})[0];
+  CHECK(torch::equal(gg, yg.detach()));  // xg = 1: y is mask * 2 too
 }
 
 TEST_CASE("pipeline units: the chain of units is the model's forward, parameters owned in order",

@@ -26,6 +26,7 @@
 
 #include "islands.hpp"
 #include "mltrain/core/error.hpp"
+#include "mltrain/model/dropout.hpp"
 #include "recompute.hpp"
 
 namespace mltrain::model {
@@ -115,7 +116,7 @@ struct AttentionImpl : nn::Module {
                  .contiguous()
                  .view({B, T, width});
     y = c_proj->forward(y);
-    if (dropout > 0) y = F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training()));
+    if (dropout > 0) y = model::dropout(y, dropout, is_training());
     return y;
   }
 };
@@ -131,7 +132,7 @@ struct MlpBlockImpl : nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto y = c_proj->forward(torch::gelu(c_fc->forward(x)));  // exact (erf) GELU, as nn.GELU()
-    if (dropout > 0) y = F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training()));
+    if (dropout > 0) y = model::dropout(y, dropout, is_training());
     return y;
   }
 };
@@ -264,7 +265,7 @@ struct GptImpl : nn::Module {
     // The field guide's embedding noise: N(0, sigma^2) on the token embeddings while training.
     if (embedding_noise > 0 && is_training()) tok = tok + embedding_noise * torch::randn_like(tok);
     auto x = tok + wpe->forward(pos);
-    if (dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(dropout).training(is_training()));
+    if (dropout > 0) x = model::dropout(x, dropout, is_training());
     return x;
   }
   torch::Tensor head(torch::Tensor x) {

@@ -8,6 +8,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/glob.hpp"
+#include "mltrain/model/dropout.hpp"
 #include "gpt.hpp"
 #include "islands.hpp"
 #include "recompute.hpp"
@@ -45,7 +46,7 @@ struct MlpImpl : nn::Module {
       body->push_back(nn::Linear(width, h));
       if (c.batchnorm) body->push_back(nn::BatchNorm1d(h));
       body->push_back(nn::ReLU());
-      if (c.dropout > 0) body->push_back(nn::Dropout(c.dropout));
+      if (c.dropout > 0) body->push_back(Dropout(c.dropout));
       width = h;
     }
     body->push_back(nn::Linear(width, classes));
@@ -68,7 +69,7 @@ struct CnnImpl : nn::Module {
   nn::Conv2d conv1{nullptr}, conv2{nullptr};
   nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
   nn::Linear fc1{nullptr}, fc2{nullptr};
-  nn::Dropout drop{nullptr};
+  Dropout drop{nullptr};
   bool bn, cl;
   Islands* isl = nullptr;
   const std::vector<std::string> names = {"conv1", "bn1", "conv2", "bn2", "fc1", "fc2"};
@@ -87,7 +88,7 @@ struct CnnImpl : nn::Module {
     }
     fc1 = register_module("fc1", nn::Linear(c.channels[1] * (h / 4) * (w / 4), c.fc));
     fc2 = register_module("fc2", nn::Linear(c.fc, classes));
-    drop = register_module("drop", nn::Dropout(c.dropout));
+    drop = register_module("drop", Dropout(c.dropout));
   }
   // relu(max_pool(x)) == max_pool(relu(x)) in value and gradient (ReLU is monotonic), on 4x
   // fewer elements; flatten(1) keeps PyTorch's NCHW feature order, so weights stay interchangeable.
@@ -151,7 +152,7 @@ struct ResNetImpl : nn::Module {
   nn::Conv2d stem{nullptr};
   nn::BatchNorm2d stem_bn{nullptr};
   nn::Sequential stages{nullptr};
-  nn::Dropout drop{nullptr};
+  Dropout drop{nullptr};
   nn::Linear head{nullptr};
   std::vector<Block> blocks;  // stages' children, in order
   Islands* isl = nullptr;
@@ -171,7 +172,7 @@ struct ResNetImpl : nn::Module {
         stages->push_back(blocks.back());
         in = c.widths[s];
       }
-    drop = register_module("drop", nn::Dropout(c.dropout));
+    drop = register_module("drop", Dropout(c.dropout));
     head = register_module("head", nn::Linear(in, classes));
   }
   bool cl = false;

@@ -8,6 +8,7 @@
 //   mltrain::compat::cuda_available();      // false on a CPU-only build or a CPU node
 //   auto ver = mltrain::compat::torch_version();
 #include <string>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -156,6 +157,14 @@ inline void set_cpu_rng_state(const torch::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+// The next 64 bits of the default CPU generator (its mt19937): one draw, as the state's owner sees
+// it, so a saved and restored state (checkpoints, replays) gives the same value again.
+inline uint64_t cpu_rng_next64() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
 }
 
 // RNG state of the default CUDA generator (dropout on the GPU); empty without CUDA.
