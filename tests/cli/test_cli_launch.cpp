@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstring>
+#include <fstream>
 #include <map>
 
 TEST_CASE("launch: 2 Gloo ranks keep parameters bitwise equal every step and match one process",
@@ -397,6 +398,36 @@ TEST_CASE(
   CHECK(restart.out.find("after 64 steps") != std::string::npos);
   CHECK(run("launch --nnodes 2 --nproc-per-node 1" + train).code ==
         2);  // several nodes need an agreed port
+}
+
+// The race cli_pipeline once lost: the rank that raised a config error (exit 2) outlives a peer
+// that fails because of it (exit 1, "connection closed by peer"). Made deterministic with two
+// stand-in workers: rank 0 exits 1 at once; rank 1 ignores the launcher's SIGTERM, waits until
+// rank 0 has been reaped (a zombie still answers kill -0), then exits 2.
+TEST_CASE("launch: a configuration error is reported as the cause, and never restarted",
+          "[cli][dist]") {
+  const auto d = tmpdir("usage_cause");
+  const auto worker = d / "worker.sh";
+  {
+    std::ofstream f(worker);
+    f << "if [ \"$RANK\" = 0 ]; then echo $$ > \"$1/rank0.tmp\"; mv \"$1/rank0.tmp\" \"$1/rank0\";"
+         " exit 1; fi\n"
+         "trap '' TERM\n"
+         "while [ ! -e \"$1/rank0\" ]; do :; done\n"
+         "while kill -0 \"$(cat \"$1/rank0\")\" 2>/dev/null; do :; done\n"
+         "echo 'error: made-up: a key that does not exist'\n"
+         "exit 2\n";
+  }
+  auto r =
+      run("launch --nproc-per-node 2 --max-restarts 2 -- sh " + worker.string() + " " + d.string());
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("[launch] rank 0 exited with status 1; stopping the other workers") !=
+        std::string::npos);
+  CHECK(r.out.find("rank 1 exited with status 2: a configuration error, the cause") !=
+        std::string::npos);
+  CHECK(r.out.find("not restarting: a configuration error") != std::string::npos);
+  CHECK(r.out.find("restarting the group") == std::string::npos);
 }
 
 // A CUDA build on a machine without a GPU trains on the CPU, where NCCL cannot move its tensors; a

@@ -62,6 +62,9 @@ std::string describe(int rank, int status) {
          std::to_string(WEXITSTATUS(status));
 }
 
+// Exit 2: the same on every attempt, so never worth a restart.
+bool usage_error(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == kExitUsage; }
+
 void flush_lines(Worker& w, int rank, bool all) {
   size_t nl;
   while ((nl = w.buf.find('\n')) != std::string::npos) {
@@ -132,6 +135,15 @@ std::vector<Worker> start_workers(const LaunchOptions& o, int attempt, int port,
                agent_store ? "round" : "attempt", attempt, o.node_rank, o.nnodes, o.nproc,
                o.master_addr.c_str(), port);
   return ws;
+}
+
+// A usage error with restarts left: said once, and the restarts are not spent on it.
+bool no_restart(int status, int max_restarts) {
+  if (!usage_error(status)) return false;
+  if (max_restarts > 0)
+    std::fprintf(stderr,
+                 "[launch] not restarting: a configuration error (exit 2) fails every attempt\n");
+  return true;
 }
 
 struct Outcome {
@@ -207,6 +219,17 @@ Outcome supervise(const LaunchOptions& o, std::vector<Worker>& ws,
     }
     flush_lines(w, first + int(r), true);
   }
+  // A rank that exited 2 (a usage or config error) is the cause even when a peer was reaped
+  // first: a rank left joining the group, or waiting in a collective, with the one that raised it
+  // exits 1 ("connection closed by peer"), often sooner than the raiser finishes exiting.
+  if (out.failed >= 0 && !usage_error(out.status))
+    for (size_t r = 0; r < ws.size(); ++r)
+      if (usage_error(ws[r].status)) {
+        out.failed = first + int(r), out.status = ws[r].status;
+        std::fprintf(stderr, "[launch] %s: a configuration error, the cause\n",
+                     describe(out.failed, out.status).c_str());
+        break;
+      }
   return out;
 }
 
@@ -279,7 +302,7 @@ LaunchResult launch_elastic(const LaunchOptions& o) {
     if (out.interrupted) continue;  // a membership change, not a failure
     res.failed_rank = out.failed;
     res.failure = describe(out.failed, out.status);
-    if (res.restarts >= o.max_restarts) {
+    if (res.restarts >= o.max_restarts || no_restart(out.status, o.max_restarts)) {
       res.exit_code =
           WIFEXITED(out.status) && WEXITSTATUS(out.status) != 0 ? WEXITSTATUS(out.status) : 1;
       return res;
@@ -322,7 +345,7 @@ LaunchResult launch(const LaunchOptions& o) {
     }
     res.failed_rank = out.failed;
     res.failure = describe(out.failed, out.status);
-    if (attempt < o.max_restarts) {
+    if (attempt < o.max_restarts && !no_restart(out.status, o.max_restarts)) {
       ++res.restarts;
       std::fprintf(stderr,
                    "[launch] restarting the group (%d of %d restarts); it resumes from its latest "
