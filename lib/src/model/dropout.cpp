@@ -28,16 +28,23 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
-uint32_t keep_threshold(double p) {
-  const double t = std::ldexp(1.0 - p, 32);
-  return t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
-}
+// One call's draw: the key's halves and the keep threshold (1 - p) 2^32.
+struct Draw {
+  uint32_t k0, k1, threshold;
+  Draw(uint64_t key, double p)
+      : k0(static_cast<uint32_t>(key)), k1(static_cast<uint32_t>(key >> 32)) {
+    const double t = std::ldexp(1.0 - p, 32);
+    threshold = t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+  }
+};
 
 // Elements [i0, i0 + n) of one block (i0's high half fixed across it).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void mask_block(
-    uint32_t k0, uint32_t k1, int64_t i0, int64_t n, uint32_t threshold, uint8_t* out) {
-  const uint32_t lo = static_cast<uint32_t>(i0);
-  const uint32_t hi = k1 ^ static_cast<uint32_t>(static_cast<uint64_t>(i0) >> 32);
+__attribute__((target_clones("avx512f", "avx2", "default"))) void mask_block(const Draw& d,
+                                                                             int64_t i0, int64_t n,
+                                                                             uint8_t* out) {
+  // Locals: stores through uint8_t* may alias d, which would be read again every element.
+  const uint32_t lo = static_cast<uint32_t>(i0), k0 = d.k0, threshold = d.threshold;
+  const uint32_t hi = d.k1 ^ static_cast<uint32_t>(static_cast<uint64_t>(i0) >> 32);
   for (int64_t j = 0; j < n; ++j)
     out[j] = mix32(mix32((lo + static_cast<uint32_t>(j)) ^ k0) + hi) < threshold;
 }
@@ -50,19 +57,28 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void apply_block(co
   for (int64_t j = 0; j < n; ++j) y[j] = x[j] * (static_cast<float>(m[j]) * s);
 }
 
-// f(i, n) over [0, total) in blocks aligned to kBlock, the blocks spread over the threads.
+// f(i, n) over [begin, end) cut at multiples of kBlock.
+template <typename F>
+void aligned_blocks(int64_t begin, int64_t end, const F& f) {
+  for (int64_t i = begin; i < end;) {
+    const int64_t stop = std::min(end, (i / kBlock + 1) * kBlock);
+    f(i, stop - i);
+    i = stop;
+  }
+}
+
+// The same over [0, total), the blocks spread over the threads.
 template <typename F>
 void for_each_block(int64_t total, const F& f) {
-  runtime::parallel_for(0, total, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e;) {
-      const int64_t end = std::min(e, (i / kBlock + 1) * kBlock);
-      f(i, end - i);
-      i = end;
-    }
-  });
+  runtime::parallel_for(0, total, kGrain, [&](int64_t b, int64_t e) { aligned_blocks(b, e, f); });
 }
 
 float scale_of(double p) { return static_cast<float>(1.0 / (1.0 - p)); }
+
+// t * mask / (1 - p) with ATen's arithmetic: dtypes other than float, and a graph of the backward.
+torch::Tensor scaled_by_mask(const torch::Tensor& t, const torch::Tensor& mask, float s) {
+  return t * mask.to(t.scalar_type()).mul_(s);
+}
 
 // Same strides as the mask, so element i of one is element i of the other in memory.
 torch::Tensor like_mask(const torch::Tensor& t, const torch::Tensor& mask) {
@@ -74,7 +90,7 @@ struct DropoutFn : torch::autograd::Function<DropoutFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& in,
                                double p) {
     const torch::Tensor x = in.is_non_overlapping_and_dense() ? in : in.contiguous();
-    const uint64_t key = compat::cpu_rng_next64();
+    const Draw draw(compat::cpu_rng_next64(), p);
     auto mask = torch::empty_like(x, x.options().dtype(torch::kUInt8));
     const float s = scale_of(p);
     torch::Tensor y;
@@ -84,13 +100,12 @@ struct DropoutFn : torch::autograd::Function<DropoutFn> {
       const float* xp = x.data_ptr<float>();
       float* yp = y.data_ptr<float>();
       for_each_block(x.numel(), [&](int64_t i, int64_t n) {
-        dropout_keep_mask(key, p, i, n, m + i);
+        mask_block(draw, i, n, m + i);
         apply_block(xp + i, m + i, s, yp + i, n);
       });
     } else {
-      for_each_block(x.numel(),
-                     [&](int64_t i, int64_t n) { dropout_keep_mask(key, p, i, n, m + i); });
-      y = x * mask.to(x.scalar_type()).mul_(s);
+      for_each_block(x.numel(), [&](int64_t i, int64_t n) { mask_block(draw, i, n, m + i); });
+      y = scaled_by_mask(x, mask, s);
     }
     ctx->save_for_backward({mask});
     ctx->saved_data["scale"] = static_cast<double>(s);
@@ -105,7 +120,7 @@ struct DropoutFn : torch::autograd::Function<DropoutFn> {
     if (!g.defined()) return {torch::Tensor(), torch::Tensor()};
     // A graph of the backward itself (double backward) or another dtype: ATen's ops.
     if (g.requires_grad() || g.scalar_type() != torch::kFloat || !g.is_cpu())
-      return {g * mask.to(g.scalar_type()).mul_(s), torch::Tensor()};
+      return {scaled_by_mask(g, mask, s), torch::Tensor()};
     const torch::Tensor gm = like_mask(g, mask);
     auto gx = torch::empty_like(gm);
     const float* gp = gm.data_ptr<float>();
@@ -120,13 +135,9 @@ struct DropoutFn : torch::autograd::Function<DropoutFn> {
 }  // namespace
 
 void dropout_keep_mask(uint64_t key, double p, int64_t offset, int64_t n, uint8_t* out) {
-  const uint32_t threshold = keep_threshold(p);
-  const uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-  for (int64_t i = offset, end = offset + n; i < end;) {
-    const int64_t stop = std::min(end, (i / kBlock + 1) * kBlock);
-    mask_block(k0, k1, i, stop - i, threshold, out + (i - offset));
-    i = stop;
-  }
+  const Draw draw(key, p);
+  aligned_blocks(offset, offset + n,
+                 [&](int64_t i, int64_t len) { mask_block(draw, i, len, out + (i - offset)); });
 }
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
