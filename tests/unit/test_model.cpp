@@ -9,6 +9,8 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include "mltrain/core/error.hpp"
+#include "mltrain/model/batchnorm.hpp"
 #include "mltrain/model/dropout.hpp"
 #include "mltrain/model/model.hpp"
 #include "mltrain/optim/optimizer.hpp"
@@ -170,6 +173,176 @@ TEST_CASE("dropout: channels-last, double, bf16 and a second derivative", "[mode
   CHECK(g.requires_grad());
   auto gg = torch::autograd::grad({g.sum()}, {up})[0];
   CHECK(torch::equal(gg, yg.detach()));  // xg = 1: y is mask * 2 too
+}
+
+namespace {
+
+// A BatchNorm2d of C channels with random affine parameters (some gammas negative) and running
+// statistics, and its copy in another dtype.
+torch::nn::BatchNorm2d random_bn(int64_t C, torch::Dtype dtype = torch::kFloat,
+                                 std::optional<double> momentum = 0.1) {
+  torch::manual_seed(C);
+  torch::nn::BatchNorm2d bn(torch::nn::BatchNorm2dOptions(C).momentum(momentum));
+  torch::NoGradGuard no_grad;
+  bn->weight.copy_(torch::randn({C}));
+  bn->bias.copy_(torch::randn({C}));
+  bn->running_mean.copy_(torch::randn({C}));
+  bn->running_var.copy_(torch::rand({C}) + 0.5);
+  bn->to(dtype);
+  return bn;
+}
+
+struct BnRun {
+  torch::Tensor out, dx, dw, db, rm, rv;
+  int64_t batches = 0;
+};
+
+// One forward and backward of relu(max_pool2d(bn(x), 2)) against upstream gradient `up`.
+template <class F>
+BnRun bn_run(const F& f, torch::nn::BatchNorm2d& bn, const torch::Tensor& x0,
+             const torch::Tensor& up) {
+  auto x = x0.detach().clone().requires_grad_();
+  auto out = f(x, *bn);
+  (out * up.to(out.scalar_type())).sum().backward();
+  return {out.detach().to(torch::kFloat),         x.grad().to(torch::kFloat),
+          bn->weight.grad().to(torch::kFloat),    bn->bias.grad().to(torch::kFloat),
+          bn->running_mean.to(torch::kFloat),     bn->running_var.to(torch::kFloat),
+          bn->num_batches_tracked.item<int64_t>()};
+}
+
+void check_close(const torch::Tensor& a, const torch::Tensor& b, double tol) {
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  INFO("max |a - b| = " << (a - b).abs().max().item<double>() << ", scale " << scale);
+  CHECK(torch::allclose(a, b, /*rtol=*/0, /*atol=*/tol * scale));
+}
+
+}  // namespace
+
+TEST_CASE("batchnorm_pool_relu: PyTorch's BatchNorm2d, max_pool2d and relu, in one node",
+          "[model][batchnorm]") {
+  const auto fused = [](const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
+    return model::batchnorm_pool_relu(x, bn);
+  };
+  const auto aten = [](const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
+    return model::batchnorm_pool_relu_aten(x, bn);
+  };
+  // Even and odd sizes (an odd last row and column belong to no window), one block and many.
+  for (auto shape : {std::vector<int64_t>{4, 8, 6, 6},
+                     {3, 5, 7, 9},
+                     {2, 3, 2, 3},
+                     {16, 32, 28, 28},
+                     {8, 64, 14, 14}}) {
+    const int64_t C = shape[1];
+    INFO("shape " << torch::IntArrayRef(shape));
+    torch::manual_seed(11);
+    const auto x = (torch::randn(shape) * 3 + 1).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto up = torch::randn({shape[0], C, shape[2] / 2, shape[3] / 2});
+    // The reference: PyTorch's three operators in double.
+    auto bn_ref = random_bn(C, torch::kDouble), bn_aten = random_bn(C), bn_fused = random_bn(C);
+    const auto ref = bn_run(aten, bn_ref, x.to(torch::kDouble), up);
+    const auto a = bn_run(aten, bn_aten, x, up);
+    const auto f = bn_run(fused, bn_fused, x, up);
+    CHECK(f.out.is_contiguous(at::MemoryFormat::ChannelsLast));
+    CHECK(f.dx.is_contiguous(at::MemoryFormat::ChannelsLast));
+    CHECK(f.batches == 1);
+    // At least as close to the double reference as ATen's float operators are, within 2e-6.
+    for (auto [fv, av, rv] : {std::tuple{f.out, a.out, ref.out},
+                              {f.dx, a.dx, ref.dx},
+                              {f.dw, a.dw, ref.dw},
+                              {f.db, a.db, ref.db},
+                              {f.rm, a.rm, ref.rm},
+                              {f.rv, a.rv, ref.rv}}) {
+      const double scale = std::max(1.0, rv.abs().max().item<double>());
+      const double err_f = (fv - rv).abs().max().item<double>() / scale;
+      const double err_a = (av - rv).abs().max().item<double>() / scale;
+      INFO("fused error " << err_f << ", ATen float error " << err_a);
+      CHECK(err_f <= std::max(2e-6, 4 * err_a));
+    }
+    // The same bits on 1 and 2 threads.
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    auto bn_one = random_bn(C);
+    const auto one = bn_run(fused, bn_one, x, up);
+    at::set_num_threads(threads);
+    for (auto [u, v] : {std::pair{one.out, f.out},
+                        {one.dx, f.dx},
+                        {one.dw, f.dw},
+                        {one.db, f.db},
+                        {one.rm, f.rm},
+                        {one.rv, f.rv}})
+      CHECK(torch::equal(u, v));
+    // Evaluation uses the running statistics: the same as PyTorch's.
+    bn_aten->eval();
+    bn_fused->eval();
+    torch::NoGradGuard no_grad;
+    check_close(fused(x, *bn_fused), aten(x, *bn_aten), 2e-6);
+  }
+}
+
+TEST_CASE("batchnorm_pool_relu: ties, NaN, the cumulative average and the fallbacks",
+          "[model][batchnorm]") {
+  const int64_t C = 6;
+  const auto fused = [](const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
+    return model::batchnorm_pool_relu(x, bn);
+  };
+  const auto aten = [](const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
+    return model::batchnorm_pool_relu_aten(x, bn);
+  };
+  // Ties (integer inputs: equal x, equal y): the gradient goes to the window's first maximum.
+  torch::manual_seed(5);
+  auto x = torch::randint(0, 3, {4, C, 8, 8})
+               .to(torch::kFloat)
+               .contiguous(at::MemoryFormat::ChannelsLast);
+  auto up = torch::randn({4, C, 4, 4});
+  {
+    auto bn_a = random_bn(C, torch::kDouble), bn_f = random_bn(C);
+    const auto a = bn_run(aten, bn_a, x.to(torch::kDouble), up);
+    const auto f = bn_run(fused, bn_f, x, up);
+    check_close(f.out, a.out, 2e-6);
+    check_close(f.dx, a.dx, 2e-5);
+    check_close(f.dw, a.dw, 2e-5);
+  }
+  // momentum None: the running statistics are the cumulative average over batches.
+  {
+    auto bn_a = random_bn(C, torch::kFloat, std::nullopt),
+         bn_f = random_bn(C, torch::kFloat, std::nullopt);
+    for (int step = 0; step < 3; ++step) {
+      auto xs = (torch::randn({4, C, 8, 8}) + step).contiguous(at::MemoryFormat::ChannelsLast);
+      bn_run(aten, bn_a, xs, up);
+      bn_run(fused, bn_f, xs, up);
+    }
+    CHECK(bn_f->num_batches_tracked.item<int64_t>() == 3);
+    check_close(bn_f->running_mean, bn_a->running_mean, 2e-6);
+    check_close(bn_f->running_var, bn_a->running_var, 2e-6);
+  }
+  // A NaN wins its window and stays NaN through the ReLU, as in PyTorch.
+  {
+    auto xn = x.clone();
+    xn.index_put_({1, 2, 3, 4}, std::numeric_limits<float>::quiet_NaN());
+    auto bn_a = random_bn(C), bn_f = random_bn(C);
+    torch::NoGradGuard no_grad;
+    const auto a = aten(xn, *bn_a), f = fused(xn, *bn_f);
+    CHECK(torch::equal(torch::isnan(a), torch::isnan(f)));
+    CHECK(std::isnan(f.index({1, 2, 1, 2}).item<float>()));
+  }
+  // What the fused path does not take runs ATen's operators: the same bits.
+  for (int which = 0; which < 3; ++which) {
+    INFO("fallback " << which);
+    auto xi = which == 0 ? x.contiguous() : x;  // NCHW
+    auto bn_a = random_bn(C, which == 1 ? torch::kDouble : torch::kFloat);
+    auto bn_f = random_bn(C, which == 1 ? torch::kDouble : torch::kFloat);
+    if (which == 1) xi = xi.to(torch::kDouble);
+    if (which == 2) {  // no affine parameters
+      bn_a = torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(C).affine(false));
+      bn_f = torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(C).affine(false));
+    }
+    auto xa = xi.clone().requires_grad_(), xf = xi.clone().requires_grad_();
+    auto a = aten(xa, *bn_a), f = fused(xf, *bn_f);
+    CHECK(torch::equal(a, f));
+    (a * up.to(a.scalar_type())).sum().backward();
+    (f * up.to(f.scalar_type())).sum().backward();
+    CHECK(torch::equal(xa.grad(), xf.grad()));
+  }
 }
 
 TEST_CASE("pipeline units: the chain of units is the model's forward, parameters owned in order",

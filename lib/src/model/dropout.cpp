@@ -5,6 +5,7 @@
 // split over LibTorch's threads, which cannot change any element's draw.
 #include "mltrain/model/dropout.hpp"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -89,6 +90,7 @@ torch::Tensor like_mask(const torch::Tensor& t, const torch::Tensor& mask) {
 struct DropoutFn : torch::autograd::Function<DropoutFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& in,
                                double p) {
+    RECORD_FUNCTION("mltrain::dropout", std::vector<c10::IValue>());  // a row in `mltrain profile`
     const torch::Tensor x = in.is_non_overlapping_and_dense() ? in : in.contiguous();
     const Draw draw(compat::cpu_rng_next64(), p);
     auto mask = torch::empty_like(x, x.options().dtype(torch::kUInt8));

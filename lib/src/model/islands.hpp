@@ -22,6 +22,8 @@ class Islands {
     outputs_.clear();
   }
   const std::map<std::string, at::ScalarType>& outputs() const { return outputs_; }
+  // No island chosen and nothing recorded: call() is f(x), so a model may fuse across modules.
+  bool idle() const { return names_.empty() && !recording_; }
 
   template <class F>
   torch::Tensor call(const std::string& name, const torch::Tensor& x, F&& f) {

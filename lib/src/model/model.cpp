@@ -8,6 +8,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/glob.hpp"
+#include "mltrain/model/batchnorm.hpp"
 #include "mltrain/model/dropout.hpp"
 #include "gpt.hpp"
 #include "islands.hpp"
@@ -97,12 +98,22 @@ struct CnnImpl : nn::Module {
     auto run = [this](const std::string& n, const torch::Tensor& t, auto& m) {
       return isl->call(n, t, [&](const torch::Tensor& in) { return m(in); });
     };
+    // With BatchNorm and no fp32 islands, "BN, pool, ReLU" is one fused node (model/batchnorm.hpp).
+    const bool fuse = bn && isl->idle();
     x = run(names[0], x, conv1);
-    if (bn) x = run(names[1], x, bn1);
-    x = torch::relu(torch::max_pool2d(x, 2));
+    if (fuse) {
+      x = batchnorm_pool_relu(x, *bn1);
+    } else {
+      if (bn) x = run(names[1], x, bn1);
+      x = torch::relu(torch::max_pool2d(x, 2));
+    }
     x = run(names[2], x, conv2);
-    if (bn) x = run(names[3], x, bn2);
-    x = torch::relu(torch::max_pool2d(x, 2));
+    if (fuse) {
+      x = batchnorm_pool_relu(x, *bn2);
+    } else {
+      if (bn) x = run(names[3], x, bn2);
+      x = torch::relu(torch::max_pool2d(x, 2));
+    }
     x = torch::relu(run(names[4], x.flatten(1), fc1));
     return run(names[5], drop(x), fc2);
   }
