@@ -345,6 +345,87 @@ TEST_CASE("batchnorm_pool_relu: ties, NaN, the cumulative average and the fallba
   }
 }
 
+TEST_CASE("batchnorm_relu: relu(bn(x) + residual) as PyTorch's operators, in float and bf16",
+          "[model][batchnorm]") {
+  for (bool with_residual : {false, true})
+    for (auto shape : {std::vector<int64_t>{4, 8, 5, 7}, {16, 32, 28, 28}, {2, 3, 1, 2}}) {
+      const int64_t C = shape[1];
+      INFO("shape " << torch::IntArrayRef(shape) << (with_residual ? ", residual" : ""));
+      torch::manual_seed(13);
+      const auto x = (torch::randn(shape) * 2 + 1).contiguous(at::MemoryFormat::ChannelsLast);
+      const auto r0 = torch::randn(shape).contiguous(at::MemoryFormat::ChannelsLast);
+      const auto up = torch::randn(shape);
+      struct Out {
+        torch::Tensor out, dx, dr, dw, db, rm, rv;
+      };
+      // One forward and backward at `dtype`, fused or through ATen's operators.
+      auto run = [&](torch::Dtype dtype, bool fused, torch::Dtype bn_dtype) {
+        auto bn = random_bn(C, bn_dtype);
+        auto xi = x.to(dtype).detach().requires_grad_();
+        auto ri = r0.to(dtype).detach().requires_grad_();
+        const torch::Tensor r = with_residual ? ri : torch::Tensor();
+        auto out =
+            fused ? model::batchnorm_relu(xi, *bn, r) : model::batchnorm_relu_aten(xi, *bn, r);
+        CHECK(out.scalar_type() == dtype);
+        (out.to(torch::kDouble) * up.to(torch::kDouble)).sum().backward();
+        return Out{out.detach().to(torch::kDouble),
+                   xi.grad().to(torch::kDouble),
+                   with_residual ? ri.grad().to(torch::kDouble) : torch::zeros({1}, torch::kDouble),
+                   bn->weight.grad().to(torch::kDouble),
+                   bn->bias.grad().to(torch::kDouble),
+                   bn->running_mean.to(torch::kDouble),
+                   bn->running_var.to(torch::kDouble)};
+      };
+      const Out ref = run(torch::kDouble, false, torch::kDouble);
+      // float: within 2e-6 of the double reference, or as close as ATen's float operators.
+      // bf16 (autocast's dtype, float parameters): as close as ATen's bf16 operators, within 2x.
+      for (auto [dtype, floor] : {std::pair{torch::kFloat, 2e-6}, {torch::kBFloat16, 1e-3}}) {
+        INFO("dtype " << dtype);
+        const Out a = run(dtype, false, torch::kFloat), f = run(dtype, true, torch::kFloat);
+        const std::vector<std::tuple<const char*, torch::Tensor, torch::Tensor, torch::Tensor>>
+            rows = {{"out", f.out, a.out, ref.out},     {"dx", f.dx, a.dx, ref.dx},
+                    {"dr", f.dr, a.dr, ref.dr},         {"dgamma", f.dw, a.dw, ref.dw},
+                    {"dbeta", f.db, a.db, ref.db},      {"running_mean", f.rm, a.rm, ref.rm},
+                    {"running_var", f.rv, a.rv, ref.rv}};
+        for (const auto& [name, fv, av, rv] : rows) {
+          const double scale = std::max(1.0, rv.abs().max().item<double>());
+          const double err_f = (fv - rv).abs().max().item<double>() / scale;
+          const double err_a = (av - rv).abs().max().item<double>() / scale;
+          INFO(name << ": fused error " << err_f << ", ATen error " << err_a);
+          CHECK(err_f <= std::max(floor, 2 * err_a));
+        }
+      }
+      // The same bits on 1 and 2 threads, in both dtypes.
+      for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        const Out two = run(dtype, true, torch::kFloat);
+        const int threads = at::get_num_threads();
+        at::set_num_threads(1);
+        const Out one = run(dtype, true, torch::kFloat);
+        at::set_num_threads(threads);
+        CHECK(torch::equal(one.out, two.out));
+        CHECK(torch::equal(one.dx, two.dx));
+        CHECK(torch::equal(one.dr, two.dr));
+        CHECK(torch::equal(one.dw, two.dw));
+      }
+      // Evaluation: the running statistics, as PyTorch's.
+      auto bn_a = random_bn(C), bn_f = random_bn(C);
+      bn_a->eval();
+      bn_f->eval();
+      torch::NoGradGuard no_grad;
+      const torch::Tensor r = with_residual ? r0 : torch::Tensor();
+      check_close(model::batchnorm_relu(x, *bn_f, r), model::batchnorm_relu_aten(x, *bn_a, r),
+                  2e-6);
+    }
+  // Outside the fused path (NCHW, a residual in another layout): ATen's operators, same bits.
+  auto bn_a = random_bn(6), bn_f = random_bn(6);
+  const auto x = torch::randn({4, 6, 5, 5});
+  const auto r = torch::randn({4, 6, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
+  CHECK(torch::equal(model::batchnorm_relu(x, *bn_f, r), model::batchnorm_relu_aten(x, *bn_a, r)));
+  const auto xc = x.contiguous(at::MemoryFormat::ChannelsLast);
+  CHECK(torch::equal(model::batchnorm_relu(xc, *bn_f, r.contiguous()),
+                     model::batchnorm_relu_aten(xc, *bn_a, r.contiguous())));
+}
+
 TEST_CASE("pipeline units: the chain of units is the model's forward, parameters owned in order",
           "[model][pipeline]") {
   config::ModelConfig mc;

@@ -1,4 +1,6 @@
-// BatchNorm2d + 2x2 max-pool + ReLU in one autograd node (model/batchnorm.hpp).
+// BatchNorm2d fused with what follows it, one autograd node each (model/batchnorm.hpp):
+//   batchnorm_pool_relu  relu(max_pool2d(bn(x), 2))   the CNN (float)
+//   batchnorm_relu       relu(bn(x) [+ residual])      the ResNet (float, bf16 under autocast)
 //
 // Layout: channels-last, so a pixel's C channels are contiguous and every loop below runs over
 // channels innermost (vectorised; AVX2 / AVX-512 copies beside the plain one). With
@@ -6,10 +8,12 @@
 //   forward   stats: per-channel sums of (x - shift) and its square in double, shift = x[0]
 //             pool:  out = relu(max of the window's y), the window position k (0..3, row-major
 //                    as max_pool2d scans) and the chosen x saved
-//   backward  sums:  over the pooled grid only (the gradient is zero elsewhere):
-//                    sum_dy = sum(g'), dot = sum(g' * (x_k - mean)), g' = g where out > 0
-//             dx:    (dy - sum_dy / M - (x - mean) * dot * invstd^2 / M) * invstd * gamma,
-//                    dy = g' at each window's position k and 0 elsewhere (M = N * H * W)
+//             relu:  out = relu(y [+ residual]), rounded once to x's dtype
+//   backward  sums:  sum_dy = sum(g'), dot = sum(g' * (x - mean)), g' = g where out > 0 (for the
+//                    pool, over the pooled grid only: the gradient is zero elsewhere)
+//             dx:    (dy - sum_dy / M - (x - mean) * dot * invstd^2 / M) * invstd * gamma
+//                    (M = N * H * W; for the pool dy = g' at each window's position k, else 0);
+//                    the residual's gradient is g'
 // as PyTorch's batch_norm_backward, with grad gamma = dot * invstd, grad beta = sum_dy.
 #include "mltrain/model/batchnorm.hpp"
 
@@ -40,17 +44,133 @@ inline float keep_if(bool t, float v) {
   return v;
 }
 
+// bf16 as PyTorch stores it, the high half of a float: widened exactly, narrowed to nearest even
+// with NaN as 0x7fc0 (c10::BFloat16's round_to_nearest_even), in integer operations that vectorise.
+using bf16 = uint16_t;
+inline float widen(float v) { return v; }
+inline float widen(bf16 h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+template <typename T>
+T narrow(float v);
+template <>
+inline float narrow<float>(float v) {
+  return v;
+}
+template <>
+inline bf16 narrow<bf16>(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t nan = -static_cast<uint32_t>(v != v);
+  return static_cast<bf16>((rounded & ~nan) | (0x7fc0u & nan));
+}
+// relu keeping a NaN, as torch::relu does.
+inline float relu(float v) { return keep_if(!(v <= 0.f), v); }
+
+// The loops below are written once, for float and bf16, and compiled into each clone.
+
 // Per-channel sums of (x - shift) and (x - shift)^2 over `rows` pixels.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void stats_block(
-    const float* __restrict x, int64_t rows, int64_t C, const double* __restrict shift,
-    double* __restrict sum, double* __restrict sq) {
+template <typename T>
+__attribute__((always_inline)) inline void stats_impl(const T* __restrict x, int64_t rows,
+                                                      int64_t C, const double* __restrict shift,
+                                                      double* __restrict sum,
+                                                      double* __restrict sq) {
   for (int64_t c = 0; c < C; ++c) sum[c] = sq[c] = 0;
   for (int64_t r = 0; r < rows; ++r, x += C)
     for (int64_t c = 0; c < C; ++c) {
-      const double d = static_cast<double>(x[c]) - shift[c];
+      const double d = static_cast<double>(widen(x[c])) - shift[c];
       sum[c] += d;
       sq[c] += d * d;
     }
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void stats_block(
+    const float* x, int64_t rows, int64_t C, const double* shift, double* sum, double* sq) {
+  stats_impl(x, rows, C, shift, sum, sq);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void stats_block(
+    const bf16* x, int64_t rows, int64_t C, const double* shift, double* sum, double* sq) {
+  stats_impl(x, rows, C, shift, sum, sq);
+}
+
+// out = relu(alpha x + beta [+ r]) over `rows` pixels.
+template <typename T>
+__attribute__((always_inline)) inline void affine_relu_impl(
+    const T* __restrict x, const T* __restrict r, int64_t rows, int64_t C,
+    const float* __restrict alpha, const float* __restrict beta, T* __restrict out) {
+  if (r) {
+    for (int64_t p = 0; p < rows; ++p, x += C, r += C, out += C)
+      for (int64_t c = 0; c < C; ++c)
+        out[c] = narrow<T>(relu(widen(x[c]) * alpha[c] + beta[c] + widen(r[c])));
+  } else {
+    for (int64_t p = 0; p < rows; ++p, x += C, out += C)
+      for (int64_t c = 0; c < C; ++c) out[c] = narrow<T>(relu(widen(x[c]) * alpha[c] + beta[c]));
+  }
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void affine_relu(
+    const float* x, const float* r, int64_t rows, int64_t C, const float* alpha, const float* beta,
+    float* out) {
+  affine_relu_impl(x, r, rows, C, alpha, beta, out);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void affine_relu(
+    const bf16* x, const bf16* r, int64_t rows, int64_t C, const float* alpha, const float* beta,
+    bf16* out) {
+  affine_relu_impl(x, r, rows, C, alpha, beta, out);
+}
+
+// Per-channel sums of g' and g' * (x - mean) over `rows` pixels; g' written to dr if given.
+template <typename T>
+__attribute__((always_inline)) inline void relu_grad_sums_impl(
+    const T* __restrict g, const T* __restrict out, const T* __restrict x, int64_t rows, int64_t C,
+    const double* __restrict mean, double* __restrict sdy, double* __restrict dot,
+    T* __restrict dr) {
+  for (int64_t c = 0; c < C; ++c) sdy[c] = dot[c] = 0;
+  for (int64_t p = 0; p < rows; ++p, g += C, out += C, x += C) {
+    for (int64_t c = 0; c < C; ++c) {
+      const double gp = keep_if(widen(out[c]) > 0, widen(g[c]));
+      sdy[c] += gp;
+      dot[c] += gp * (static_cast<double>(widen(x[c])) - mean[c]);
+    }
+    if (dr) {
+      for (int64_t c = 0; c < C; ++c) dr[c] = narrow<T>(keep_if(widen(out[c]) > 0, widen(g[c])));
+      dr += C;
+    }
+  }
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_grad_sums(
+    const float* g, const float* out, const float* x, int64_t rows, int64_t C, const double* mean,
+    double* sdy, double* dot, float* dr) {
+  relu_grad_sums_impl(g, out, x, rows, C, mean, sdy, dot, dr);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_grad_sums(
+    const bf16* g, const bf16* out, const bf16* x, int64_t rows, int64_t C, const double* mean,
+    double* sdy, double* dot, bf16* dr) {
+  relu_grad_sums_impl(g, out, x, rows, C, mean, sdy, dot, dr);
+}
+
+// dx = a1 x + a0 + s g' over `rows` pixels.
+template <typename T>
+__attribute__((always_inline)) inline void relu_dx_impl(
+    const T* __restrict g, const T* __restrict out, const T* __restrict x, int64_t rows, int64_t C,
+    const float* __restrict a1, const float* __restrict a0, const float* __restrict s,
+    T* __restrict dx) {
+  for (int64_t p = 0; p < rows; ++p, g += C, out += C, x += C, dx += C)
+    for (int64_t c = 0; c < C; ++c)
+      dx[c] =
+          narrow<T>(widen(x[c]) * a1[c] + a0[c] + keep_if(widen(out[c]) > 0, widen(g[c]) * s[c]));
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_dx(
+    const float* g, const float* out, const float* x, int64_t rows, int64_t C, const float* a1,
+    const float* a0, const float* s, float* dx) {
+  relu_dx_impl(g, out, x, rows, C, a1, a0, s, dx);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_dx(
+    const bf16* g, const bf16* out, const bf16* x, int64_t rows, int64_t C, const float* a1,
+    const float* a0, const float* s, bf16* dx) {
+  relu_dx_impl(g, out, x, rows, C, a1, a0, s, dx);
 }
 
 // One output row: ow windows whose top-left pixels start at a (row 2oh) and b (row 2oh + 1).
@@ -175,48 +295,122 @@ void normalise_pool(const torch::Tensor& x, const std::vector<float>& alpha,
   });
 }
 
+// A batch's normalisation: per-channel mean and 1 / sqrt(var + eps) (double, for the backward)
+// and y = alpha x + beta.
+struct Norm {
+  torch::Tensor mean, invstd;
+  std::vector<float> alpha, beta;
+};
+
+// The affine form of mean/invstd with the module's gamma and beta.
+void set_affine(Norm& n, const torch::Tensor& weight, const torch::Tensor& bias) {
+  const int64_t C = n.mean.size(0);
+  const auto w = weight.detach().contiguous(), b = bias.detach().contiguous();
+  const float* wp = w.data_ptr<float>();
+  const float* bp = b.data_ptr<float>();
+  const double* mp = n.mean.data_ptr<double>();
+  const double* ip = n.invstd.data_ptr<double>();
+  n.alpha.resize(static_cast<size_t>(C));
+  n.beta.resize(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    n.alpha[c] = static_cast<float>(ip[c] * wp[c]);
+    n.beta[c] = static_cast<float>(bp[c] - mp[c] * ip[c] * wp[c]);
+  }
+}
+
+// The batch's statistics (biased variance, as BatchNorm normalises), and the running statistics
+// moved towards them when momentum >= 0 (unbiased variance, as PyTorch's).
+template <typename T>
+Norm batch_norm_of(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                   const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                   double momentum, double eps) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), M = N * H * W;
+  const T* xp = reinterpret_cast<const T*>(x.data_ptr());
+  std::vector<double> shift(static_cast<size_t>(C)), s, q;
+  for (int64_t c = 0; c < C; ++c) shift[c] = widen(xp[c]);
+  blocked_sums(M, C, s, q, [&](int64_t r0, int64_t rows, double* sum, double* sq) {
+    stats_block(xp + r0 * C, rows, C, shift.data(), sum, sq);
+  });
+  Norm n{torch::empty({C}, torch::kDouble), torch::empty({C}, torch::kDouble), {}, {}};
+  double* mp = n.mean.data_ptr<double>();
+  double* ip = n.invstd.data_ptr<double>();
+  for (int64_t c = 0; c < C; ++c) {
+    const double m1 = s[c] / double(M);
+    const double var = std::max(0.0, q[c] / double(M) - m1 * m1);
+    mp[c] = shift[c] + m1;
+    ip[c] = 1.0 / std::sqrt(var + eps);
+    if (momentum >= 0) {
+      float* rm = running_mean.data_ptr<float>();
+      float* rv = running_var.data_ptr<float>();
+      rm[c] = static_cast<float>(momentum * mp[c] + (1 - momentum) * rm[c]);
+      rv[c] =
+          static_cast<float>(momentum * var * double(M) / double(M - 1) + (1 - momentum) * rv[c]);
+    }
+  }
+  set_affine(n, weight, bias);
+  return n;
+}
+
+Norm batch_norm_of(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                   const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                   double momentum, double eps) {
+  return x.scalar_type() == torch::kFloat
+             ? batch_norm_of<float>(x, weight, bias, running_mean, running_var, momentum, eps)
+             : batch_norm_of<bf16>(x, weight, bias, running_mean, running_var, momentum, eps);
+}
+
+// Evaluation: the running statistics.
+Norm running_norm_of(const torch::nn::BatchNorm2dImpl& bn) {
+  Norm n{bn.running_mean.to(torch::kDouble).contiguous(),
+         (bn.running_var.to(torch::kDouble) + bn.options.eps()).rsqrt().contiguous(),
+         {},
+         {}};
+  set_affine(n, bn.weight, bn.bias);
+  return n;
+}
+
+// The backward's per-channel terms from sum_dy and dot: dx = a1 x + a0 + s dy, and the gradients
+// of gamma (dot * invstd) and beta (sum_dy).
+void scale_terms(const std::vector<double>& sdy, const std::vector<double>& dot,
+                 const torch::Tensor& mean, const torch::Tensor& invstd,
+                 const torch::Tensor& weight, int64_t M, std::vector<float>& a1,
+                 std::vector<float>& a0, std::vector<float>& s, torch::Tensor& grad_w,
+                 torch::Tensor& grad_b) {
+  const int64_t C = mean.size(0);
+  const auto w = weight.detach().contiguous();
+  const float* wp = w.data_ptr<float>();
+  const double* mp = mean.data_ptr<double>();
+  const double* ip = invstd.data_ptr<double>();
+  a1.resize(static_cast<size_t>(C));
+  a0.resize(static_cast<size_t>(C));
+  s.resize(static_cast<size_t>(C));
+  grad_w = torch::empty({C}, torch::kFloat);
+  grad_b = torch::empty({C}, torch::kFloat);
+  for (int64_t c = 0; c < C; ++c) {
+    const double k = dot[c] * ip[c] * ip[c] / double(M), mean_dy = sdy[c] / double(M);
+    const double iw = ip[c] * wp[c];
+    a1[c] = static_cast<float>(-k * iw);
+    a0[c] = static_cast<float>((mp[c] * k - mean_dy) * iw);
+    s[c] = static_cast<float>(iw);
+    grad_w.data_ptr<float>()[c] = static_cast<float>(dot[c] * ip[c]);
+    grad_b.data_ptr<float>()[c] = static_cast<float>(sdy[c]);
+  }
+}
+
 struct BnPoolReluFn : torch::autograd::Function<BnPoolReluFn> {
   // momentum < 0: no running statistics to update.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
-                               torch::Tensor running_mean, torch::Tensor running_var,
+                               const torch::Tensor& running_mean, const torch::Tensor& running_var,
                                double momentum, double eps) {
-    const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-    RECORD_FUNCTION("mltrain::batchnorm_pool_relu",
-                    std::vector<c10::IValue>());  // a row in `mltrain profile`
-    const int64_t M = N * H * W;
-    const float* xp = x.data_ptr<float>();
-    std::vector<double> shift(xp, xp + C), s, q;
-    blocked_sums(M, C, s, q, [&](int64_t r0, int64_t rows, double* sum, double* sq) {
-      stats_block(xp + r0 * C, rows, C, shift.data(), sum, sq);
-    });
-    auto mean = torch::empty({C}, torch::kDouble), invstd = torch::empty({C}, torch::kDouble);
-    double* mp = mean.data_ptr<double>();
-    double* ip = invstd.data_ptr<double>();
-    std::vector<float> alpha(static_cast<size_t>(C)), beta(static_cast<size_t>(C));
-    const auto w = weight.contiguous(), b = bias.contiguous();
-    const float* wp = w.data_ptr<float>();
-    const float* bp = b.data_ptr<float>();
-    for (int64_t c = 0; c < C; ++c) {
-      const double m1 = s[c] / double(M);
-      const double var = std::max(0.0, q[c] / double(M) - m1 * m1);  // biased: normalises
-      mp[c] = shift[c] + m1;
-      ip[c] = 1.0 / std::sqrt(var + eps);
-      alpha[c] = static_cast<float>(ip[c] * wp[c]);
-      beta[c] = static_cast<float>(bp[c] - mp[c] * ip[c] * wp[c]);
-      if (momentum >= 0) {  // running_var takes the unbiased variance, as PyTorch's
-        float* rm = running_mean.data_ptr<float>();
-        float* rv = running_var.data_ptr<float>();
-        rm[c] = static_cast<float>(momentum * mp[c] + (1 - momentum) * rm[c]);
-        rv[c] =
-            static_cast<float>(momentum * var * double(M) / double(M - 1) + (1 - momentum) * rv[c]);
-      }
-    }
+    // A row of its own in `mltrain profile`: a custom function records none.
+    RECORD_FUNCTION("mltrain::batchnorm_pool_relu", std::vector<c10::IValue>());
+    const Norm n = batch_norm_of(x, weight, bias, running_mean, running_var, momentum, eps);
     torch::Tensor out, pos, chosen;
-    normalise_pool(x, alpha, beta, out, pos, chosen);
+    normalise_pool(x, n.alpha, n.beta, out, pos, chosen);
     ctx->save_for_backward({x, weight, out, pos, chosen});
-    ctx->saved_data["mean"] = mean;
-    ctx->saved_data["invstd"] = invstd;
+    ctx->saved_data["mean"] = n.mean;
+    ctx->saved_data["invstd"] = n.invstd;
     return out;
   }
 
@@ -238,26 +432,14 @@ struct BnPoolReluFn : torch::autograd::Function<BnPoolReluFn> {
     const float* gp = g.data_ptr<float>();
     const float* op = out.data_ptr<float>();
     const float* cp = chosen.data_ptr<float>();
-    const double* mp = mean.data_ptr<double>();
-    const double* ip = invstd.data_ptr<double>();
     std::vector<double> sdy, dot;
     blocked_sums(N * OH * OW, C, sdy, dot, [&](int64_t r0, int64_t rows, double* a, double* b) {
-      grad_sums_block(gp + r0 * C, op + r0 * C, cp + r0 * C, rows, C, mp, a, b);
+      grad_sums_block(gp + r0 * C, op + r0 * C, cp + r0 * C, rows, C, mean.data_ptr<double>(), a,
+                      b);
     });
-    const auto w = weight.contiguous();
-    const float* wp = w.data_ptr<float>();
-    auto grad_w = torch::empty({C}, torch::kFloat), grad_b = torch::empty({C}, torch::kFloat);
-    std::vector<float> a1(static_cast<size_t>(C)), a0(static_cast<size_t>(C)),
-        sc(static_cast<size_t>(C));
-    for (int64_t c = 0; c < C; ++c) {
-      const double k = dot[c] * ip[c] * ip[c] / double(M), mean_dy = sdy[c] / double(M);
-      const double iw = ip[c] * wp[c];
-      a1[c] = static_cast<float>(-k * iw);
-      a0[c] = static_cast<float>((mp[c] * k - mean_dy) * iw);
-      sc[c] = static_cast<float>(iw);
-      grad_w.data_ptr<float>()[c] = static_cast<float>(dot[c] * ip[c]);
-      grad_b.data_ptr<float>()[c] = static_cast<float>(sdy[c]);
-    }
+    std::vector<float> a1, a0, sc;
+    torch::Tensor grad_w, grad_b;
+    scale_terms(sdy, dot, mean, invstd, weight, M, a1, a0, sc, grad_w, grad_b);
     auto dx = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
     const float* xp = x.data_ptr<float>();
     float* dp = dx.data_ptr<float>();
@@ -279,12 +461,141 @@ struct BnPoolReluFn : torch::autograd::Function<BnPoolReluFn> {
   }
 };
 
-bool fusable(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn) {
-  return x.is_cpu() && x.scalar_type() == torch::kFloat && x.dim() == 4 &&
-         x.is_contiguous(at::MemoryFormat::ChannelsLast) && x.size(1) > 0 && x.size(2) >= 2 &&
-         x.size(3) >= 2 && x.size(0) * x.size(2) * x.size(3) > 1 && bn.options.affine() &&
-         bn.weight.scalar_type() == torch::kFloat && bn.bias.scalar_type() == torch::kFloat &&
-         bn.weight.is_cpu();
+// Pixels of x in chunks spread over the threads, f(first pixel, count).
+template <typename F>
+void for_each_pixels(int64_t pixels, int64_t C, const F& f) {
+  runtime::parallel_for(0, pixels, std::max<int64_t>(1, kPassGrain / C),
+                        [&](int64_t p0, int64_t p1) { f(p0, p1 - p0); });
+}
+
+template <typename T>
+const T* ptr(const torch::Tensor& t) {
+  return t.defined() ? reinterpret_cast<const T*>(t.data_ptr()) : nullptr;
+}
+template <typename T>
+T* mut(torch::Tensor& t) {
+  return t.defined() ? reinterpret_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+template <typename T>
+void affine_relu_all(const torch::Tensor& x, const torch::Tensor& r, const Norm& n,
+                     torch::Tensor& out) {
+  const int64_t C = x.size(1);
+  for_each_pixels(x.numel() / C, C, [&](int64_t p, int64_t rows) {
+    affine_relu(ptr<T>(x) + p * C, r.defined() ? ptr<T>(r) + p * C : nullptr, rows, C,
+                n.alpha.data(), n.beta.data(), mut<T>(out) + p * C);
+  });
+}
+
+void affine_relu_all(const torch::Tensor& x, const torch::Tensor& r, const Norm& n,
+                     torch::Tensor& out) {
+  if (x.scalar_type() == torch::kFloat)
+    affine_relu_all<float>(x, r, n, out);
+  else
+    affine_relu_all<bf16>(x, r, n, out);
+}
+
+struct BnReluFn : torch::autograd::Function<BnReluFn> {
+  // momentum < 0: no running statistics to update; an empty residual: none.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                               const torch::Tensor& residual, double momentum, double eps) {
+    RECORD_FUNCTION("mltrain::batchnorm_relu", std::vector<c10::IValue>());
+    const Norm n = batch_norm_of(x, weight, bias, running_mean, running_var, momentum, eps);
+    auto out = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+    const bool has_residual = residual.numel() > 0;
+    affine_relu_all(x, has_residual ? residual : torch::Tensor(), n, out);
+    ctx->save_for_backward({x, weight, out});
+    ctx->saved_data["mean"] = n.mean;
+    ctx->saved_data["invstd"] = n.invstd;
+    ctx->saved_data["residual"] = has_residual;
+    return out;
+  }
+
+  template <typename T>
+  static void backward_pass(const torch::Tensor& g, const torch::Tensor& out,
+                            const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& mean, const torch::Tensor& invstd,
+                            torch::Tensor& dx, torch::Tensor& dw, torch::Tensor& db,
+                            torch::Tensor& dr) {
+    const int64_t C = x.size(1), M = x.numel() / C;
+    std::vector<double> sdy, dot;
+    blocked_sums(M, C, sdy, dot, [&](int64_t r0, int64_t rows, double* a, double* b) {
+      relu_grad_sums(ptr<T>(g) + r0 * C, ptr<T>(out) + r0 * C, ptr<T>(x) + r0 * C, rows, C,
+                     mean.data_ptr<double>(), a, b, dr.defined() ? mut<T>(dr) + r0 * C : nullptr);
+    });
+    std::vector<float> a1, a0, sc;
+    scale_terms(sdy, dot, mean, invstd, weight, M, a1, a0, sc, dw, db);
+    for_each_pixels(M, C, [&](int64_t p, int64_t rows) {
+      relu_dx(ptr<T>(g) + p * C, ptr<T>(out) + p * C, ptr<T>(x) + p * C, rows, C, a1.data(),
+              a0.data(), sc.data(), mut<T>(dx) + p * C);
+    });
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1], &out = saved[2];
+    const torch::Tensor undefined;
+    if (!grads[0].defined())
+      return {undefined, undefined, undefined, undefined,
+              undefined, undefined, undefined, undefined};
+    TORCH_CHECK(!grads[0].requires_grad(),
+                "batchnorm_relu has no second derivative (create_graph=true)");
+    const torch::Tensor g = grads[0].to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast);
+    auto dx = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+    torch::Tensor dw, db, dr;
+    if (ctx->saved_data["residual"].toBool())
+      dr = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+    const torch::Tensor mean = ctx->saved_data["mean"].toTensor();
+    const torch::Tensor invstd = ctx->saved_data["invstd"].toTensor();
+    if (x.scalar_type() == torch::kFloat)
+      backward_pass<float>(g, out, x, weight, mean, invstd, dx, dw, db, dr);
+    else
+      backward_pass<bf16>(g, out, x, weight, mean, invstd, dx, dw, db, dr);
+    return {dx, dw, db, undefined, undefined, dr, undefined, undefined};
+  }
+};
+
+// Does the fused code take this input and module? float (or bf16 where `bf16_ok`), on the CPU,
+// channels-last, more than one value per channel, affine parameters and running statistics in
+// float. Anything else runs ATen's operators.
+bool fusable(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn, bool bf16_ok) {
+  const auto dt = x.scalar_type();
+  if (!x.is_cpu() || x.dim() != 4 || !(dt == torch::kFloat || (bf16_ok && dt == torch::kBFloat16)))
+    return false;
+  if (!x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(1) == 0 ||
+      x.size(0) * x.size(2) * x.size(3) <= 1)
+    return false;
+  if (!bn.options.affine() || bn.weight.scalar_type() != torch::kFloat ||
+      bn.bias.scalar_type() != torch::kFloat || !bn.weight.is_cpu())
+    return false;
+  if (!bn.options.track_running_stats()) return true;
+  return bn.running_mean.scalar_type() == torch::kFloat && bn.running_mean.is_contiguous() &&
+         bn.running_var.scalar_type() == torch::kFloat && bn.running_var.is_contiguous();
+}
+
+// Evaluation with running statistics, where no gradient is wanted: the forward alone.
+bool running_stats_forward(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn) {
+  return !bn.is_training() && bn.options.track_running_stats();
+}
+bool wants_grad(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
+                const torch::Tensor& r = {}) {
+  return torch::GradMode::is_enabled() &&
+         (x.requires_grad() || bn.weight.requires_grad() || bn.bias.requires_grad() ||
+          (r.defined() && r.requires_grad()));
+}
+
+// LibTorch's BatchNorm module bookkeeping in training: count the batch and return the running
+// statistics' factor (momentum, or 1 / batches for the cumulative average); -1 when the module
+// keeps none, or normalises with the batch in evaluation (track_running_stats false).
+double count_batch(torch::nn::BatchNorm2dImpl& bn) {
+  if (!bn.is_training() || !bn.options.track_running_stats()) return -1;
+  torch::NoGradGuard no_grad;
+  bn.num_batches_tracked += 1;
+  return bn.options.momentum().has_value() ? *bn.options.momentum()
+                                           : 1.0 / bn.num_batches_tracked.item<double>();
 }
 
 }  // namespace
@@ -294,47 +605,44 @@ torch::Tensor batchnorm_pool_relu_aten(const torch::Tensor& x, torch::nn::BatchN
 }
 
 torch::Tensor batchnorm_pool_relu(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
-  if (!fusable(x, bn)) return batchnorm_pool_relu_aten(x, bn);
-  const bool batch_stats = bn.is_training() || !bn.options.track_running_stats();
-  if (!batch_stats) {
-    // Evaluation with running statistics: y = alpha x + beta, no graph needed.
-    if (torch::GradMode::is_enabled() &&
-        (x.requires_grad() || bn.weight.requires_grad() || bn.bias.requires_grad()))
-      return batchnorm_pool_relu_aten(x, bn);
-    const int64_t C = x.size(1);
-    const auto rm = bn.running_mean.to(torch::kDouble).contiguous();
-    const auto rv = bn.running_var.to(torch::kDouble).contiguous();
-    const auto w = bn.weight.detach().contiguous(), b = bn.bias.detach().contiguous();
-    std::vector<float> alpha(static_cast<size_t>(C)), beta(static_cast<size_t>(C));
-    for (int64_t c = 0; c < C; ++c) {
-      const double is = 1.0 / std::sqrt(rv.data_ptr<double>()[c] + bn.options.eps());
-      alpha[c] = static_cast<float>(is * w.data_ptr<float>()[c]);
-      beta[c] = static_cast<float>(b.data_ptr<float>()[c] -
-                                   rm.data_ptr<double>()[c] * is * w.data_ptr<float>()[c]);
-    }
+  if (!fusable(x, bn, /*bf16_ok=*/false) || x.size(2) < 2 || x.size(3) < 2)
+    return batchnorm_pool_relu_aten(x, bn);
+  if (running_stats_forward(x, bn)) {
+    if (wants_grad(x, bn)) return batchnorm_pool_relu_aten(x, bn);
     torch::Tensor out, pos, chosen;
-    normalise_pool(x, alpha, beta, out, pos, chosen);
+    const Norm n = running_norm_of(bn);
+    normalise_pool(x, n.alpha, n.beta, out, pos, chosen);
     return out;
   }
-  // Training: LibTorch's BatchNorm module bookkeeping, then the fused node.
-  double momentum = -1;
-  if (bn.is_training() && bn.options.track_running_stats()) {
-    torch::NoGradGuard no_grad;
-    bn.num_batches_tracked += 1;
-    momentum = bn.options.momentum().has_value()
-                   ? *bn.options.momentum()
-                   : 1.0 / bn.num_batches_tracked.item<double>();  // the cumulative average
+  const double momentum = count_batch(bn);
+  const torch::Tensor none = torch::empty({0});  // autograd's apply takes no undefined tensor
+  return BnPoolReluFn::apply(x, bn.weight, bn.bias, momentum >= 0 ? bn.running_mean : none,
+                             momentum >= 0 ? bn.running_var : none, momentum, bn.options.eps());
+}
+
+torch::Tensor batchnorm_relu_aten(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
+                                  const torch::Tensor& residual) {
+  return torch::relu(residual.defined() ? bn.forward(x) + residual : bn.forward(x));
+}
+
+torch::Tensor batchnorm_relu(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
+                             const torch::Tensor& residual) {
+  if (!fusable(x, bn, /*bf16_ok=*/true) ||
+      (residual.defined() &&
+       (residual.sizes() != x.sizes() || residual.scalar_type() != x.scalar_type() ||
+        !residual.is_cpu() || !residual.is_contiguous(at::MemoryFormat::ChannelsLast))))
+    return batchnorm_relu_aten(x, bn, residual);
+  if (running_stats_forward(x, bn)) {
+    if (wants_grad(x, bn, residual)) return batchnorm_relu_aten(x, bn, residual);
+    auto out = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+    affine_relu_all(x, residual, running_norm_of(bn), out);
+    return out;
   }
-  torch::Tensor rm = momentum >= 0 ? bn.running_mean : torch::Tensor();
-  torch::Tensor rv = momentum >= 0 ? bn.running_var : torch::Tensor();
-  if (momentum >= 0 && (!rm.is_contiguous() || !rv.is_contiguous() ||
-                        rm.scalar_type() != torch::kFloat || rv.scalar_type() != torch::kFloat)) {
-    // Undo the count: the composite counts again.
-    torch::NoGradGuard no_grad;
-    bn.num_batches_tracked -= 1;
-    return batchnorm_pool_relu_aten(x, bn);
-  }
-  return BnPoolReluFn::apply(x, bn.weight, bn.bias, rm, rv, momentum, bn.options.eps());
+  const double momentum = count_batch(bn);
+  const torch::Tensor none = torch::empty({0}, x.options());  // apply takes no undefined tensor
+  return BnReluFn::apply(x, bn.weight, bn.bias, momentum >= 0 ? bn.running_mean : none,
+                         momentum >= 0 ? bn.running_var : none,
+                         residual.defined() ? residual : none, momentum, bn.options.eps());
 }
 
 }  // namespace mltrain::model

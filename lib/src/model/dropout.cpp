@@ -90,7 +90,8 @@ torch::Tensor like_mask(const torch::Tensor& t, const torch::Tensor& mask) {
 struct DropoutFn : torch::autograd::Function<DropoutFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& in,
                                double p) {
-    RECORD_FUNCTION("mltrain::dropout", std::vector<c10::IValue>());  // a row in `mltrain profile`
+    // A row of its own in `mltrain profile`: a custom function records none.
+    RECORD_FUNCTION("mltrain::dropout", std::vector<c10::IValue>());
     const torch::Tensor x = in.is_non_overlapping_and_dense() ? in : in.contiguous();
     const Draw draw(compat::cpu_rng_next64(), p);
     auto mask = torch::empty_like(x, x.options().dtype(torch::kUInt8));

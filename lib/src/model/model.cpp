@@ -151,6 +151,10 @@ struct BlockImpl : nn::Module {
     return isl->call(names[i], x, [&](const torch::Tensor& t) { return m(t); });
   }
   torch::Tensor forward(torch::Tensor x) {
+    if (b1 && isl->idle()) {  // "BN, (+ shortcut), ReLU" as fused nodes (model/batchnorm.hpp)
+      auto y = batchnorm_relu(c1(x), *b1);
+      return batchnorm_relu(c2(y), *b2, sc ? sb(sc(x)) : x);
+    }
     auto y = torch::relu(run(1, b1, run(0, c1, x)));
     y = run(3, b2, run(2, c2, y));
     return torch::relu(y + (sc ? run(5, sb, run(4, sc, x)) : x));
@@ -216,8 +220,12 @@ struct ResNetImpl : nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     if (cl) x = channels_last(x);
     x = isl->call(names[0], x, [&](const torch::Tensor& t) { return stem(t); });
-    if (stem_bn) x = isl->call(names[1], x, [&](const torch::Tensor& t) { return stem_bn(t); });
-    x = torch::relu(x);
+    if (stem_bn && isl->idle()) {
+      x = batchnorm_relu(x, *stem_bn);
+    } else {
+      if (stem_bn) x = isl->call(names[1], x, [&](const torch::Tensor& t) { return stem_bn(t); });
+      x = torch::relu(x);
+    }
     x = run_segments(
         blocks, checkpoint_every, x,
         [](Block& b, const torch::Tensor& t) {
