@@ -19,7 +19,7 @@
 // where the output is > 0. Sums are in double over fixed blocks added in block order, so the
 // result is the same bits on any thread count. bf16 (autocast's convolution outputs) is widened
 // to float and rounded once at the end. Anything else (other dtypes, NCHW, no affine
-// parameters, autocast islands, a double backward) runs the ATen composite instead.
+// parameters, fp32 islands) runs ATen's operators; a second derivative (create_graph) is refused.
 #include <torch/torch.h>
 
 namespace mltrain::model {
