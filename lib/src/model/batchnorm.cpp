@@ -18,6 +18,7 @@
 #include "mltrain/model/batchnorm.hpp"
 
 #include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -44,16 +45,11 @@ inline float keep_if(bool t, float v) {
   return v;
 }
 
-// bf16 as PyTorch stores it, the high half of a float: widened exactly, narrowed to nearest even
-// with NaN as 0x7fc0 (c10::BFloat16's round_to_nearest_even), in integer operations that vectorise.
+// bf16 as PyTorch stores it: c10's own conversions (exact widening; nearest-even narrowing with
+// NaN as 0x7fc0), which GCC vectorises in these loops.
 using bf16 = uint16_t;
 inline float widen(float v) { return v; }
-inline float widen(bf16 h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
+inline float widen(bf16 h) { return c10::detail::f32_from_bits(h); }
 template <typename T>
 T narrow(float v);
 template <>
@@ -62,11 +58,7 @@ inline float narrow<float>(float v) {
 }
 template <>
 inline bf16 narrow<bf16>(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t nan = -static_cast<uint32_t>(v != v);
-  return static_cast<bf16>((rounded & ~nan) | (0x7fc0u & nan));
+  return c10::detail::round_to_nearest_even(v);
 }
 // relu keeping a NaN, as torch::relu does.
 inline float relu(float v) { return keep_if(!(v <= 0.f), v); }
@@ -195,20 +187,6 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void pool_row(
       out[c] = (m > 0 || m != m) ? m : 0.f;  // relu; a NaN stays NaN
       pos[c] = k;
       chosen[c] = xs;
-    }
-}
-
-// Per-channel sums of g' and g' * (x_k - mean) over `rows` pooled pixels.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void grad_sums_block(
-    const float* __restrict g, const float* __restrict out, const float* __restrict chosen,
-    int64_t rows, int64_t C, const double* __restrict mean, double* __restrict sdy,
-    double* __restrict dot) {
-  for (int64_t c = 0; c < C; ++c) sdy[c] = dot[c] = 0;
-  for (int64_t r = 0; r < rows; ++r, g += C, out += C, chosen += C)
-    for (int64_t c = 0; c < C; ++c) {
-      const double gp = keep_if(out[c] > 0, g[c]);
-      sdy[c] += gp;
-      dot[c] += gp * (static_cast<double>(chosen[c]) - mean[c]);
     }
 }
 
@@ -434,8 +412,9 @@ struct BnPoolReluFn : torch::autograd::Function<BnPoolReluFn> {
     const float* cp = chosen.data_ptr<float>();
     std::vector<double> sdy, dot;
     blocked_sums(N * OH * OW, C, sdy, dot, [&](int64_t r0, int64_t rows, double* a, double* b) {
-      grad_sums_block(gp + r0 * C, op + r0 * C, cp + r0 * C, rows, C, mean.data_ptr<double>(), a,
-                      b);
+      // The pooled grid's sums: x_k is the input each window chose.
+      relu_grad_sums(gp + r0 * C, op + r0 * C, cp + r0 * C, rows, C, mean.data_ptr<double>(), a, b,
+                     static_cast<float*>(nullptr));
     });
     std::vector<float> a1, a0, sc;
     torch::Tensor grad_w, grad_b;
@@ -577,7 +556,7 @@ bool fusable(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn, bool 
 }
 
 // Evaluation with running statistics, where no gradient is wanted: the forward alone.
-bool running_stats_forward(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn) {
+bool running_stats_forward(const torch::nn::BatchNorm2dImpl& bn) {
   return !bn.is_training() && bn.options.track_running_stats();
 }
 bool wants_grad(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
@@ -607,7 +586,7 @@ torch::Tensor batchnorm_pool_relu_aten(const torch::Tensor& x, torch::nn::BatchN
 torch::Tensor batchnorm_pool_relu(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
   if (!fusable(x, bn, /*bf16_ok=*/false) || x.size(2) < 2 || x.size(3) < 2)
     return batchnorm_pool_relu_aten(x, bn);
-  if (running_stats_forward(x, bn)) {
+  if (running_stats_forward(bn)) {
     if (wants_grad(x, bn)) return batchnorm_pool_relu_aten(x, bn);
     torch::Tensor out, pos, chosen;
     const Norm n = running_norm_of(bn);
@@ -632,7 +611,7 @@ torch::Tensor batchnorm_relu(const torch::Tensor& x, torch::nn::BatchNorm2dImpl&
        (residual.sizes() != x.sizes() || residual.scalar_type() != x.scalar_type() ||
         !residual.is_cpu() || !residual.is_contiguous(at::MemoryFormat::ChannelsLast))))
     return batchnorm_relu_aten(x, bn, residual);
-  if (running_stats_forward(x, bn)) {
+  if (running_stats_forward(bn)) {
     if (wants_grad(x, bn, residual)) return batchnorm_relu_aten(x, bn, residual);
     auto out = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
     affine_relu_all(x, residual, running_norm_of(bn), out);

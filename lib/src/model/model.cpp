@@ -98,22 +98,13 @@ struct CnnImpl : nn::Module {
     auto run = [this](const std::string& n, const torch::Tensor& t, auto& m) {
       return isl->call(n, t, [&](const torch::Tensor& in) { return m(in); });
     };
-    // With BatchNorm and no fp32 islands, "BN, pool, ReLU" is one fused node (model/batchnorm.hpp).
-    const bool fuse = bn && isl->idle();
-    x = run(names[0], x, conv1);
-    if (fuse) {
-      x = batchnorm_pool_relu(x, *bn1);
-    } else {
-      if (bn) x = run(names[1], x, bn1);
-      x = torch::relu(torch::max_pool2d(x, 2));
-    }
-    x = run(names[2], x, conv2);
-    if (fuse) {
-      x = batchnorm_pool_relu(x, *bn2);
-    } else {
-      if (bn) x = run(names[3], x, bn2);
-      x = torch::relu(torch::max_pool2d(x, 2));
-    }
+    // (BN), pool, ReLU; with BatchNorm and no fp32 islands one fused node (model/batchnorm.hpp).
+    auto norm_pool_relu = [&](const torch::Tensor& t, size_t i, nn::BatchNorm2d& b) {
+      if (bn && isl->idle()) return batchnorm_pool_relu(t, *b);
+      return torch::relu(torch::max_pool2d(bn ? run(names[i], t, b) : t, 2));
+    };
+    x = norm_pool_relu(run(names[0], x, conv1), 1, bn1);
+    x = norm_pool_relu(run(names[2], x, conv2), 3, bn2);
     x = torch::relu(run(names[4], x.flatten(1), fc1));
     return run(names[5], drop(x), fc2);
   }
