@@ -187,7 +187,10 @@ TEST_CASE(
     "steps",
     "[cli][doctor]") {
   // cgroup v1's cpu controller (this machine's): half a CPU for the faulted rank. Steps of tens of
-  // ms (batch 256), as real ones are: 20 steps must outlast the watchdog's 250 ms and the window.
+  // ms, as real ones are: the warning comes at most ~6 slow steps (the window's median turning)
+  // plus two watchdog periods (rank 1 publishing, rank 0 reading: 2 x 250 ms) after the fault, so
+  // 20 steps hold only for steps above ~35 ms. Batch 256 made 8-13 ms steps on the faster engine
+  // and was named 22 steps late once under CI's load: batch 1024 (~30 ms, ~55 ms slowed).
   // Rank 0 logs every 100 steps only: a console line per step makes it the slower rank (named so).
   const fs::path root = "/sys/fs/cgroup/cpu";
   REQUIRE(fs::exists(root / "cgroup.procs"));
@@ -203,7 +206,7 @@ TEST_CASE(
     const auto o = watch("MLTRAIN_FAULT=slow:" + std::to_string(rank) + ":" + std::to_string(step) +
                              " MLTRAIN_FAULT_CGROUP=" + cg.string() + " " + kBin +
                              " launch --nproc-per-node 2 --max-restarts 0" + kTrain +
-                             " data.limit_train=16384 data.batch_size=256 train.log_every=100u "
+                             " data.limit_train=32768 data.batch_size=1024 train.log_every=100u "
                              "run.dir=" +
                              d.string() + " run.name=run",
                          "is a straggler", d / "log", 0);
