@@ -345,6 +345,64 @@ TEST_CASE("batchnorm_pool_relu: ties, NaN, the cumulative average and the fallba
   }
 }
 
+TEST_CASE("relu_max_pool2d: max_pool2d(relu(x), 2) and its gradient bit for bit",
+          "[model][batchnorm]") {
+  // The values are copies (no arithmetic), so fused and ATen must agree exactly: even and odd
+  // sizes (an odd last row and column get no gradient), ties (integers), windows all <= 0, NaN,
+  // 1 and 2 threads.
+  torch::manual_seed(7);
+  const auto run = [](const torch::Tensor& x, const torch::Tensor& up, bool fused) {
+    auto xi = x.clone().requires_grad_();
+    auto out = fused ? model::relu_max_pool2d(xi) : model::relu_max_pool2d_aten(xi);
+    (out * up).sum().backward();
+    return std::make_pair(out.detach(), xi.grad());
+  };
+  for (const auto& shape : {std::vector<int64_t>{3, 5, 8, 8}, std::vector<int64_t>{2, 17, 9, 7},
+                            std::vector<int64_t>{1, 3, 2, 3}}) {
+    for (const bool ties : {false, true}) {
+      INFO("shape " << shape[1] << "x" << shape[2] << "x" << shape[3] << " ties " << ties);
+      auto x = ties ? torch::randint(-2, 2, shape).to(torch::kFloat) : torch::randn(shape);
+      x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      const auto up = torch::randn({shape[0], shape[1], shape[2] / 2, shape[3] / 2});
+      const auto [fo, fg] = run(x, up, true);
+      const auto [ao, ag] = run(x, up, false);
+      CHECK(fo.is_contiguous(at::MemoryFormat::ChannelsLast));
+      CHECK(torch::equal(fo, ao));
+      CHECK(torch::equal(fg, ag));
+      using torch::indexing::Slice;
+      if (shape[2] % 2) CHECK(fg.index({Slice(), Slice(), -1}).abs().sum().item<float>() == 0);
+      if (shape[3] % 2)
+        CHECK(fg.index({Slice(), Slice(), Slice(), -1}).abs().sum().item<float>() == 0);
+      const int threads = at::get_num_threads();
+      at::set_num_threads(1);
+      const auto [f1, g1] = run(x, up, true);
+      at::set_num_threads(threads);
+      CHECK(torch::equal(f1, fo));
+      CHECK(torch::equal(g1, fg));
+    }
+  }
+  // A NaN wins its window and passes its gradient (threshold_backward's rule), as in PyTorch.
+  auto x = torch::randn({2, 4, 6, 6}).contiguous(at::MemoryFormat::ChannelsLast);
+  x.index_put_({1, 2, 3, 4}, std::numeric_limits<float>::quiet_NaN());
+  const auto up = torch::randn({2, 4, 3, 3});
+  const auto [fo, fg] = run(x, up, true);
+  const auto [ao, ag] = run(x, up, false);
+  CHECK(std::isnan(fo.index({1, 2, 1, 2}).item<float>()));
+  CHECK(torch::equal(torch::isnan(fo), torch::isnan(ao)));
+  CHECK(torch::equal(fo.nan_to_num(0), ao.nan_to_num(0)));
+  CHECK(torch::equal(fg, ag));
+  CHECK(fg.index({1, 2, 3, 4}).item<float>() == up.index({1, 2, 1, 2}).item<float>());
+  // What the kernel does not take (NCHW, double) runs ATen's operators; a 1-pixel side is
+  // refused as ATen refuses it.
+  for (const auto& xi : {x.contiguous(), x.to(torch::kDouble)}) {
+    torch::NoGradGuard no_grad;
+    CHECK(torch::equal(model::relu_max_pool2d(xi).nan_to_num(0),
+                       model::relu_max_pool2d_aten(xi).nan_to_num(0)));
+  }
+  CHECK_THROWS(model::relu_max_pool2d(
+      torch::randn({2, 4, 1, 6}).contiguous(at::MemoryFormat::ChannelsLast)));
+}
+
 TEST_CASE("batchnorm_relu: relu(bn(x) + residual) as PyTorch's operators, in float and bf16",
           "[model][batchnorm]") {
   for (bool with_residual : {false, true})
@@ -687,6 +745,55 @@ TEST_CASE("TorchScript models load, run and train from C++", "[model]") {
   CHECK(last < first * 0.5);  // it memorises a fixed batch
   mc.path = "/nonexistent.pt";
   CHECK_THROWS_AS(model::build_model(mc, {1, 28, 28}, 10, 0), ConfigError);
+}
+
+// model.script_kernels=mltrain: dropout and "ReLU, 2 x 2 pool" of a user's graph on mltrain's
+// kernels, computing what the saved graph does (tests/golden/make_script_golden.py).
+TEST_CASE("TorchScript graphs on mltrain's kernels: PyTorch's values and gradients", "[model]") {
+  std::ifstream in(std::string(MLTRAIN_SOURCE_DIR) + "/tests/golden/script_net.json");
+  const auto golden = nlohmann::json::parse(in);
+  const auto vec = [](const nlohmann::json& j) {
+    return torch::tensor(j.get<std::vector<float>>());
+  };
+  const auto x = vec(golden["input"]).reshape({6, 1, 13, 13});
+  const auto w = vec(golden["weights"]).reshape({6, 10});
+  for (const std::string executor : {"legacy", "profiling"})
+    for (const std::string kernels : {"mltrain", "aten"}) {
+      INFO(executor << " executor, " << kernels << " kernels");
+      config::ModelConfig mc;
+      mc.name = "torchscript";
+      mc.path = std::string(MLTRAIN_SOURCE_DIR) + "/tests/golden/script_net.pt";
+      mc.script_executor = executor;
+      mc.script_kernels = kernels;
+      auto m = model::build_model(mc, {1, 13, 13}, 10, 0);
+      // Two dropouts and the 2 x 2 pool; the 3 x 3 pool after a ReLU stays ATen's.
+      CHECK((m->describe().find("mltrain kernels: 2 dropout, 1 relu+max_pool2d)") !=
+             std::string::npos) == (kernels == "mltrain"));
+      CHECK((m->describe().find("mltrain kernels") == std::string::npos) == (kernels == "aten"));
+      m->set_training(false);
+      for (int run = 0; run < 3; ++run) {  // past the profiling executor's profiled runs
+        for (auto& [n, p] : m->named_parameters()) p.mutable_grad() = torch::Tensor();
+        const auto out = m->forward(x);
+        (out * w).sum().backward();
+        CHECK(torch::allclose(out, vec(golden["output"]).reshape({6, 10}), 1e-5, 1e-6));
+        for (auto& [n, p] : m->named_parameters()) {
+          INFO(n << ", run " << run);
+          REQUIRE(p.grad().defined());
+          CHECK(torch::allclose(p.grad().contiguous().flatten(), vec(golden["grads"][n]), 1e-4,
+                                1e-6));
+        }
+      }
+      // Training: dropout draws from the CPU generator: the same seed, the same outputs.
+      m->set_training(true);
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(21);
+      const auto a = m->forward(x);
+      const auto b = m->forward(x);
+      torch::manual_seed(21);
+      CHECK(torch::equal(m->forward(x), a));
+      CHECK_FALSE(torch::equal(a, b));
+    }
+  torch::jit::getProfilingMode() = true;  // LibTorch's default, for the tests after this one
 }
 
 // model.script_executor picks TorchScript's graph executor (legacy: less memory on CPU, see

@@ -1,6 +1,7 @@
 // BatchNorm2d fused with what follows it, one autograd node each (model/batchnorm.hpp):
 //   batchnorm_pool_relu  relu(max_pool2d(bn(x), 2))   the CNN (float)
 //   batchnorm_relu       relu(bn(x) [+ residual])      the ResNet (float, bf16 under autocast)
+//   relu_max_pool2d      max_pool2d(relu(x), 2)        TorchScript graphs (no BatchNorm; float)
 //
 // Layout: channels-last, so a pixel's C channels are contiguous and every loop below runs over
 // channels innermost (vectorised; AVX2 / AVX-512 copies beside the plain one). With
@@ -214,6 +215,45 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void dx_uncovered(
     const float* __restrict a0, float* __restrict dx) {
   for (int64_t r = 0; r < pixels; ++r, x += C, dx += C)
     for (int64_t c = 0; c < C; ++c) dx[c] = x[c] * a1[c] + a0[c];
+}
+
+// relu(max) of one output row's 2 x 2 windows, no affine (a TorchScript graph's "ReLU, pool"),
+// and one byte per output for the backward: the window position k, or 4 where the output is
+// <= 0 (its gradient is zero; a NaN passes its gradient, as relu's threshold_backward does).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void max_row(const float* __restrict a,
+                                                                          const float* __restrict b,
+                                                                          int64_t OW, int64_t C,
+                                                                          float* __restrict out,
+                                                                          uint8_t* __restrict pos) {
+  for (int64_t w = 0; w < OW; ++w, a += 2 * C, b += 2 * C, out += C, pos += C)
+    for (int64_t c = 0; c < C; ++c) {
+      const float x1 = a[C + c], x2 = b[c], x3 = b[C + c];
+      float m = a[c];
+      uint8_t k = 0;
+      bool t = x1 > m || x1 != x1;  // max_pool2d's rule, as in pool_row
+      m = t ? x1 : m, k = t ? 1 : k;
+      t = x2 > m || x2 != x2;
+      m = t ? x2 : m, k = t ? 2 : k;
+      t = x3 > m || x3 != x3;
+      m = t ? x3 : m, k = t ? 3 : k;
+      out[c] = (m > 0 || m != m) ? m : 0.f;
+      pos[c] = (m > 0 || m != m) ? k : 4;
+    }
+}
+
+// The gradient of max_row: g at each window's position k, zero at the other three (and
+// everywhere for k = 4).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void scatter_row(
+    const float* __restrict g, const uint8_t* __restrict pos, int64_t OW, int64_t C,
+    float* __restrict da, float* __restrict db) {
+  for (int64_t w = 0; w < OW; ++w, da += 2 * C, db += 2 * C, g += C, pos += C)
+    for (int64_t c = 0; c < C; ++c) {
+      const int32_t k = pos[c];
+      da[c] = keep_if(k == 0, g[c]);
+      da[C + c] = keep_if(k == 1, g[c]);
+      db[c] = keep_if(k == 2, g[c]);
+      db[C + c] = keep_if(k == 3, g[c]);
+    }
 }
 
 // Per-channel sums of a blocked reduction, the blocks added in index order.
@@ -440,6 +480,53 @@ struct BnPoolReluFn : torch::autograd::Function<BnPoolReluFn> {
   }
 };
 
+// relu then 2 x 2 max-pooling, no BatchNorm: one pass forward (a byte per output saved), one
+// backward writing dx whole (odd last rows and columns zero, as max_pool2d's backward leaves them).
+struct PoolReluFn : torch::autograd::Function<PoolReluFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
+    RECORD_FUNCTION("mltrain::relu_max_pool2d", std::vector<c10::IValue>());
+    const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+    const int64_t OH = H / 2, OW = W / 2;
+    auto out = pooled_like(x, torch::kFloat), pos = pooled_like(x, torch::kUInt8);
+    const float* xp = x.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    uint8_t* pp = pos.data_ptr<uint8_t>();
+    for_each_output_row(N, OH, 4 * OW * C, [&](int64_t n, int64_t oh) {
+      const float* a = xp + ((n * H + 2 * oh) * W) * C;
+      const int64_t o = ((n * OH + oh) * OW) * C;
+      max_row(a, a + W * C, OW, C, op + o, pp + o);
+    });
+    ctx->save_for_backward({pos});
+    ctx->saved_data["input_size"] = x.sizes().vec();
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {torch::Tensor()};
+    TORCH_CHECK(!grads[0].requires_grad(),
+                "relu_max_pool2d has no second derivative (create_graph=true)");
+    const torch::Tensor pos = ctx->get_saved_variables()[0];
+    const auto size = ctx->saved_data["input_size"].toIntVector();
+    const int64_t N = size[0], C = size[1], H = size[2], W = size[3];
+    const int64_t OH = H / 2, OW = W / 2;
+    const torch::Tensor g = grads[0].contiguous(at::MemoryFormat::ChannelsLast);
+    auto dx = torch::empty(size, g.options().memory_format(at::MemoryFormat::ChannelsLast));
+    const float* gp = g.data_ptr<float>();
+    const uint8_t* pp = pos.data_ptr<uint8_t>();
+    float* dp = dx.data_ptr<float>();
+    for_each_output_row(N, OH, 4 * OW * C, [&](int64_t n, int64_t oh) {
+      const int64_t i = ((n * H + 2 * oh) * W) * C, o = ((n * OH + oh) * OW) * C;
+      scatter_row(gp + o, pp + o, OW, C, dp + i, dp + i + W * C);
+      if (W % 2)  // the last column of both rows: no window covers it
+        for (int64_t r : {i + (W - 1) * C, i + (2 * W - 1) * C}) std::fill_n(dp + r, C, 0.f);
+    });
+    if (H % 2)  // the last row of every image
+      for (int64_t n = 0; n < N; ++n) std::fill_n(dp + ((n * H + H - 1) * W) * C, W * C, 0.f);
+    return {dx};
+  }
+};
+
 // Pixels of x in chunks spread over the threads, f(first pixel, count).
 template <typename F>
 void for_each_pixels(int64_t pixels, int64_t C, const F& f) {
@@ -597,6 +684,18 @@ torch::Tensor batchnorm_pool_relu(const torch::Tensor& x, torch::nn::BatchNorm2d
   const torch::Tensor none = torch::empty({0});  // autograd's apply takes no undefined tensor
   return BnPoolReluFn::apply(x, bn.weight, bn.bias, momentum >= 0 ? bn.running_mean : none,
                              momentum >= 0 ? bn.running_var : none, momentum, bn.options.eps());
+}
+
+torch::Tensor relu_max_pool2d_aten(const torch::Tensor& x) {
+  return torch::max_pool2d(torch::relu(x), 2);
+}
+
+torch::Tensor relu_max_pool2d(const torch::Tensor& x) {
+  if (!x.is_cpu() || x.scalar_type() != torch::kFloat || x.dim() != 4 ||
+      !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(1) == 0 || x.size(2) < 2 ||
+      x.size(3) < 2 || x.size(0) == 0)
+    return relu_max_pool2d_aten(x);
+  return PoolReluFn::apply(x);
 }
 
 torch::Tensor batchnorm_relu_aten(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,

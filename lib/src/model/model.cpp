@@ -10,6 +10,7 @@
 #include "mltrain/core/glob.hpp"
 #include "mltrain/model/batchnorm.hpp"
 #include "mltrain/model/dropout.hpp"
+#include "mltrain/model/script_kernels.hpp"
 #include "gpt.hpp"
 #include "islands.hpp"
 #include "recompute.hpp"
@@ -314,8 +315,10 @@ class ModuleModel : public Model {
 
 class ScriptModel : public Model {
  public:
-  ScriptModel(torch::jit::Module m, std::string path, bool cl)
-      : m_(std::move(m)), path_(std::move(path)), cl_(cl) {}
+  ScriptModel(torch::jit::Module m, std::string path, bool cl, bool own_kernels)
+      : m_(std::move(m)), path_(std::move(path)), cl_(cl) {
+    if (own_kernels) kernels_ = use_mltrain_kernels(m_).text();
+  }
   torch::Tensor forward(const torch::Tensor& x) override {
     auto out = m_.forward({cl_ ? channels_last(x) : x});
     if (!out.isTensor())
@@ -345,12 +348,16 @@ class ScriptModel : public Model {
   }
   void set_training(bool on) override { m_.train(on); }
   void to(const torch::Device& device) override { m_.to(device); }
-  std::string describe() const override { return "torchscript(" + path_ + ")"; }
+  std::string describe() const override {
+    return "torchscript(" + path_ + (kernels_.empty() ? "" : "; mltrain kernels: " + kernels_) +
+           ")";
+  }
 
  private:
   torch::jit::Module m_;
   std::string path_;
   bool cl_;  // model.channels_last: 4-D inputs and weights NHWC (depthwise convolutions gain most)
+  std::string kernels_;  // what model.script_kernels=mltrain rewrote ("" when off)
 };
 
 }  // namespace
@@ -486,7 +493,8 @@ std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vect
       // Read when the forward method first runs, so it must be set before then. Measured on the
       // pytorch/examples MNIST CNN, batch 128 (README, "Memory"): peak RSS 403 vs 479 MiB.
       torch::jit::getProfilingMode() = c.script_executor == "profiling";
-      m = std::make_unique<ScriptModel>(torch::jit::load(c.path), c.path, c.channels_last);
+      m = std::make_unique<ScriptModel>(torch::jit::load(c.path), c.path, c.channels_last,
+                                        c.script_kernels == "mltrain");
     } catch (const c10::Error& e) {
       throw DataError(c.path, "not a loadable TorchScript file",
                       "save it with torch.jit.save(torch.jit.script(model), path)");

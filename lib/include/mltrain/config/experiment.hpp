@@ -344,6 +344,7 @@ struct ModelConfig {
   std::string init = "default";
   std::string path = "";
   std::string script_executor = "legacy";
+  std::string script_kernels = "mltrain";
   int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 128;
   bool bias = true;
   double embedding_noise = 0.0;
@@ -409,6 +410,11 @@ struct ModelConfig {
             "(on CPU ~75 MiB less peak memory than profiling at the same speed); profiling: "
             "profiles shapes first, then fuses (worth trying on CUDA)",
             one_of({"legacy", "profiling"}));
+    v.field("script_kernels", script_kernels,
+            "torchscript: mltrain: dropout and 'ReLU, 2 x 2 max-pool' in the graph run on "
+            "mltrain's fused kernels (pytorch/examples' CNN 1.4x; dropout draws its own mask); "
+            "aten: the graph's operators as saved",
+            one_of({"mltrain", "aten"}));
   }
 };
 

@@ -37,4 +37,11 @@ torch::Tensor batchnorm_relu(const torch::Tensor& x, torch::nn::BatchNorm2dImpl&
 torch::Tensor batchnorm_relu_aten(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
                                   const torch::Tensor& residual = {});
 
+// max_pool2d(relu(x), 2) (== relu(max_pool2d(x, 2)), gradients included) with no BatchNorm: a
+// TorchScript graph's "ReLU, 2 x 2 max-pool" (model/script_kernels.hpp). One pass each way and a
+// byte per output saved, against ATen's four passes, int64 indices and a zero-filled gradient.
+// Float, CPU, channels-last; anything else runs ATen's two operators.
+torch::Tensor relu_max_pool2d(const torch::Tensor& x);
+torch::Tensor relu_max_pool2d_aten(const torch::Tensor& x);
+
 }  // namespace mltrain::model
