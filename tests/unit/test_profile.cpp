@@ -106,6 +106,20 @@ TEST_CASE("operator profiler: counts, nesting and a readable Chrome trace", "[pr
   CHECK(dt.at("aten::addmm").count("bf16") == 1);
 }
 
+TEST_CASE("profile table: a long operator name keeps its end", "[profile]") {
+  ProfileReport r;
+  r.active = 1;
+  r.profiler_overhead = ProfileReport::Overhead{10, 11, {10, 10}};
+  for (const char* name :
+       {"aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "aten::mm"})
+    r.operators.push_back({name, 1, 1, 1, 0.1});
+  const std::string text = r.to_text();
+  CHECK(text.find("  aten::_scaled_dot_pr...ash_attention_for_cpu ") != std::string::npos);
+  CHECK(text.find("  aten::_scaled_dot_pr...tion_for_cpu_backward ") != std::string::npos);
+  CHECK(text.find("  aten::mm ") != std::string::npos);
+}
+
 TEST_CASE("profile --fix: proposals per verdict, and the keep rule", "[profile][fix]") {
   config::ExperimentConfig cfg;
   cfg.model.name = "cnn";

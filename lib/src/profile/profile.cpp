@@ -851,7 +851,12 @@ std::string ProfileReport::to_text() const {
                   "total ms", "self%");
     o << line;
     for (const auto& op : operators) {
-      std::snprintf(line, sizeof line, "  %-44.44s %8.1f %10.3f %10.3f %6.1f%%\n", op.name.c_str(),
+      // A long name loses its middle, not its end: ATen's forward and backward kernels often
+      // differ only there (..._flash_attention_for_cpu and ..._for_cpu_backward).
+      const std::string name = op.name.size() <= 44 ? op.name
+                                                    : op.name.substr(0, 20) + "..." +
+                                                          op.name.substr(op.name.size() - 21);
+      std::snprintf(line, sizeof line, "  %-44.44s %8.1f %10.3f %10.3f %6.1f%%\n", name.c_str(),
                     op.calls_per_step, op.self_ms_per_step, op.total_ms_per_step,
                     100 * op.self_share);
       o << line;
