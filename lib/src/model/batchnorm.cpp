@@ -166,6 +166,22 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void relu_dx(
   relu_dx_impl(g, out, x, rows, C, a1, a0, s, dx);
 }
 
+// max_pool2d's scan of a 2 x 2 window in row-major order: a later y wins if greater, or if it is
+// NaN. Returns the winning y; k is its position and xs the input v at that position.
+__attribute__((always_inline)) inline float window_max(float y0, float y1, float y2, float y3,
+                                                       float v0, float v1, float v2, float v3,
+                                                       uint8_t& k, float& xs) {
+  float m = y0;
+  xs = v0, k = 0;
+  bool t = y1 > m || y1 != y1;
+  m = t ? y1 : m, xs = t ? v1 : xs, k = t ? 1 : k;
+  t = y2 > m || y2 != y2;
+  m = t ? y2 : m, xs = t ? v2 : xs, k = t ? 2 : k;
+  t = y3 > m || y3 != y3;
+  m = t ? y3 : m, xs = t ? v3 : xs, k = t ? 3 : k;
+  return m;
+}
+
 // One output row: ow windows whose top-left pixels start at a (row 2oh) and b (row 2oh + 1).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void pool_row(
     const float* __restrict a, const float* __restrict b, int64_t OW, int64_t C,
@@ -175,16 +191,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void pool_row(
     for (int64_t c = 0; c < C; ++c) {
       const float al = alpha[c], be = beta[c];
       const float x0 = a[c], x1 = a[C + c], x2 = b[c], x3 = b[C + c];
-      const float y1 = x1 * al + be, y2 = x2 * al + be, y3 = x3 * al + be;
-      float m = x0 * al + be, xs = x0;
-      uint8_t k = 0;
-      // max_pool2d's rule: a later element wins if greater, or if it is NaN.
-      bool t = y1 > m || y1 != y1;
-      m = t ? y1 : m, xs = t ? x1 : xs, k = t ? 1 : k;
-      t = y2 > m || y2 != y2;
-      m = t ? y2 : m, xs = t ? x2 : xs, k = t ? 2 : k;
-      t = y3 > m || y3 != y3;
-      m = t ? y3 : m, xs = t ? x3 : xs, k = t ? 3 : k;
+      uint8_t k;
+      float xs;
+      const float m =
+          window_max(x0 * al + be, x1 * al + be, x2 * al + be, x3 * al + be, x0, x1, x2, x3, k, xs);
       out[c] = (m > 0 || m != m) ? m : 0.f;  // relu; a NaN stays NaN
       pos[c] = k;
       chosen[c] = xs;
@@ -227,17 +237,13 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void max_row(const 
                                                                           uint8_t* __restrict pos) {
   for (int64_t w = 0; w < OW; ++w, a += 2 * C, b += 2 * C, out += C, pos += C)
     for (int64_t c = 0; c < C; ++c) {
-      const float x1 = a[C + c], x2 = b[c], x3 = b[C + c];
-      float m = a[c];
-      uint8_t k = 0;
-      bool t = x1 > m || x1 != x1;  // max_pool2d's rule, as in pool_row
-      m = t ? x1 : m, k = t ? 1 : k;
-      t = x2 > m || x2 != x2;
-      m = t ? x2 : m, k = t ? 2 : k;
-      t = x3 > m || x3 != x3;
-      m = t ? x3 : m, k = t ? 3 : k;
-      out[c] = (m > 0 || m != m) ? m : 0.f;
-      pos[c] = (m > 0 || m != m) ? k : 4;
+      const float x0 = a[c], x1 = a[C + c], x2 = b[c], x3 = b[C + c];
+      uint8_t k;
+      float xs;
+      const float m = window_max(x0, x1, x2, x3, x0, x1, x2, x3, k, xs);
+      const bool kept = m > 0 || m != m;
+      out[c] = kept ? m : 0.f;
+      pos[c] = kept ? k : 4;
     }
 }
 
@@ -484,7 +490,8 @@ struct BnPoolReluFn : torch::autograd::Function<BnPoolReluFn> {
 // backward writing dx whole (odd last rows and columns zero, as max_pool2d's backward leaves them).
 struct PoolReluFn : torch::autograd::Function<PoolReluFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
-    RECORD_FUNCTION("mltrain::relu_max_pool2d", std::vector<c10::IValue>());
+    // No RECORD_FUNCTION: it runs as the operator mltrain::relu_max_pool2d, which the
+    // dispatcher records (a second row of the same name would double its calls).
     const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
     const int64_t OH = H / 2, OW = W / 2;
     auto out = pooled_like(x, torch::kFloat), pos = pooled_like(x, torch::kUInt8);

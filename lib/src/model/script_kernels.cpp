@@ -69,11 +69,10 @@ Node* replace(torch::jit::Graph& g, Node* old, const char* op, at::ArrayRef<Valu
 void rewrite(torch::jit::Graph& g, ScriptRewrites& r) {
   std::vector<Node*> dropouts, pools;
   for (Node* n : g.nodes())  // top level only: a block inside if/loop keeps ATen's
-    if (n->kind() == c10::Symbol::fromQualString("aten::dropout") && n->inputs().size() == 3)
+    if (n->kind() == c10::aten::dropout && n->inputs().size() == 3)
       dropouts.push_back(n);
-    else if (n->kind() == c10::Symbol::fromQualString("aten::max_pool2d") && pool_2x2(n) &&
-             n->input(0)->node()->kind() == c10::Symbol::fromQualString("aten::relu") &&
-             n->input(0)->uses().size() == 1)
+    else if (n->kind() == c10::aten::max_pool2d && pool_2x2(n) &&
+             n->input(0)->node()->kind() == c10::aten::relu && n->input(0)->uses().size() == 1)
       pools.push_back(n);
   for (Node* n : dropouts) {
     replace(g, n, "mltrain::dropout", n->inputs());
