@@ -489,16 +489,19 @@ std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vect
     if (!std::filesystem::exists(c.path))
       throw ConfigError("model.path", "TorchScript file '" + c.path + "' not found",
                         "save one with torch.jit.save(torch.jit.script(model), path)");
+    // Read when the forward method first runs, so it must be set before then. Measured on the
+    // pytorch/examples MNIST CNN, batch 128 (README, "Memory"): peak RSS 403 vs 479 MiB.
+    torch::jit::getProfilingMode() = c.script_executor == "profiling";
+    torch::jit::Module loaded;
     try {
-      // Read when the forward method first runs, so it must be set before then. Measured on the
-      // pytorch/examples MNIST CNN, batch 128 (README, "Memory"): peak RSS 403 vs 479 MiB.
-      torch::jit::getProfilingMode() = c.script_executor == "profiling";
-      m = std::make_unique<ScriptModel>(torch::jit::load(c.path), c.path, c.channels_last,
-                                        c.script_kernels == "mltrain");
+      loaded = torch::jit::load(c.path);
     } catch (const c10::Error& e) {
       throw DataError(c.path, "not a loadable TorchScript file",
                       "save it with torch.jit.save(torch.jit.script(model), path)");
     }
+    // Outside the try: a failure of the rewrite is mltrain's, not a sign of a bad file.
+    m = std::make_unique<ScriptModel>(std::move(loaded), c.path, c.channels_last,
+                                      c.script_kernels == "mltrain");
   } else {
     throw ConfigError("model.name", "unknown model '" + c.name + "'");
   }
