@@ -117,6 +117,62 @@ static std::vector<nlohmann::json> journal_of(const fs::path& study) {
 }
 
 TEST_CASE(
+    "Slurm: `mltrain slurm --time` takes what a real sbatch takes, and exits 2 on the rest before "
+    "it writes a script",
+    "[cli][slurm]") {
+  SlurmCluster cluster;
+  const auto d = tmpdir("slurm_time");
+  const std::string cfg = kSrc + "/configs/fashion_mnist_mlp.yaml";
+  // Each --time and the TimeLimit sbatch gives a held job with it ("": sbatch refuses it).
+  const std::vector<std::pair<std::string, std::string>> table = {{"90", "01:30:00"},
+                                                                  {"90:30", "01:31:00"},
+                                                                  {"01:00:00", "01:00:00"},
+                                                                  {"99:99:99", "4-04:41:00"},
+                                                                  {"2-12", "2-12:00:00"},
+                                                                  {"2-12:30", "2-12:30:00"},
+                                                                  {"2-12:30:15", "2-12:31:00"},
+                                                                  {"1-", "1-00:00:00"},
+                                                                  {"0", "UNLIMITED"},
+                                                                  {"UNLIMITED", "UNLIMITED"},
+                                                                  {"infinite", "UNLIMITED"},
+                                                                  {"-1", "UNLIMITED"},
+                                                                  {"4h", ""},
+                                                                  {"1:2:3:4", ""},
+                                                                  {"12:", ""},
+                                                                  {":30", ""},
+                                                                  {"1-2-3", ""},
+                                                                  {"1.5", ""}};
+  int i = 0;
+  for (const auto& [t, limit] : table) {
+    INFO("--time " << t);
+    const auto sb = sh("sbatch --parsable --hold --time='" + t + "' --wrap true");
+    if (limit.empty()) {
+      CHECK(sb.code != 0);
+    } else {
+      INFO(sb.out);
+      REQUIRE(sb.code == 0);
+      const std::string job = std::to_string(std::stol(sb.out));
+      CHECK(sh("scontrol show job " + job).out.find(" TimeLimit=" + limit + " ") !=
+            std::string::npos);
+      sh("scancel " + job);
+    }
+    const std::string name = "t" + std::to_string(i++);
+    const auto ml =
+        run("slurm " + cfg + " --time '" + t + "' run.dir=" + d.string() + " run.name=" + name);
+    INFO(ml.out);
+    CHECK(ml.code == (limit.empty() ? 2 : 0));
+    CHECK(fs::exists(d / name / "slurm.sbatch") == !limit.empty());
+    if (limit.empty()) CHECK(ml.out.find("error: --time: '" + t + "'") != std::string::npos);
+  }
+  // A limit no longer than the checkpoint signal's lead (USR1@90) would stop the run at its start.
+  const auto short_limit = run("slurm " + cfg + " --time 00:01:30 run.dir=" + d.string());
+  CHECK(short_limit.code == 2);
+  CHECK(short_limit.out.find("--signal-lead 90 s") != std::string::npos);
+  CHECK(run("slurm " + cfg + " --time 00:01:30 --signal-lead 30 run.dir=" + d.string()).code == 0);
+  CHECK(run("slurm " + cfg + " --nodes 0 run.dir=" + d.string()).code == 2);
+}
+
+TEST_CASE(
     "Slurm: `mltrain tune --slurm-array 2` drivers share the journal; a cancelled task and a "
     "requeued task lose no trial and run none twice",
     "[cli][slurm][tune]") {
@@ -135,6 +191,12 @@ TEST_CASE(
   CHECK(refused.code == 2);
   CHECK(refused.out.find("study.dir") != std::string::npos);
   CHECK(refused.out.find("node-local") != std::string::npos);
+  // So is a time limit sbatch would refuse.
+  auto bad_time =
+      run("tune " + (d / "s.yaml").string() + " --slurm-array 2 --time 4h --allow-local-journal");
+  CHECK(bad_time.code == 2);
+  CHECK(bad_time.out.find("error: --time: '4h'") != std::string::npos);
+  CHECK_FALSE(fs::exists(d / "s" / "tune-array.sbatch"));
 
   SlurmCluster cluster;
   // Each trial: 4 reports 0.4 s apart; the trial numbers a process ran are logged.

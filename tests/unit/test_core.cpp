@@ -1,4 +1,5 @@
-// core: the oneDNN kernel route against LibTorch's kernels, SHA-256 against FIPS 180-4, files.
+// core: the oneDNN kernel route against LibTorch's kernels, SHA-256 against FIPS 180-4, files,
+// Slurm time limits.
 #include <catch2/catch.hpp>
 
 #include "temp_dir.hpp"
@@ -11,6 +12,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
+#include "mltrain/core/process.hpp"
 #include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/sha256.hpp"
 
@@ -157,4 +159,38 @@ TEST_CASE("remove_tree removes a folder tree like rm -r, links as links, and rep
   CHECK(mltrain::remove_tree(d / "file" / "below", ec) == 0);  // a file is not a folder
   CHECK(ec == std::errc::not_a_directory);
   CHECK_THROWS_AS(mltrain::remove_tree(d / "file" / "below"), fs::filesystem_error);
+}
+
+TEST_CASE("slurm_time_seconds reads sbatch's --time formats and refuses what sbatch refuses",
+          "[core][slurm]") {
+  // Seconds by Slurm's rule: the fields added as they are; 0, UNLIMITED, INFINITE, -1: no limit.
+  // tests/cli/test_cli_slurm.cpp gives the same strings to a real sbatch.
+  const std::vector<std::pair<std::string, long long>> taken = {
+      {"90", 5400},     {"90:30", 5430},     {"01:00:00", 3600},     {"99:99:99", 362439},
+      {"2-12", 216000}, {"2-12:30", 217800}, {"2-12:30:15", 217815}, {"1-", 86400},
+      {"0", 0},         {"UNLIMITED", 0},    {"infinite", 0},        {"-1", 0}};
+  for (const auto& [t, s] : taken) {
+    INFO(t);
+    REQUIRE(slurm_time_seconds(t));
+    CHECK(*slurm_time_seconds(t) == s);
+  }
+  for (const std::string t :
+       {"", "4h", "1:2:3:4", "12:", ":30", "1-2-3", "-5", "1 :00", "1.5", "1-2:3:4:5", "-"}) {
+    INFO("'" << t << "'");
+    CHECK_FALSE(slurm_time_seconds(t));
+  }
+  // The checkpoint signal comes signal_lead_s before the limit: the limit must be longer.
+  CHECK_NOTHROW(check_slurm_time("--time", "00:01:31", 90));
+  CHECK_NOTHROW(check_slurm_time("--time", "UNLIMITED", 90));
+  CHECK_NOTHROW(check_slurm_time("--time", "1", 0));
+  for (const std::string t : {"00:01:30", "1", "4h"}) {
+    INFO(t);
+    try {
+      check_slurm_time("--time", t, 90);
+      FAIL("accepted");
+    } catch (const ConfigError& e) {
+      CHECK(e.exit_code() == 2);
+      CHECK(std::string(e.what()).rfind("--time: '" + t + "'", 0) == 0);
+    }
+  }
 }

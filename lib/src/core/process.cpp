@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -96,6 +97,52 @@ std::string sbatch_submit(const std::string& script) {
                        "check `sinfo`, the partition and the time limit; the script is " + script);
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return out;
+}
+
+std::optional<long long> slurm_time_seconds(const std::string& t) {
+  std::string up;
+  for (char c : t) up += char(std::toupper(static_cast<unsigned char>(c)));
+  if (up == "UNLIMITED" || up == "INFINITE" || up == "-1") return 0;
+  auto number = [](const std::string& s) -> std::optional<long long> {
+    if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+      return std::nullopt;
+    return std::stoll(s);
+  };
+  // "[days-]a[:b[:c]]"; "days-" alone, which sbatch also takes, is days-0.
+  const auto dash = t.find('-');
+  const std::string clock = dash == std::string::npos ? t : t.substr(dash + 1);
+  std::vector<long long> f;
+  for (size_t from = 0; !clock.empty();) {
+    const auto colon = clock.find(':', from);
+    const auto v = number(clock.substr(from, colon - from));
+    if (!v || f.size() == 3) return std::nullopt;
+    f.push_back(*v);
+    if (colon == std::string::npos) break;
+    from = colon + 1;
+  }
+  if (dash == std::string::npos) {
+    if (f.empty()) return std::nullopt;
+    if (f.size() == 3) return f[0] * 3600 + f[1] * 60 + f[2];  // hours:minutes:seconds
+    return f[0] * 60 + (f.size() == 2 ? f[1] : 0);             // minutes[:seconds]
+  }
+  const auto days = number(t.substr(0, dash));
+  if (!days) return std::nullopt;
+  f.resize(3, 0);  // days-hours[:minutes[:seconds]]
+  return *days * 86400 + f[0] * 3600 + f[1] * 60 + f[2];
+}
+
+void check_slurm_time(const std::string& flag, const std::string& t, int signal_lead_s) {
+  const auto s = slurm_time_seconds(t);
+  if (!s)
+    throw ConfigError(flag, "'" + t + "' is not a time limit sbatch takes",
+                      "give minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]] (e.g. 04:00:00 or "
+                      "2-00:00:00), or UNLIMITED");
+  if (*s > 0 && *s <= signal_lead_s)
+    throw ConfigError(flag,
+                      "'" + t + "' (" + std::to_string(*s) +
+                          " s) is not longer than the checkpoint signal's lead (--signal-lead " +
+                          std::to_string(signal_lead_s) + " s): USR1 would come before any work",
+                      "give a longer --time or a shorter --signal-lead");
 }
 
 }  // namespace mltrain

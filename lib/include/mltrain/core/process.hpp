@@ -6,6 +6,7 @@
 //   // read `out` until EOF; waitpid(pid, ...)
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,5 +30,16 @@ std::string shell_quote(const std::string& s);
 
 // `sbatch --parsable SCRIPT`: the job id; RuntimeError (exit 1) with sbatch's output when it fails.
 std::string sbatch_submit(const std::string& script);
+
+// A time limit as sbatch's --time takes it: "minutes", "minutes:seconds", "hours:minutes:seconds",
+// "days-hours", "days-hours:minutes", "days-hours:minutes:seconds" (each field digits; Slurm adds
+// them as they are, so "90:00" is 90 minutes), or UNLIMITED / INFINITE / -1. Its length in
+// seconds, 0 for no limit (as Slurm reads a limit of 0); std::nullopt where sbatch refuses it.
+std::optional<long long> slurm_time_seconds(const std::string& t);
+
+// For `mltrain slurm --time` and `mltrain tune --slurm-array --time`, before any script is
+// written: ConfigError (exit 2) naming `flag` unless `t` is a limit sbatch takes and, when it is
+// finite, longer than `signal_lead_s` (the checkpoint signal's lead; 0 when there is none).
+void check_slurm_time(const std::string& flag, const std::string& t, int signal_lead_s);
 
 }  // namespace mltrain
