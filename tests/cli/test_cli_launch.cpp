@@ -402,17 +402,20 @@ TEST_CASE(
 
 // The race cli_pipeline once lost: the rank that raised a config error (exit 2) outlives a peer
 // that fails because of it (exit 1, "connection closed by peer"). Made deterministic with two
-// stand-in workers: rank 0 exits 1 at once; rank 1 ignores the launcher's SIGTERM, waits until
-// rank 0 has been reaped (a zombie still answers kill -0), then exits 2.
+// stand-in workers: rank 1 ignores the launcher's SIGTERM and says so (rank1.ready); rank 0 waits
+// for that, then exits 1; rank 1 waits until rank 0 has been reaped (a zombie still answers
+// kill -0), then exits 2. (Without the handshake, a rank 1 slow to start under load was ended by
+// the SIGTERM before its trap, and the group restarted.)
 TEST_CASE("launch: a configuration error is reported as the cause, and never restarted",
           "[cli][dist]") {
   const auto d = tmpdir("usage_cause");
   const auto worker = d / "worker.sh";
   {
     std::ofstream f(worker);
-    f << "if [ \"$RANK\" = 0 ]; then echo $$ > \"$1/rank0.tmp\"; mv \"$1/rank0.tmp\" \"$1/rank0\";"
-         " exit 1; fi\n"
+    f << "if [ \"$RANK\" = 0 ]; then while [ ! -e \"$1/rank1.ready\" ]; do :; done;"
+         " echo $$ > \"$1/rank0.tmp\"; mv \"$1/rank0.tmp\" \"$1/rank0\"; exit 1; fi\n"
          "trap '' TERM\n"
+         ": > \"$1/rank1.ready\"\n"
          "while [ ! -e \"$1/rank0\" ]; do :; done\n"
          "while kill -0 \"$(cat \"$1/rank0\")\" 2>/dev/null; do :; done\n"
          "echo 'error: made-up: a key that does not exist'\n"
