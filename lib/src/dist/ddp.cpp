@@ -86,6 +86,9 @@ struct Comm::Impl {
   std::mutex watch_mu;
   std::condition_variable watch_cv;
   bool stop_watch = false;
+  // The watchdog's latest store round trip (a detached thread): ready once that thread has let go
+  // of the store. Guarded by watch_mu.
+  std::shared_future<std::vector<std::string>> store_io;
   // The tensors the group works on: `ts` itself, or copies on the group's device.
   std::vector<torch::Tensor> stage(const std::vector<torch::Tensor>& ts) const {
     std::vector<torch::Tensor> v;
@@ -150,6 +153,15 @@ Comm::~Comm() {
     }
     impl_->watch_cv.notify_all();
     impl_->watchdog.join();
+    // A round trip still in flight holds the store: wait for it (briefly: a lost TCPStore host
+    // never answers), so the store's last user is this thread. Otherwise a FileStore's count of
+    // users could miss this rank at exit and leave the file behind (seen once in cli_launch).
+    std::shared_future<std::vector<std::string>> io;
+    {
+      std::lock_guard<std::mutex> l(impl_->watch_mu);
+      io = impl_->store_io;
+    }
+    if (io.valid()) io.wait_for(std::chrono::seconds(2));
   }
 #ifdef MLTRAIN_WITH_GLOO
   if (impl_->nccl && impl_->pg) compat::cuda_plugin()->shutdown_nccl_group(impl_->pg);
@@ -584,26 +596,39 @@ void Comm::watch(double hang_timeout_s) {
         for (int r = 0; r < n; ++r)
           need_who[size_t(r)] = size_t(r) >= im.who.size() || im.who[size_t(r)] == "pid unknown";
       }
-      auto io = std::make_shared<std::packaged_task<std::vector<std::string>()>>(
-          [store = im.watch_store, me, n, text, publish = text != published, need_who] {
-            if (publish)
-              store->set(heartbeat_key(me), std::vector<uint8_t>(text.begin(), text.end()));
-            std::vector<std::string> out(static_cast<size_t>(2 * n));
-            for (int r = 0; r < n; ++r) {
-              if (r != me && store->check({heartbeat_key(r)})) {
-                const auto v = store->get(heartbeat_key(r));
-                out[size_t(r)].assign(v.begin(), v.end());
-              }
-              const std::string key = "mltrain/pid/" + std::to_string(r);
-              if (need_who[size_t(r)] && store->check({key})) {
-                const auto v = store->get(key);
-                out[size_t(n + r)].assign(v.begin(), v.end());
-              }
+      auto reply = std::make_shared<std::promise<std::vector<std::string>>>();
+      const std::shared_future<std::vector<std::string>> answer = reply->get_future().share();
+      {
+        std::lock_guard<std::mutex> g(im.watch_mu);
+        im.store_io = answer;
+      }
+      std::thread([store = im.watch_store, me, n, text, publish = text != published, need_who,
+                   reply]() mutable {
+        std::vector<std::string> out(static_cast<size_t>(2 * n));
+        std::exception_ptr failed;
+        try {
+          if (publish)
+            store->set(heartbeat_key(me), std::vector<uint8_t>(text.begin(), text.end()));
+          for (int r = 0; r < n; ++r) {
+            if (r != me && store->check({heartbeat_key(r)})) {
+              const auto v = store->get(heartbeat_key(r));
+              out[size_t(r)].assign(v.begin(), v.end());
             }
-            return out;
-          });
-      auto answer = io->get_future();
-      std::thread([io] { (*io)(); }).detach();
+            const std::string key = "mltrain/pid/" + std::to_string(r);
+            if (need_who[size_t(r)] && store->check({key})) {
+              const auto v = store->get(key);
+              out[size_t(n + r)].assign(v.begin(), v.end());
+            }
+          }
+        } catch (...) {
+          failed = std::current_exception();
+        }
+        store.reset();  // let go before answering: once the answer is ready, only Comm holds it
+        if (failed)
+          reply->set_exception(failed);
+        else
+          reply->set_value(std::move(out));
+      }).detach();
       const auto asked = Clock::now();
       while (answer.wait_for(period) != std::future_status::ready) {
         {
