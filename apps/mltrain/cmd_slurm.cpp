@@ -43,13 +43,8 @@ void setup_slurm(CLI::App& app, Action& run) {
   sub->add_flag("--submit", o->submit, "submit with sbatch and print the job id");
   sub->callback([o, &run] {
     run = [o] {
-      // Arguments sbatch would refuse, or a job that could never checkpoint, fail here: not in
-      // the queue, and not with a script already written.
-      if (o->so.nodes < 1) throw ConfigError("--nodes", "must be at least 1");
-      if (o->so.ntasks_per_node < 1) throw ConfigError("--ntasks-per-node", "must be at least 1");
-      if (o->so.signal_lead_s < 1 || o->so.signal_lead_s > 65535)
-        throw ConfigError("--signal-lead", "must be between 1 and 65535 s (sbatch's range)");
-      check_slurm_time("--time", o->so.time, o->so.signal_lead_s);
+      // Here, not in the queue, and before a script is written.
+      dist::check_sbatch_options(o->so);
       const auto cfg = config::load_experiment(
           o->config, o->overrides);  // a bad config fails here, not in the queue
       auto so = o->so;

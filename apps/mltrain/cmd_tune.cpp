@@ -96,7 +96,6 @@ void setup_tune(CLI::App& app, Action& run) {
       if (o->study.empty())
         throw ConfigError("mltrain tune", "no study file given",
                           "mltrain tune STUDY.yaml, or mltrain tune report STUDY_DIR");
-      if (arr->count() > 0) check_slurm_time("--time", o->array.time, 0);
       const auto cfg = tune::load_study_config(o->study, o->overrides);
       if (arr->count() > 0) {
         tune::check_shared_study_dir(cfg, o->array.allow_local);

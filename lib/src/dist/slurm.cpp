@@ -5,10 +5,19 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
 #include "mltrain/core/process.hpp"
 
 namespace mltrain::dist {
+
+void check_sbatch_options(const SbatchOptions& o) {
+  if (o.nodes < 1) throw ConfigError("--nodes", "must be at least 1");
+  if (o.ntasks_per_node < 1) throw ConfigError("--ntasks-per-node", "must be at least 1");
+  if (o.signal_lead_s < 1 || o.signal_lead_s > 65535)
+    throw ConfigError("--signal-lead", "must be between 1 and 65535 s (sbatch's range)");
+  check_slurm_time("--time", o.time, o.signal_lead_s);
+}
 
 std::string sbatch_script(const SbatchOptions& o) {
   std::ostringstream s;

@@ -60,6 +60,7 @@ void check_shared_study_dir(const StudyConfig& cfg, bool allow_local) {
 }
 
 std::string write_array_script(const StudyConfig& cfg, const ArrayOptions& o) {
+  check_slurm_time("--time", o.time, 0);  // before anything is written; no checkpoint signal
   const fs::path dir = fs::absolute(cfg.study_dir());
   const fs::path out = dir / "tune-array.sbatch";
   const int cpus = o.cpus_per_task > 0

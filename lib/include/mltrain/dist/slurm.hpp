@@ -22,6 +22,11 @@ struct SbatchOptions {
 
 std::string sbatch_script(const SbatchOptions& o);
 
+// What sbatch would refuse, or a job that could never checkpoint, as a ConfigError (exit 2) naming
+// the flag: --nodes / --ntasks-per-node below 1, --signal-lead outside sbatch's 1-65535 s, a
+// --time sbatch does not take or no longer than the signal's lead (core/process.hpp).
+void check_sbatch_options(const SbatchOptions& o);
+
 // After a stop signal's checkpoint, under `mltrain slurm`'s batch script (SLURM_JOB_ID and
 // MLTRAIN_SLURM_REQUEUE set): puts the job back in the queue, unless it has already been requeued
 // max_requeues times (SLURM_RESTART_COUNT). With MLTRAIN_REQUEUE_FILE (the batch script sets it)

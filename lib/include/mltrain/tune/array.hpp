@@ -30,7 +30,8 @@ struct ArrayOptions {
 // flock works on it (some NFS mounts refuse it).
 void check_shared_study_dir(const StudyConfig& cfg, bool allow_local);
 
-// Writes <study dir>/tune-array.sbatch and returns its path.
+// Writes <study dir>/tune-array.sbatch and returns its path; a --time sbatch would refuse is a
+// ConfigError (exit 2) before anything is written.
 std::string write_array_script(const StudyConfig& cfg, const ArrayOptions& o);
 
 }  // namespace mltrain::tune
