@@ -21,10 +21,10 @@ BELOW = {
     "runtime": {"core"},  # the LibTorch seam, tensor memory, threads and kernel routes
     "formats": {"core", "runtime"},
     "data": {"core", "config", "runtime"},
-    "model": {"core", "config", "runtime"},
-    "task": {"core", "config", "runtime", "data", "model"},
-    "optim": {"core", "config", "runtime", "model"},
-    "dist": {"core", "config", "runtime", "model", "optim"},
+    "model": {"core", "config", "runtime", "formats"},  # formats: the .pt2 reader
+    "task": {"core", "config", "runtime", "formats", "data", "model"},
+    "optim": {"core", "config", "runtime", "formats", "model"},
+    "dist": {"core", "config", "runtime", "formats", "model", "optim"},
     "track": {"core", "config"},  # MLflow over libcurl: no LibTorch
     "train": {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist", "track"},
     "tune": {"core", "config"},  # trials are processes: no LibTorch

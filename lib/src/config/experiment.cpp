@@ -323,8 +323,10 @@ static void cross_checks(const ExperimentConfig& c, Issues& issues, const std::s
     need(!c.data.train_images.empty(), "data.train_images", "required when data.dataset is files");
     need(!c.data.test_images.empty(), "data.test_images", "required when data.dataset is files");
   }
-  need(c.model.name != "torchscript" || !c.model.path.empty(), "model.path",
-       "required when model.name is torchscript");
+  need((c.model.name != "torchscript" && c.model.name != "exported") || !c.model.path.empty(),
+       "model.path", "required when model.name is " + c.model.name);
+  need(c.model.name == "exported" || c.model.output.empty(), "model.output",
+       "names an output of an exported program: set model.name=exported, or remove it");
   need(c.model.widths.size() == c.model.depths.size(), "model.depths",
        "needs one entry per model.widths entry");
   need(c.model.channels.size() == 2, "model.channels",

@@ -11,6 +11,7 @@
 #include "mltrain/model/batchnorm.hpp"
 #include "mltrain/model/dropout.hpp"
 #include "mltrain/model/script_kernels.hpp"
+#include "exported.hpp"
 #include "gpt.hpp"
 #include "islands.hpp"
 #include "recompute.hpp"
@@ -502,6 +503,10 @@ std::unique_ptr<Model> build_model(const config::ModelConfig& c, const std::vect
     // Outside the try: a failure of the rewrite is mltrain's, not a sign of a bad file.
     m = std::make_unique<ScriptModel>(std::move(loaded), c.path, c.channels_last,
                                       c.script_kernels == "mltrain");
+  } else if (c.name == "exported") {
+    // The program's own weights; model.channels_last does not apply (its view ops assume the
+    // layout it was exported with).
+    m = make_exported(c, shape);
   } else {
     throw ConfigError("model.name", "unknown model '" + c.name + "'");
   }

@@ -345,6 +345,7 @@ struct ModelConfig {
   std::string path = "";
   std::string script_executor = "legacy";
   std::string script_kernels = "mltrain";
+  std::string output = "";
   int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 128;
   bool bias = true;
   double embedding_noise = 0.0;
@@ -354,7 +355,14 @@ struct ModelConfig {
   std::vector<std::string> init_prefix_map;
   template <class V>
   void visit(V& v) {
-    v.field("name", name, "architecture", one_of({"mlp", "cnn", "resnet", "gpt", "torchscript"}));
+    v.field("name", name,
+            "architecture: a built-in one, a TorchScript file (legacy), or exported: a "
+            "torch.export program (.pt2) at model.path",
+            one_of({"mlp", "cnn", "resnet", "gpt", "torchscript", "exported"}));
+    v.field("output", output,
+            "exported: the output the task trains on, by its name in the program's outputs "
+            "('logits' of a transformers ModelOutput, '0' of a tuple); empty: the only tensor "
+            "output, else 'logits'");
     v.field("n_layer", n_layer, "gpt: transformer blocks", positive<int64_t>());
     v.field("n_head", n_head, "gpt: attention heads (must divide n_embd)", positive<int64_t>());
     v.field("n_embd", n_embd, "gpt: embedding width", positive<int64_t>());
@@ -404,7 +412,9 @@ struct ModelConfig {
             "guide's two)",
             one_of({"default", "kaiming_normal", "kaiming_uniform", "xavier_normal",
                     "xavier_uniform", "orthogonal", "layer_adaptive_uniform", "lecun_normal"}));
-    v.field("path", path, "torchscript: the .pt file (torch.jit.save) to train");
+    v.field("path", path,
+            "exported: the .pt2 file (torch.export.save of torch.export.export(model.train(), "
+            "...)); torchscript: the .pt file (torch.jit.save) to train");
     v.field("script_executor", script_executor,
             "torchscript: TorchScript's graph executor. legacy: autodiff without profiling runs "
             "(on CPU ~75 MiB less peak memory than profiling at the same speed); profiling: "
