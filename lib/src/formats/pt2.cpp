@@ -35,7 +35,8 @@ SymInt sym_int(const json& j) {
 
 std::string device(const json& d) {
   std::string s = d.at("type").get<std::string>();
-  if (d.contains("index") && !d.at("index").is_null()) s += ":" + std::to_string(json_int(d.at("index")));
+  if (d.contains("index") && !d.at("index").is_null())
+    s += ":" + std::to_string(json_int(d.at("index")));
   return s;
 }
 
@@ -54,52 +55,79 @@ std::string tensor_name(const json& j) { return j.at("name").get<std::string>();
 
 Argument argument(const json& j) {
   Argument a;
-  if (!j.is_object() || j.size() != 1) throw json::type_error::create(302, "an Argument is a one-member object", &j);
+  if (!j.is_object() || j.size() != 1)
+    throw json::type_error::create(302, "an Argument is a one-member object", &j);
   const std::string key = j.begin().key();
   const json& v = j.begin().value();
   using K = Argument::Kind;
-  if (key == "as_none") a.kind = K::kNone;
-  else if (key == "as_tensor") a.kind = K::kTensor, a.names = {tensor_name(v)};
+  if (key == "as_none")
+    a.kind = K::kNone;
+  else if (key == "as_tensor")
+    a.kind = K::kTensor, a.names = {tensor_name(v)};
   else if (key == "as_tensors") {
     a.kind = K::kTensors;
     for (const auto& t : v) a.names.push_back(tensor_name(t));
   } else if (key == "as_optional_tensors") {
     a.kind = K::kOptionalTensors;
-    for (const auto& t : v) a.names.push_back(t.contains("as_tensor") ? tensor_name(t.at("as_tensor")) : "");
+    for (const auto& t : v)
+      a.names.push_back(t.contains("as_tensor") ? tensor_name(t.at("as_tensor")) : "");
   } else if (key == "as_optional_tensor") {
-    if (v.contains("as_tensor")) a.kind = K::kTensor, a.names = {tensor_name(v.at("as_tensor"))};
-    else a.kind = K::kNone;
-  } else if (key == "as_int") a.kind = K::kInt, a.i = json_int(v);
-  else if (key == "as_ints") a.kind = K::kInts, a.ints = json_ints(v);
-  else if (key == "as_float") a.kind = K::kFloat, a.f = v.get<double>();
-  else if (key == "as_floats") a.kind = K::kFloats, a.floats = v.get<std::vector<double>>();
-  else if (key == "as_bool") a.kind = K::kBool, a.b = v.get<bool>();
-  else if (key == "as_bools") a.kind = K::kBools, a.bools = v.get<std::vector<bool>>();
-  else if (key == "as_string") a.kind = K::kString, a.s = v.get<std::string>();
-  else if (key == "as_strings") a.kind = K::kStrings, a.strings = v.get<std::vector<std::string>>();
+    if (v.contains("as_tensor"))
+      a.kind = K::kTensor, a.names = {tensor_name(v.at("as_tensor"))};
+    else
+      a.kind = K::kNone;
+  } else if (key == "as_int")
+    a.kind = K::kInt, a.i = json_int(v);
+  else if (key == "as_ints")
+    a.kind = K::kInts, a.ints = json_ints(v);
+  else if (key == "as_float")
+    a.kind = K::kFloat, a.f = v.get<double>();
+  else if (key == "as_floats")
+    a.kind = K::kFloats, a.floats = v.get<std::vector<double>>();
+  else if (key == "as_bool")
+    a.kind = K::kBool, a.b = v.get<bool>();
+  else if (key == "as_bools")
+    a.kind = K::kBools, a.bools = v.get<std::vector<bool>>();
+  else if (key == "as_string")
+    a.kind = K::kString, a.s = v.get<std::string>();
+  else if (key == "as_strings")
+    a.kind = K::kStrings, a.strings = v.get<std::vector<std::string>>();
   else if (key == "as_sym_int") {
     a.kind = K::kSymInt;
-    if (v.contains("as_name")) a.names = {v.at("as_name").get<std::string>()};
-    else a.i = json_int(v.at("as_int"));
+    if (v.contains("as_name"))
+      a.names = {v.at("as_name").get<std::string>()};
+    else
+      a.i = json_int(v.at("as_int"));
   } else if (key == "as_sym_ints") {
     a.kind = K::kSymInts;
     for (const auto& e : v) {
-      if (e.contains("as_name")) a.names.push_back(e.at("as_name").get<std::string>()), a.ints.push_back(0);
-      else a.names.push_back(""), a.ints.push_back(json_int(e.at("as_int")));
+      if (e.contains("as_name"))
+        a.names.push_back(e.at("as_name").get<std::string>()), a.ints.push_back(0);
+      else
+        a.names.push_back(""), a.ints.push_back(json_int(e.at("as_int")));
     }
   } else if (key == "as_sym_float") {
     a.kind = K::kSymFloat;
-    if (v.contains("as_name")) a.names = {v.at("as_name").get<std::string>()};
-    else a.f = v.at("as_float").get<double>();
+    if (v.contains("as_name"))
+      a.names = {v.at("as_name").get<std::string>()};
+    else
+      a.f = v.at("as_float").get<double>();
   } else if (key == "as_sym_bool") {
     a.kind = K::kSymBool;
-    if (v.contains("as_name")) a.names = {v.at("as_name").get<std::string>()};
-    else a.b = v.at("as_bool").get<bool>();
-  } else if (key == "as_scalar_type") a.kind = K::kScalarType, a.i = json_int(v);
-  else if (key == "as_memory_format") a.kind = K::kMemoryFormat, a.i = json_int(v);
-  else if (key == "as_layout") a.kind = K::kLayout, a.i = json_int(v);
-  else if (key == "as_device") a.kind = K::kDevice, a.s = device(v);
-  else a.kind = K::kOther, a.s = key;
+    if (v.contains("as_name"))
+      a.names = {v.at("as_name").get<std::string>()};
+    else
+      a.b = v.at("as_bool").get<bool>();
+  } else if (key == "as_scalar_type")
+    a.kind = K::kScalarType, a.i = json_int(v);
+  else if (key == "as_memory_format")
+    a.kind = K::kMemoryFormat, a.i = json_int(v);
+  else if (key == "as_layout")
+    a.kind = K::kLayout, a.i = json_int(v);
+  else if (key == "as_device")
+    a.kind = K::kDevice, a.s = device(v);
+  else
+    a.kind = K::kOther, a.s = key;
   return a;
 }
 
@@ -138,7 +166,8 @@ Payload payload(const json& j) {
   p.path_name = j.at("path_name").get<std::string>();
   p.is_param = j.value("is_param", false);
   p.use_pickle = j.value("use_pickle", false);
-  if (j.contains("tensor_meta") && !j.at("tensor_meta").is_null()) p.meta = tensor_meta(j.at("tensor_meta"));
+  if (j.contains("tensor_meta") && !j.at("tensor_meta").is_null())
+    p.meta = tensor_meta(j.at("tensor_meta"));
   return p;
 }
 
@@ -184,7 +213,8 @@ void parse_program(const json& j, Pt2Program& p) {
   const json& sig = gm.at("signature");
   for (const auto& s : sig.at("input_specs")) {
     InputSpec in;
-    if (!s.is_object() || s.size() != 1) throw json::type_error::create(302, "an input spec is a one-member object", &s);
+    if (!s.is_object() || s.size() != 1)
+      throw json::type_error::create(302, "an input spec is a one-member object", &s);
     const std::string key = s.begin().key();
     const json& v = s.begin().value();
     if (key == "user_input") {
@@ -217,13 +247,15 @@ void parse_program(const json& j, Pt2Program& p) {
       in.arg = v.at("name").get<std::string>();
       in.constant = argument(v.at("value"));
     } else {
-      throw DataError(p.path, "the graph signature has an input of kind '" + key + "' mltrain does not know");
+      throw DataError(
+          p.path, "the graph signature has an input of kind '" + key + "' mltrain does not know");
     }
     p.inputs.push_back(std::move(in));
   }
   for (const auto& s : sig.at("output_specs")) {
     OutputSpec out;
-    if (!s.is_object() || s.size() != 1) throw json::type_error::create(302, "an output spec is a one-member object", &s);
+    if (!s.is_object() || s.size() != 1)
+      throw json::type_error::create(302, "an output spec is a one-member object", &s);
     const std::string key = s.begin().key();
     const json& v = s.begin().value();
     out.kind = key == "user_output"             ? OutputSpec::kUserOutput
@@ -233,9 +265,12 @@ void parse_program(const json& j, Pt2Program& p) {
                : key == "user_input_mutation"   ? OutputSpec::kUserInputMutation
                : key == "token"                 ? OutputSpec::kToken
                                                 : OutputSpec::kOther;
-    if (key == "token") out.arg.kind = Argument::kOther, out.arg.s = "token";
-    else if (v.at("arg").contains("name")) out.arg.kind = Argument::kTensor, out.arg.names = {tensor_name(v.at("arg"))};
-    else out.arg = argument(v.at("arg"));
+    if (key == "token")
+      out.arg.kind = Argument::kOther, out.arg.s = "token";
+    else if (v.at("arg").contains("name"))
+      out.arg.kind = Argument::kTensor, out.arg.names = {tensor_name(v.at("arg"))};
+    else
+      out.arg = argument(v.at("arg"));
     if (v.contains("buffer_name")) out.target = v.at("buffer_name").get<std::string>();
     p.outputs.push_back(std::move(out));
   }
@@ -256,7 +291,8 @@ void parse_program(const json& j, Pt2Program& p) {
     }
 }
 
-[[noreturn]] void json_error(const std::string& path, const std::string& entry, const std::exception& e) {
+[[noreturn]] void json_error(const std::string& path, const std::string& entry,
+                             const std::exception& e) {
   throw DataError(path, entry + ": not the exported-program JSON mltrain reads (" + e.what() + ")",
                   "save the program with torch.export.save from PyTorch 2.15");
 }
@@ -264,27 +300,68 @@ void parse_program(const json& j, Pt2Program& p) {
 
 int64_t pt2_dtype_size(int dtype) {
   switch (dtype) {
-    case 1: case 2: case 12: case 29: case 30: case 31: case 32: case 33: return 1;
-    case 3: case 6: case 13: case 28: case 9: return 2;
-    case 4: case 7: case 34: return 4;
-    case 5: case 8: case 10: case 35: return 8;
-    case 11: return 16;
-    default: return 0;
+    case 1:
+    case 2:
+    case 12:
+    case 29:
+    case 30:
+    case 31:
+    case 32:
+    case 33:
+      return 1;
+    case 3:
+    case 6:
+    case 13:
+    case 28:
+    case 9:
+      return 2;
+    case 4:
+    case 7:
+    case 34:
+      return 4;
+    case 5:
+    case 8:
+    case 10:
+    case 35:
+      return 8;
+    case 11:
+      return 16;
+    default:
+      return 0;
   }
 }
 
 const char* pt2_dtype_name(int dtype) {
   switch (dtype) {
-    case 1: return "uint8"; case 2: return "int8"; case 3: return "int16"; case 4: return "int32";
-    case 5: return "int64"; case 6: return "float16"; case 7: return "float32"; case 8: return "float64";
-    case 12: return "bool"; case 13: return "bfloat16";
-    default: return "another dtype";
+    case 1:
+      return "uint8";
+    case 2:
+      return "int8";
+    case 3:
+      return "int16";
+    case 4:
+      return "int32";
+    case 5:
+      return "int64";
+    case 6:
+      return "float16";
+    case 7:
+      return "float32";
+    case 8:
+      return "float64";
+    case 12:
+      return "bool";
+    case 13:
+      return "bfloat16";
+    default:
+      return "another dtype";
   }
 }
 
 namespace {
 const ZipEntry& payload_entry(const Pt2Program& p, const std::string& path_name, bool constant) {
-  const std::string entry = p.model_prefix_ + (constant ? "data/constants/" : "data/weights/") + path_name;
+  const std::string entry =
+      p.model_prefix_ + (constant ? "data/constants/" : "data/weights/") + path_name;
   const ZipEntry* e = p.zip->find(entry);
   if (!e)
     throw DataError(p.path, "weight file '" + entry + "' is missing from the archive",
@@ -310,7 +387,8 @@ Pt2Program read_pt2(const std::string& path) {
   bool aoti = false;
   for (const auto& e : zip->entries()) {
     const size_t at = e.name.find("/models/");
-    if (at != std::string::npos && e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".json") == 0 &&
+    if (at != std::string::npos && e.name.size() > 5 &&
+        e.name.compare(e.name.size() - 5, 5, ".json") == 0 &&
         e.name.find('/', at + 8) == std::string::npos) {
       if (model_json.empty() || e.name.substr(at + 8) == "model.json") model_json = e.name;
     }
@@ -335,7 +413,8 @@ Pt2Program read_pt2(const std::string& path) {
     json_error(path, model_json, e);
   }
   const std::string weights = p.model_prefix_ + "data/weights/" + p.model + "_weights_config.json";
-  const std::string constants = p.model_prefix_ + "data/constants/" + p.model + "_constants_config.json";
+  const std::string constants =
+      p.model_prefix_ + "data/constants/" + p.model + "_constants_config.json";
   try {
     // Parsed into locals: a range-for over a temporary's items() would read freed memory.
     if (zip->find(weights)) {

@@ -160,8 +160,9 @@ void ZipReader::read_into(const ZipEntry& e, void* dst) const {
     const bool whole = rc == Z_STREAM_END && s.avail_out == 0 && out_left == 0;
     inflateEnd(&s);
     if (!whole)
-      throw DataError(path_, "entry '" + e.name + "' does not inflate to its " +
-                                 std::to_string(e.size) + " bytes: damaged",
+      throw DataError(path_,
+                      "entry '" + e.name + "' does not inflate to its " + std::to_string(e.size) +
+                          " bytes: damaged",
                       "save the archive again");
   }
   // crc32_z takes a size_t length (zlib 1.2.9+), so entries past 4 GiB are checked whole.

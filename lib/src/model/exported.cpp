@@ -30,40 +30,66 @@ using formats::Pt2Program;
 
 c10::ScalarType scalar_type(int t, const std::string& path) {
   switch (t) {
-    case 1: return c10::kByte;
-    case 2: return c10::kChar;
-    case 3: return c10::kShort;
-    case 4: return c10::kInt;
-    case 5: return c10::kLong;
-    case 6: return c10::kHalf;
-    case 7: return c10::kFloat;
-    case 8: return c10::kDouble;
-    case 9: return c10::kComplexHalf;
-    case 10: return c10::kComplexFloat;
-    case 11: return c10::kComplexDouble;
-    case 12: return c10::kBool;
-    case 13: return c10::kBFloat16;
-    case 28: return c10::kUInt16;
-    case 29: return c10::kFloat8_e4m3fn;
-    case 30: return c10::kFloat8_e5m2;
-    case 31: return c10::kFloat8_e4m3fnuz;
-    case 32: return c10::kFloat8_e5m2fnuz;
-    case 34: return c10::kUInt32;
-    case 35: return c10::kUInt64;
+    case 1:
+      return c10::kByte;
+    case 2:
+      return c10::kChar;
+    case 3:
+      return c10::kShort;
+    case 4:
+      return c10::kInt;
+    case 5:
+      return c10::kLong;
+    case 6:
+      return c10::kHalf;
+    case 7:
+      return c10::kFloat;
+    case 8:
+      return c10::kDouble;
+    case 9:
+      return c10::kComplexHalf;
+    case 10:
+      return c10::kComplexFloat;
+    case 11:
+      return c10::kComplexDouble;
+    case 12:
+      return c10::kBool;
+    case 13:
+      return c10::kBFloat16;
+    case 28:
+      return c10::kUInt16;
+    case 29:
+      return c10::kFloat8_e4m3fn;
+    case 30:
+      return c10::kFloat8_e5m2;
+    case 31:
+      return c10::kFloat8_e4m3fnuz;
+    case 32:
+      return c10::kFloat8_e5m2fnuz;
+    case 34:
+      return c10::kUInt32;
+    case 35:
+      return c10::kUInt64;
     default:
       throw DataError(path, "a tensor of scalar type " + std::to_string(t) +
                                 " (torch/_export/serde/schema.py) mltrain cannot make");
   }
 }
 
-c10::Layout layout(int64_t l) { return l == 7 ? c10::kStrided : l == 6 ? c10::kMkldnn : c10::kSparse; }
+c10::Layout layout(int64_t l) {
+  return l == 7 ? c10::kStrided : l == 6 ? c10::kMkldnn : c10::kSparse;
+}
 
 c10::MemoryFormat memory_format(int64_t m) {
   switch (m) {
-    case 2: return c10::MemoryFormat::ChannelsLast;
-    case 3: return c10::MemoryFormat::ChannelsLast3d;
-    case 4: return c10::MemoryFormat::Preserve;
-    default: return c10::MemoryFormat::Contiguous;
+    case 2:
+      return c10::MemoryFormat::ChannelsLast;
+    case 3:
+      return c10::MemoryFormat::ChannelsLast3d;
+    case 4:
+      return c10::MemoryFormat::Preserve;
+    default:
+      return c10::MemoryFormat::Contiguous;
   }
 }
 
@@ -90,23 +116,41 @@ std::optional<std::pair<std::string, std::string>> op_name(const std::string& ta
   if (a == std::string::npos) return std::nullopt;
   const size_t b = rest.find('.', a + 1);
   const std::string ns = rest.substr(0, a);
-  const std::string name = rest.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+  const std::string name =
+      rest.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
   std::string overload = b == std::string::npos ? "" : rest.substr(b + 1);
   if (overload == "default") overload = "";
   return std::make_pair(ns + "::" + name, overload);
 }
 
 // Python's operator module on SymInts (the graph's shape arithmetic, e.g. "_operator.mul").
-enum class SymOp { kNone, kAdd, kSub, kMul, kFloorDiv, kMod, kNeg, kTrueDiv, kEq, kNe, kLt, kLe, kGt, kGe, kMax, kMin };
+enum class SymOp {
+  kNone,
+  kAdd,
+  kSub,
+  kMul,
+  kFloorDiv,
+  kMod,
+  kNeg,
+  kTrueDiv,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kMax,
+  kMin
+};
 SymOp sym_op(const std::string& target) {
   static const std::map<std::string, SymOp> ops = {
-      {"_operator.add", SymOp::kAdd},      {"_operator.sub", SymOp::kSub},
-      {"_operator.mul", SymOp::kMul},      {"_operator.floordiv", SymOp::kFloorDiv},
-      {"_operator.mod", SymOp::kMod},      {"_operator.neg", SymOp::kNeg},
+      {"_operator.add", SymOp::kAdd},         {"_operator.sub", SymOp::kSub},
+      {"_operator.mul", SymOp::kMul},         {"_operator.floordiv", SymOp::kFloorDiv},
+      {"_operator.mod", SymOp::kMod},         {"_operator.neg", SymOp::kNeg},
       {"_operator.truediv", SymOp::kTrueDiv}, {"_operator.eq", SymOp::kEq},
-      {"_operator.ne", SymOp::kNe},        {"_operator.lt", SymOp::kLt},
-      {"_operator.le", SymOp::kLe},        {"_operator.gt", SymOp::kGt},
-      {"_operator.ge", SymOp::kGe},        {"torch.sym_max", SymOp::kMax},
+      {"_operator.ne", SymOp::kNe},           {"_operator.lt", SymOp::kLt},
+      {"_operator.le", SymOp::kLe},           {"_operator.gt", SymOp::kGt},
+      {"_operator.ge", SymOp::kGe},           {"torch.sym_max", SymOp::kMax},
       {"torch.sym_min", SymOp::kMin}};
   auto it = ops.find(target);
   return it == ops.end() ? SymOp::kNone : it->second;
@@ -119,7 +163,7 @@ int64_t floordiv(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0
 // tensor marked as a wrapped number, as PyTorch's argument parser makes it, so type promotion
 // treats it as a scalar (an int64 buffer plus 1 stays int64; a float tensor times 2 stays float).
 c10::IValue wrapped_number(const c10::IValue& v) {
-  at::Tensor t = v.isInt() ? at::scalar_tensor(v.toInt(), at::kLong)
+  at::Tensor t = v.isInt()      ? at::scalar_tensor(v.toInt(), at::kLong)
                  : v.isDouble() ? at::scalar_tensor(v.toDouble(), at::kDouble)
                                 : at::scalar_tensor(v.toBool(), at::kBool);
   t.unsafeGetTensorImpl()->set_wrapped_number(true);
@@ -129,11 +173,11 @@ c10::IValue wrapped_number(const c10::IValue& v) {
 // One argument of a planned call: a constant, a slot, or a list assembled from slots.
 struct ArgPlan {
   enum Kind { kConst, kSlot, kTensorList, kOptTensorList, kIntList, kDevice } kind = kConst;
-  c10::IValue value;            // kConst
-  int slot = -1;                // kSlot
-  std::vector<int> slots;       // lists: -1 for None (optional tensors) or for a constant int
-  std::vector<int64_t> ints;    // kIntList: the constants where slots[i] == -1
-  std::string device;           // kDevice: the export's device ("cpu"), remapped by to()
+  c10::IValue value;          // kConst
+  int slot = -1;              // kSlot
+  std::vector<int> slots;     // lists: -1 for None (optional tensors) or for a constant int
+  std::vector<int64_t> ints;  // kIntList: the constants where slots[i] == -1
+  std::string device;         // kDevice: the export's device ("cpu"), remapped by to()
 };
 
 struct Step {
@@ -141,13 +185,13 @@ struct Step {
   std::optional<c10::OperatorHandle> op;
   SymOp sym = SymOp::kNone;
   std::vector<ArgPlan> args;
-  std::vector<int> outs;      // slots of the results (-1: dropped)
-  bool out_list = false;      // one Tensor[] result spread over `outs`
-  int train_arg = -1;         // index in args of `training`/`train` (eval: false)
-  int dropout_p_arg = -1;     // scaled_dot_product_attention's dropout_p (eval: 0)
-  bool train_only = false;    // num_batches_tracked.add_(1): skipped in evaluation
+  std::vector<int> outs;    // slots of the results (-1: dropped)
+  bool out_list = false;    // one Tensor[] result spread over `outs`
+  int train_arg = -1;       // index in args of `training`/`train` (eval: false)
+  int dropout_p_arg = -1;   // scaled_dot_product_attention's dropout_p (eval: 0)
+  bool train_only = false;  // num_batches_tracked.add_(1): skipped in evaluation
   std::vector<int> free_after;
-  std::string label;          // "layer3.1.conv2: aten::conv2d" for errors
+  std::string label;  // "layer3.1.conv2: aten::conv2d" for errors
 };
 
 class ExportedModel : public Model {
@@ -221,8 +265,12 @@ class ExportedModel : public Model {
       }
       switch (a.kind) {
         case ArgPlan::kConst:
-        case ArgPlan::kDevice: stack.push_back(a.value); break;
-        case ArgPlan::kSlot: stack.push_back(v[a.slot]); break;
+        case ArgPlan::kDevice:
+          stack.push_back(a.value);
+          break;
+        case ArgPlan::kSlot:
+          stack.push_back(v[a.slot]);
+          break;
         case ArgPlan::kTensorList: {
           c10::List<at::Tensor> l;
           l.reserve(a.slots.size());
@@ -234,13 +282,15 @@ class ExportedModel : public Model {
           c10::List<std::optional<at::Tensor>> l;
           l.reserve(a.slots.size());
           for (int k : a.slots)
-            l.push_back(k < 0 ? std::optional<at::Tensor>() : std::optional<at::Tensor>(v[k].toTensor()));
+            l.push_back(k < 0 ? std::optional<at::Tensor>()
+                              : std::optional<at::Tensor>(v[k].toTensor()));
           stack.emplace_back(std::move(l));
           break;
         }
         case ArgPlan::kIntList: {
           std::vector<int64_t> l(a.slots.size());
-          for (size_t k = 0; k < l.size(); ++k) l[k] = a.slots[k] < 0 ? a.ints[k] : v[a.slots[k]].toInt();
+          for (size_t k = 0; k < l.size(); ++k)
+            l[k] = a.slots[k] < 0 ? a.ints[k] : v[a.slots[k]].toInt();
           stack.emplace_back(std::move(l));
           break;
         }
@@ -263,7 +313,9 @@ class ExportedModel : public Model {
   }
 
   void run_sym(const Step& s, std::vector<c10::IValue>& v) {
-    auto val = [&](const ArgPlan& a) -> c10::IValue { return a.kind == ArgPlan::kSlot ? v[a.slot] : a.value; };
+    auto val = [&](const ArgPlan& a) -> c10::IValue {
+      return a.kind == ArgPlan::kSlot ? v[a.slot] : a.value;
+    };
     const c10::IValue x = val(s.args.at(0));
     if (s.sym == SymOp::kNeg) {
       v[s.outs[0]] = x.isInt() ? c10::IValue(-x.toInt()) : c10::IValue(-x.toDouble());
@@ -273,41 +325,96 @@ class ExportedModel : public Model {
     if (x.isInt() && y.isInt() && s.sym != SymOp::kTrueDiv) {
       const int64_t a = x.toInt(), b = y.toInt();
       if ((s.sym == SymOp::kFloorDiv || s.sym == SymOp::kMod) && b == 0)
-        throw RuntimeError(path_, "node " + s.label + ": integer division by zero in the graph's shape arithmetic");
+        throw RuntimeError(path_, "node " + s.label +
+                                      ": integer division by zero in the graph's shape arithmetic");
       switch (s.sym) {
-        case SymOp::kAdd: v[s.outs[0]] = a + b; return;
-        case SymOp::kSub: v[s.outs[0]] = a - b; return;
-        case SymOp::kMul: v[s.outs[0]] = a * b; return;
-        case SymOp::kFloorDiv: v[s.outs[0]] = floordiv(a, b); return;
-        case SymOp::kMod: v[s.outs[0]] = a - floordiv(a, b) * b; return;
-        case SymOp::kMax: v[s.outs[0]] = std::max(a, b); return;
-        case SymOp::kMin: v[s.outs[0]] = std::min(a, b); return;
-        case SymOp::kEq: v[s.outs[0]] = a == b; return;
-        case SymOp::kNe: v[s.outs[0]] = a != b; return;
-        case SymOp::kLt: v[s.outs[0]] = a < b; return;
-        case SymOp::kLe: v[s.outs[0]] = a <= b; return;
-        case SymOp::kGt: v[s.outs[0]] = a > b; return;
-        case SymOp::kGe: v[s.outs[0]] = a >= b; return;
-        default: break;
+        case SymOp::kAdd:
+          v[s.outs[0]] = a + b;
+          return;
+        case SymOp::kSub:
+          v[s.outs[0]] = a - b;
+          return;
+        case SymOp::kMul:
+          v[s.outs[0]] = a * b;
+          return;
+        case SymOp::kFloorDiv:
+          v[s.outs[0]] = floordiv(a, b);
+          return;
+        case SymOp::kMod:
+          v[s.outs[0]] = a - floordiv(a, b) * b;
+          return;
+        case SymOp::kMax:
+          v[s.outs[0]] = std::max(a, b);
+          return;
+        case SymOp::kMin:
+          v[s.outs[0]] = std::min(a, b);
+          return;
+        case SymOp::kEq:
+          v[s.outs[0]] = a == b;
+          return;
+        case SymOp::kNe:
+          v[s.outs[0]] = a != b;
+          return;
+        case SymOp::kLt:
+          v[s.outs[0]] = a < b;
+          return;
+        case SymOp::kLe:
+          v[s.outs[0]] = a <= b;
+          return;
+        case SymOp::kGt:
+          v[s.outs[0]] = a > b;
+          return;
+        case SymOp::kGe:
+          v[s.outs[0]] = a >= b;
+          return;
+        default:
+          break;
       }
     }
     const double a = x.isInt() ? double(x.toInt()) : x.toDouble();
     const double b = y.isInt() ? double(y.toInt()) : y.toDouble();
     switch (s.sym) {
-      case SymOp::kAdd: v[s.outs[0]] = a + b; return;
-      case SymOp::kSub: v[s.outs[0]] = a - b; return;
-      case SymOp::kMul: v[s.outs[0]] = a * b; return;
-      case SymOp::kTrueDiv: v[s.outs[0]] = a / b; return;
-      case SymOp::kFloorDiv: v[s.outs[0]] = std::floor(a / b); return;
-      case SymOp::kMax: v[s.outs[0]] = std::max(a, b); return;
-      case SymOp::kMin: v[s.outs[0]] = std::min(a, b); return;
-      case SymOp::kEq: v[s.outs[0]] = a == b; return;
-      case SymOp::kNe: v[s.outs[0]] = a != b; return;
-      case SymOp::kLt: v[s.outs[0]] = a < b; return;
-      case SymOp::kLe: v[s.outs[0]] = a <= b; return;
-      case SymOp::kGt: v[s.outs[0]] = a > b; return;
-      case SymOp::kGe: v[s.outs[0]] = a >= b; return;
-      default: throw RuntimeError(path_, "node " + s.label + ": unsupported shape arithmetic");
+      case SymOp::kAdd:
+        v[s.outs[0]] = a + b;
+        return;
+      case SymOp::kSub:
+        v[s.outs[0]] = a - b;
+        return;
+      case SymOp::kMul:
+        v[s.outs[0]] = a * b;
+        return;
+      case SymOp::kTrueDiv:
+        v[s.outs[0]] = a / b;
+        return;
+      case SymOp::kFloorDiv:
+        v[s.outs[0]] = std::floor(a / b);
+        return;
+      case SymOp::kMax:
+        v[s.outs[0]] = std::max(a, b);
+        return;
+      case SymOp::kMin:
+        v[s.outs[0]] = std::min(a, b);
+        return;
+      case SymOp::kEq:
+        v[s.outs[0]] = a == b;
+        return;
+      case SymOp::kNe:
+        v[s.outs[0]] = a != b;
+        return;
+      case SymOp::kLt:
+        v[s.outs[0]] = a < b;
+        return;
+      case SymOp::kLe:
+        v[s.outs[0]] = a <= b;
+        return;
+      case SymOp::kGt:
+        v[s.outs[0]] = a > b;
+        return;
+      case SymOp::kGe:
+        v[s.outs[0]] = a >= b;
+        return;
+      default:
+        throw RuntimeError(path_, "node " + s.label + ": unsupported shape arithmetic");
     }
   }
 
@@ -328,7 +435,8 @@ class ExportedModel : public Model {
   torch::Tensor tensor_of(const Pt2Program& p, const formats::Payload& pl, const std::string& name,
                           bool constant) {
     if (pl.use_pickle)
-      throw DataError(path_, "'" + name + "' is a pickled tensor subclass, which mltrain cannot read",
+      throw DataError(path_,
+                      "'" + name + "' is a pickled tensor subclass, which mltrain cannot read",
                       "export a model whose weights are plain tensors");
     const auto dtype = scalar_type(pl.meta.dtype, path_);
     std::vector<int64_t> sizes, strides;
@@ -348,9 +456,10 @@ class ExportedModel : public Model {
     }
     if (strides.size() != sizes.size() || offset < 0 ||
         (!empty && uint64_t(last + 1) * uint64_t(esize) > nbytes))
-      throw DataError(path_, "'" + name + "' (" + shape_text(pl.meta.sizes) + ", " +
-                                 formats::pt2_dtype_name(pl.meta.dtype) + ") needs more than the " +
-                                 std::to_string(nbytes) + " bytes of " + pl.path_name,
+      throw DataError(path_,
+                      "'" + name + "' (" + shape_text(pl.meta.sizes) + ", " +
+                          formats::pt2_dtype_name(pl.meta.dtype) + ") needs more than the " +
+                          std::to_string(nbytes) + " bytes of " + pl.path_name,
                       "the archive is damaged; save it again");
     auto storage = torch::empty({int64_t(nbytes / esize)}, torch::TensorOptions().dtype(dtype));
     if (nbytes) p.read_payload(pl.path_name, constant, storage.data_ptr());
@@ -367,27 +476,53 @@ class ExportedModel : public Model {
         continue;
       }
       if (in.kind == formats::InputSpec::kCustomObj || in.kind == formats::InputSpec::kToken)
-        throw DataError(path_, "the graph takes a " + std::string(in.kind == formats::InputSpec::kToken ? "side-effect token" : "custom object '" + in.target + "'") +
-                                   ", which mltrain cannot train",
+        throw DataError(path_,
+                        "the graph takes a " +
+                            std::string(in.kind == formats::InputSpec::kToken
+                                            ? "side-effect token"
+                                            : "custom object '" + in.target + "'") +
+                            ", which mltrain cannot train",
                         "export a model without custom classes or effectful ops");
       if (in.kind == formats::InputSpec::kConstant) {
         const int s = slot(in.arg);
         const Argument& a = in.constant;
-        fixed_values_.emplace_back(s, a.kind == Argument::kInt ? c10::IValue(a.i)
-                                      : a.kind == Argument::kFloat ? c10::IValue(a.f)
-                                      : a.kind == Argument::kBool ? c10::IValue(a.b)
+        fixed_values_.emplace_back(s, a.kind == Argument::kInt      ? c10::IValue(a.i)
+                                      : a.kind == Argument::kFloat  ? c10::IValue(a.f)
+                                      : a.kind == Argument::kBool   ? c10::IValue(a.b)
                                       : a.kind == Argument::kString ? c10::IValue(a.s)
-                                                                     : c10::IValue());
+                                                                    : c10::IValue());
         continue;
       }
-      const bool constant = in.kind == formats::InputSpec::kTensorConstant;
+      // Non-persistent buffers (rotary inv_freq) are saved with the lifted constants.
+      const bool constant =
+          in.kind == formats::InputSpec::kTensorConstant ||
+          (in.kind == formats::InputSpec::kBuffer && !in.persistent && !p.weights.count(in.target));
       const auto& table = constant ? p.constants : p.weights;
       auto it = table.find(in.target);
       if (it == table.end())
-        throw DataError(path_, std::string(constant ? "constant" : in.kind == formats::InputSpec::kParameter ? "parameter" : "buffer") +
-                                   " '" + in.target + "' is missing from the archive's weights",
+        throw DataError(path_,
+                        std::string(constant                                    ? "constant"
+                                    : in.kind == formats::InputSpec::kParameter ? "parameter"
+                                                                                : "buffer") +
+                            " '" + in.target + "' is missing from the archive's weights",
                         "save the program again with torch.export.save");
-      torch::Tensor t = tensor_of(p, it->second, in.target, constant);
+      // Tied weights (GPT-2's lm_head.weight is transformer.wte.weight): torch.export keeps a
+      // placeholder for each name, the nodes use one of them, and the archive stores one storage
+      // with the same view for both. They stay one tensor here, named once, by its first name,
+      // as PyTorch's named_parameters() does; the other name is an alias (state_dict keeps both).
+      const formats::Payload& pl = it->second;
+      const std::string view = pl.path_name + "|" + std::to_string(constant) + "|" +
+                               shape_text(pl.meta.sizes) + shape_text(pl.meta.strides) +
+                               std::to_string(pl.meta.storage_offset.value) + "|" +
+                               std::to_string(pl.meta.dtype);
+      if (auto tied = views_.find(view); tied != views_.end()) {
+        aliases_.emplace_back(in.target, tied->second.first);
+        inputs_by_slot_.emplace_back(slot(in.arg), tied->second.second);
+        if (in.kind == formats::InputSpec::kBuffer) buffer_args_[in.arg] = in.target;
+        continue;
+      }
+      torch::Tensor t = tensor_of(p, pl, in.target, constant);
+      views_[view] = {in.target, t};
       if (in.kind == formats::InputSpec::kParameter) {
         t.requires_grad_(true);
         params_.emplace_back(in.target, t);
@@ -404,8 +539,9 @@ class ExportedModel : public Model {
       std::string names;
       for (const auto& n : user_inputs_) names += (names.empty() ? "" : ", ") + n;
       throw ConfigError("model.path",
-                        path_ + ": the exported forward takes " + std::to_string(user_inputs_.size()) +
-                            " tensor inputs (" + names + "); mltrain feeds it one batch",
+                        path_ + ": the exported forward takes " +
+                            std::to_string(user_inputs_.size()) + " tensor inputs (" + names +
+                            "); mltrain feeds it one batch",
                         "export a wrapper whose forward(x) takes the batch alone (other inputs "
                         "as defaults or buffers)");
     }
@@ -425,8 +561,12 @@ class ExportedModel : public Model {
     ArgPlan p;
     const auto kind = schema.type()->kind();
     switch (a.kind) {
-      case Argument::kNone: p.value = c10::IValue(); break;
-      case Argument::kTensor: p.kind = ArgPlan::kSlot, p.slot = known(a.names[0], where); break;
+      case Argument::kNone:
+        p.value = c10::IValue();
+        break;
+      case Argument::kTensor:
+        p.kind = ArgPlan::kSlot, p.slot = known(a.names[0], where);
+        break;
       case Argument::kTensors:
         p.kind = ArgPlan::kTensorList;
         for (const auto& n : a.names) p.slots.push_back(known(n, where));
@@ -439,12 +579,16 @@ class ExportedModel : public Model {
         p.value = kind == c10::TypeKind::FloatType ? c10::IValue(double(a.i)) : c10::IValue(a.i);
         if (kind == c10::TypeKind::TensorType) p.value = wrapped_number(p.value);
         break;
-      case Argument::kInts: p.value = c10::IValue(a.ints); break;
+      case Argument::kInts:
+        p.value = c10::IValue(a.ints);
+        break;
       case Argument::kFloat:
         p.value = a.f;
         if (kind == c10::TypeKind::TensorType) p.value = wrapped_number(p.value);
         break;
-      case Argument::kFloats: p.value = c10::IValue(a.floats); break;
+      case Argument::kFloats:
+        p.value = c10::IValue(a.floats);
+        break;
       case Argument::kBool:
         p.value = a.b;
         if (kind == c10::TypeKind::TensorType) p.value = wrapped_number(p.value);
@@ -455,13 +599,21 @@ class ExportedModel : public Model {
         p.value = l;
         break;
       }
-      case Argument::kString: p.value = a.s; break;
-      case Argument::kStrings: p.value = c10::IValue(a.strings); break;
+      case Argument::kString:
+        p.value = a.s;
+        break;
+      case Argument::kStrings:
+        p.value = c10::IValue(a.strings);
+        break;
       case Argument::kSymInt:
       case Argument::kSymFloat:
       case Argument::kSymBool:
-        if (!a.names.empty()) p.kind = ArgPlan::kSlot, p.slot = known(a.names[0], where);
-        else p.value = a.kind == Argument::kSymInt ? c10::IValue(a.i) : a.kind == Argument::kSymFloat ? c10::IValue(a.f) : c10::IValue(a.b);
+        if (!a.names.empty())
+          p.kind = ArgPlan::kSlot, p.slot = known(a.names[0], where);
+        else
+          p.value = a.kind == Argument::kSymInt     ? c10::IValue(a.i)
+                    : a.kind == Argument::kSymFloat ? c10::IValue(a.f)
+                                                    : c10::IValue(a.b);
         break;
       case Argument::kSymInts:
         p.kind = ArgPlan::kIntList;
@@ -471,16 +623,21 @@ class ExportedModel : public Model {
       case Argument::kScalarType:
         p.value = c10::IValue(int64_t(scalar_type(int(a.i), path_)));
         break;
-      case Argument::kMemoryFormat: p.value = c10::IValue(int64_t(memory_format(a.i))); break;
-      case Argument::kLayout: p.value = c10::IValue(int64_t(layout(a.i))); break;
+      case Argument::kMemoryFormat:
+        p.value = c10::IValue(int64_t(memory_format(a.i)));
+        break;
+      case Argument::kLayout:
+        p.value = c10::IValue(int64_t(layout(a.i)));
+        break;
       case Argument::kDevice:
         p.kind = ArgPlan::kDevice;
         p.device = a.s;
         p.value = c10::Device(a.s);
         break;
       case Argument::kOther:
-        throw DataError(path_, where + ": argument '" + schema.name() + "' is a " + a.s +
-                                   ", which mltrain does not run",
+        throw DataError(path_,
+                        where + ": argument '" + schema.name() + "' is a " + a.s +
+                            ", which mltrain does not run",
                         "export a model without higher-order ops or custom objects");
     }
     return p;
@@ -500,8 +657,12 @@ class ExportedModel : public Model {
         s.kind = Step::kSym;
         for (const auto& in : n.inputs) {
           ArgPlan a;
-          if (!in.arg.names.empty()) a.kind = ArgPlan::kSlot, a.slot = known(in.arg.names[0], "node " + s.label);
-          else a.value = in.arg.kind == Argument::kFloat || in.arg.kind == Argument::kSymFloat ? c10::IValue(in.arg.f) : c10::IValue(in.arg.i);
+          if (!in.arg.names.empty())
+            a.kind = ArgPlan::kSlot, a.slot = known(in.arg.names[0], "node " + s.label);
+          else
+            a.value = in.arg.kind == Argument::kFloat || in.arg.kind == Argument::kSymFloat
+                          ? c10::IValue(in.arg.f)
+                          : c10::IValue(in.arg.i);
           s.args.push_back(a);
         }
         if (s.args.empty() || (s.sym != SymOp::kNeg && s.args.size() < 2))
@@ -546,33 +707,39 @@ class ExportedModel : public Model {
           } else if (args[k].default_value()) {
             a.value = *args[k].default_value();
           } else {
-            throw DataError(path_, "node " + s.label + " lacks argument '" + args[k].name() + "' of " + schema.name());
+            throw DataError(path_, "node " + s.label + " lacks argument '" + args[k].name() +
+                                       "' of " + schema.name());
           }
           const std::string& an = args[k].name();
-          const bool flag_arg = args[k].type()->kind() == c10::TypeKind::BoolType &&
-                                ((an == "training" && schema.name().find("batch_norm") != std::string::npos) ||
-                                 (an == "train" && schema.name().find("dropout") != std::string::npos));
+          const bool flag_arg =
+              args[k].type()->kind() == c10::TypeKind::BoolType &&
+              ((an == "training" && schema.name().find("batch_norm") != std::string::npos) ||
+               (an == "train" && schema.name().find("dropout") != std::string::npos));
           if (flag_arg) {
             s.train_arg = int(k);
             if (a.kind == ArgPlan::kConst && a.value.isBool()) {
               const bool on = a.value.toBool();
-              if (on) saw_train_true = true;
-              else if (eval_evidence_.empty()) eval_evidence_ = "node " + s.label + " has " + an + "=False";
+              if (on)
+                saw_train_true = true;
+              else if (eval_evidence_.empty())
+                eval_evidence_ = "node " + s.label + " has " + an + "=False";
             }
           }
-          if (an == "dropout_p" && schema.name() == "aten::scaled_dot_product_attention") s.dropout_p_arg = int(k);
+          if (an == "dropout_p" && schema.name() == "aten::scaled_dot_product_attention")
+            s.dropout_p_arg = int(k);
           s.args.push_back(std::move(a));
         }
         for (size_t j = 0; j < n.inputs.size(); ++j)
           if (!used[j])
-            throw DataError(path_, "node " + s.label + " passes '" + n.inputs[j].name + "', which " +
-                                       schema.name() + " does not take in this LibTorch",
+            throw DataError(path_,
+                            "node " + s.label + " passes '" + n.inputs[j].name + "', which " +
+                                schema.name() + " does not take in this LibTorch",
                             "export with the PyTorch version mltrain links (2.15)");
         // BatchNorm's num_batches_tracked.add_(1) happens in training only.
         if (schema.name() == "aten::add_" && !s.args.empty() && s.args[0].kind == ArgPlan::kSlot)
           for (const auto& [arg, target] : buffer_args_)
-            if (slots_.count(arg) && slots_[arg] == s.args[0].slot &&
-                target.size() >= 19 && target.compare(target.size() - 19, 19, "num_batches_tracked") == 0)
+            if (slots_.count(arg) && slots_[arg] == s.args[0].slot && target.size() >= 19 &&
+                target.compare(target.size() - 19, 19, "num_batches_tracked") == 0)
               s.train_only = true;
         const auto& returns = schema.returns();
         s.out_list = returns.size() == 1 && returns[0].type()->kind() == c10::TypeKind::ListType &&
@@ -584,8 +751,8 @@ class ExportedModel : public Model {
         for (const auto& nm : n.outputs[0].names) s.outs.push_back(define(nm));
       } else {
         for (const auto& o : n.outputs) {
-          if (o.kind == Argument::kTensor || o.kind == Argument::kSymInt || o.kind == Argument::kSymFloat ||
-              o.kind == Argument::kSymBool)
+          if (o.kind == Argument::kTensor || o.kind == Argument::kSymInt ||
+              o.kind == Argument::kSymFloat || o.kind == Argument::kSymBool)
             s.outs.push_back(o.names.empty() ? -1 : define(o.names[0]));
           else if (o.kind == Argument::kTensors && o.names.size() == 1)
             s.outs.push_back(define(o.names[0]));
@@ -607,7 +774,8 @@ class ExportedModel : public Model {
       const int s = known(o.names[0], "the graph's outputs");
       last_use[s] = steps_.size();
       if (p.outputs[k].kind == formats::OutputSpec::kUserOutput) {
-        const std::string leaf = user < p.output_leaves.size() ? p.output_leaves[user] : std::to_string(user);
+        const std::string leaf =
+            user < p.output_leaves.size() ? p.output_leaves[user] : std::to_string(user);
         user_outputs_.emplace_back(leaf.empty() ? "output" : leaf, s);
         ++user;
       } else if (p.outputs[k].kind == formats::OutputSpec::kBufferMutation) {
@@ -616,8 +784,9 @@ class ExportedModel : public Model {
         for (auto& [name, t] : hidden_)
           if (name == p.outputs[k].target) mutations_.emplace_back(s, t);
       } else if (p.outputs[k].kind != formats::OutputSpec::kUserInputMutation) {
-        throw DataError(path_, "the graph has a loss or gradient output: a joint forward-backward "
-                               "graph, which mltrain does not train",
+        throw DataError(path_,
+                        "the graph has a loss or gradient output: a joint forward-backward "
+                        "graph, which mltrain does not train",
                         "export the forward program with torch.export.export");
       }
     }
@@ -639,13 +808,16 @@ class ExportedModel : public Model {
     std::string names;
     for (const auto& [n, s] : user_outputs_) names += (names.empty() ? "" : ", ") + n;
     if (user_outputs_.empty())
-      throw DataError(path_, "the exported program returns no tensor", "return the model's outputs from forward");
+      throw DataError(path_, "the exported program returns no tensor",
+                      "return the model's outputs from forward");
     if (!output_key_.empty()) {
       for (const auto& [n, s] : user_outputs_)
         if (n == output_key_) output_slot_ = s, output_name_ = n;
       if (output_slot_ < 0)
-        throw ConfigError("model.output", "'" + output_key_ + "' is not an output of " + path_ + "; it returns " + names,
-                          "set model.output to one of: " + names);
+        throw ConfigError(
+            "model.output",
+            "'" + output_key_ + "' is not an output of " + path_ + "; it returns " + names,
+            "set model.output to one of: " + names);
       return;
     }
     if (user_outputs_.size() == 1) {
@@ -656,20 +828,25 @@ class ExportedModel : public Model {
     for (const auto& [n, s] : user_outputs_)
       if (n == "logits") output_slot_ = s, output_name_ = n;
     if (output_slot_ < 0)
-      throw ConfigError("model.output", path_ + " returns several outputs (" + names + ") and none is 'logits'",
+      throw ConfigError("model.output",
+                        path_ + " returns several outputs (" + names + ") and none is 'logits'",
                         "set model.output to the one the task trains on");
   }
 
   // Dimension d of the input against the export: a number must match, a symbol lie in its range.
   std::string misfit(int64_t d, int64_t size) const {
     const auto& want = input_meta_.sizes[d];
-    if (!want.is_symbol) return size == want.value ? "" : "dimension " + std::to_string(d) + " is " + std::to_string(size) + ", exported as " + std::to_string(want.value);
+    if (!want.is_symbol)
+      return size == want.value ? ""
+                                : "dimension " + std::to_string(d) + " is " + std::to_string(size) +
+                                      ", exported as " + std::to_string(want.value);
     auto r = ranges_.find(want.symbol);
     if (r == ranges_.end()) return "";
     const int64_t lo = std::max<int64_t>(r->second.min, 1);
     if (size < lo || (r->second.max && size > *r->second.max))
-      return "dimension " + std::to_string(d) + " is " + std::to_string(size) + ", outside " + want.symbol + "'s exported range [" +
-             std::to_string(lo) + ", " + (r->second.max ? std::to_string(*r->second.max) : "inf") + "]";
+      return "dimension " + std::to_string(d) + " is " + std::to_string(size) + ", outside " +
+             want.symbol + "'s exported range [" + std::to_string(lo) + ", " +
+             (r->second.max ? std::to_string(*r->second.max) : "inf") + "]";
     return "";
   }
 
@@ -677,27 +854,38 @@ class ExportedModel : public Model {
     if (shape.empty()) return;
     std::vector<int64_t> full = {1};
     full.insert(full.end(), shape.begin(), shape.end());
-    std::string why = full.size() != input_meta_.sizes.size() ? "it has " + std::to_string(full.size()) + " dimensions with the batch, the export " + std::to_string(input_meta_.sizes.size()) : "";
+    std::string why = full.size() != input_meta_.sizes.size()
+                          ? "it has " + std::to_string(full.size()) +
+                                " dimensions with the batch, the export " +
+                                std::to_string(input_meta_.sizes.size())
+                          : "";
     for (size_t d = 1; why.empty() && d < full.size(); ++d) why = misfit(int64_t(d), full[d]);
     if (!why.empty())
-      throw DataError(path_, "the data's samples " + shape_text(shape) + " (a batch [B, " + shape_text(shape).substr(1) +
-                                 ") do not fit the exported input '" + user_inputs_[0] + "' " + shape_text(input_meta_.sizes) + ": " + why,
+      throw DataError(path_,
+                      "the data's samples " + shape_text(shape) + " (a batch [B, " +
+                          shape_text(shape).substr(1) + ") do not fit the exported input '" +
+                          user_inputs_[0] + "' " + shape_text(input_meta_.sizes) + ": " + why,
                       "export the model with an input of the data's shape (dynamic_shapes={0: "
                       "Dim('batch')} for the batch), or change the data");
   }
 
   void check_input(const torch::Tensor& x) {
     std::string why;
-    if (x.dim() != int64_t(input_meta_.sizes.size())) why = std::to_string(x.dim()) + " dimensions, the export has " + std::to_string(input_meta_.sizes.size());
+    if (x.dim() != int64_t(input_meta_.sizes.size()))
+      why = std::to_string(x.dim()) + " dimensions, the export has " +
+            std::to_string(input_meta_.sizes.size());
     for (int64_t d = 0; why.empty() && d < x.dim(); ++d) why = misfit(d, x.size(d));
     if (why.empty() && x.scalar_type() != scalar_type(input_meta_.dtype, path_))
-      why = std::string("dtype ") + c10::toString(x.scalar_type()) + ", the export takes " + formats::pt2_dtype_name(input_meta_.dtype);
+      why = std::string("dtype ") + c10::toString(x.scalar_type()) + ", the export takes " +
+            formats::pt2_dtype_name(input_meta_.dtype);
     if (why.empty()) return;
     const bool batch = !why.rfind("dimension 0 ", 0) && !input_meta_.sizes[0].is_symbol;
-    throw DataError(path_, "input " + shape_text(x.sizes()) + " does not fit the exported input '" + user_inputs_[0] + "' " +
-                               shape_text(input_meta_.sizes) + ": " + why,
-                    batch ? "export with a dynamic batch: dynamic_shapes=({0: torch.export.Dim('batch')},)"
-                          : "export the model with an input like the data's batches");
+    throw DataError(
+        path_,
+        "input " + shape_text(x.sizes()) + " does not fit the exported input '" + user_inputs_[0] +
+            "' " + shape_text(input_meta_.sizes) + ": " + why,
+        batch ? "export with a dynamic batch: dynamic_shapes=({0: torch.export.Dim('batch')},)"
+              : "export the model with an input like the data's batches");
   }
 
   std::string path_, output_key_, output_name_, export_device_ = "cpu";
@@ -705,6 +893,8 @@ class ExportedModel : public Model {
   std::vector<std::pair<int, torch::Tensor>> inputs_by_slot_;
   std::vector<std::pair<int, c10::IValue>> fixed_values_, fixed_;
   std::map<std::string, std::string> buffer_args_;  // graph input -> buffer name
+  std::map<std::string, std::pair<std::string, torch::Tensor>> views_;  // stored view -> owner
+  std::vector<std::pair<std::string, std::string>> aliases_;  // tied name -> the owner's name
   std::map<std::string, int> slots_;
   int num_slots_ = 0, input_slot_ = -1, output_slot_ = -1;
   std::vector<std::string> user_inputs_;
@@ -719,13 +909,16 @@ class ExportedModel : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_exported(const config::ModelConfig& c, const std::vector<int64_t>& sample_shape) {
+std::unique_ptr<Model> make_exported(const config::ModelConfig& c,
+                                     const std::vector<int64_t>& sample_shape) {
   if (c.path.empty())
-    throw ConfigError("model.path", "model.name=exported needs model.path, the .pt2 file",
-                      "save one with torch.export.save(torch.export.export(model.train(), (x,)), 'model.pt2')");
+    throw ConfigError(
+        "model.path", "model.name=exported needs model.path, the .pt2 file",
+        "save one with torch.export.save(torch.export.export(model.train(), (x,)), 'model.pt2')");
   if (!std::filesystem::exists(c.path))
-    throw ConfigError("model.path", "exported program '" + c.path + "' not found",
-                      "save one with torch.export.save(torch.export.export(model.train(), (x,)), 'model.pt2')");
+    throw ConfigError(
+        "model.path", "exported program '" + c.path + "' not found",
+        "save one with torch.export.save(torch.export.export(model.train(), (x,)), 'model.pt2')");
   if (std::filesystem::is_directory(c.path))
     throw ConfigError("model.path", "'" + c.path + "' is a folder; model.path names the .pt2 file");
   return std::make_unique<ExportedModel>(c, sample_shape);

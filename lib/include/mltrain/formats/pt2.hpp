@@ -44,9 +44,27 @@ struct TensorMeta {
 // symbolic ints; `ints` the numbers of kInts / kSymInts (where names[i] is empty).
 struct Argument {
   enum Kind {
-    kNone, kTensor, kTensors, kOptionalTensors, kInt, kInts, kFloat, kFloats, kBool, kBools,
-    kString, kStrings, kSymInt, kSymInts, kSymFloat, kSymBool, kScalarType, kMemoryFormat, kLayout,
-    kDevice, kOther
+    kNone,
+    kTensor,
+    kTensors,
+    kOptionalTensors,
+    kInt,
+    kInts,
+    kFloat,
+    kFloats,
+    kBool,
+    kBools,
+    kString,
+    kStrings,
+    kSymInt,
+    kSymInts,
+    kSymFloat,
+    kSymBool,
+    kScalarType,
+    kMemoryFormat,
+    kLayout,
+    kDevice,
+    kOther
   };
   Kind kind = kNone;
   int64_t i = 0;  // kInt, kScalarType, kMemoryFormat, kLayout, kSymInt's number
@@ -111,15 +129,15 @@ struct RangeConstraint {
 };
 
 struct Pt2Program {
-  std::string path;      // the archive
-  std::string model;     // the model's name inside it ("model")
+  std::string path;   // the archive
+  std::string model;  // the model's name inside it ("model")
   int schema_major = 0, schema_minor = 0;
   std::string torch_version;
   Graph graph;
   std::vector<InputSpec> inputs;
   std::vector<OutputSpec> outputs;
   std::map<std::string, RangeConstraint> ranges;  // symbol -> range
-  std::vector<std::string> output_leaves;  // the user outputs' names in the pytree (logits, 0..)
+  std::vector<std::string> output_leaves;    // the user outputs' names in the pytree (logits, 0..)
   std::map<std::string, Payload> weights;    // module name -> payload
   std::map<std::string, Payload> constants;  // constant name -> payload
 

@@ -22,10 +22,10 @@ namespace mltrain::formats {
 
 struct ZipEntry {
   std::string name;
-  uint64_t size = 0;             // uncompressed bytes
+  uint64_t size = 0;  // uncompressed bytes
   uint64_t compressed_size = 0;
-  uint64_t data_offset = 0;      // where its (compressed) bytes start in the file
-  uint16_t method = 0;           // 0 stored, 8 deflate
+  uint64_t data_offset = 0;  // where its (compressed) bytes start in the file
+  uint16_t method = 0;       // 0 stored, 8 deflate
   uint32_t crc32 = 0;
 };
 
