@@ -227,6 +227,7 @@ class ExportedModel : public Model {
 
   NamedTensors named_parameters() override { return params_; }
   NamedTensors named_buffers() override { return buffers_; }
+  std::vector<std::pair<std::string, std::string>> tied_names() const override { return aliases_; }
   void set_training(bool on) override {
     if (on && exported_in_eval_)
       throw ConfigError("model.path",

@@ -251,6 +251,9 @@ void CheckpointWriter::save(Trainer& t) {
   auto writer = [&](const fs::path& dir) {
     model::NamedTensors weights = t.model().named_parameters();
     for (auto& b : t.model().named_buffers()) weights.push_back(b);
+    for (const auto& [alias, owner] : t.model().tied_names())
+      for (size_t i = 0, n = weights.size(); i < n; ++i)
+        if (weights[i].first == owner) weights.emplace_back(alias, weights[i].second);
     for (auto& [name, w] : weights)
       if (w.is_floating_point() && !torch::isfinite(w).all().item<bool>())
         throw RuntimeError(

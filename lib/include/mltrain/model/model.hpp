@@ -33,6 +33,10 @@ class Model {
   virtual void to(const torch::Device& device) = 0;  // parameters and buffers, layouts kept
   virtual std::string describe() const = 0;
   int64_t num_parameters();
+  // Names a tied tensor also has in the module's state_dict, as (alias, name in named_parameters
+  // or named_buffers): GPT-2's lm_head.weight is transformer.wte.weight. Checkpoints write both
+  // keys, so PyTorch's load_state_dict(strict=True) finds every key it expects.
+  virtual std::vector<std::pair<std::string, std::string>> tied_names() const { return {}; }
 
   // memory.checkpoint: blocks run in segments of `every` consecutive blocks without keeping their
   // activations (recomputed in backward, gradients bitwise equal); 0 turns it off. Models without

