@@ -23,7 +23,7 @@ while getopts "t:j:" opt; do
   esac
 done
 shift $((OPTIND - 1))
-all=(config period npy idx shard chunk_index safetensors manifest journal hostlist tensorboard)
+all=(config period npy idx shard chunk_index safetensors manifest journal hostlist tensorboard zip pt2)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 for t in "${targets[@]}"; do

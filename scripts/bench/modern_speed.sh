@@ -10,6 +10,9 @@
 #   ROUNDS=1 QUICK=1 scripts/bench/modern_speed.sh
 #   WORKLOADS="cnn gpt2" scripts/bench/modern_speed.sh
 #   RESULTS=out.jsonl scripts/bench/modern_speed.sh   # keep every measurement
+#   WORKLOADS="tv_resnet18 ex_tv_resnet18" ...      # ex_<w>: <w> as a torch.export .pt2 (mltrain
+#                                                   # side only; compared with <w>'s Python sides
+#                                                   # and its TorchScript run)
 #
 # Columns: steady-state samples/s (tokens/s for the GPTs) of each side and mltrain's ratio to it;
 # time from exec to the end of the first optimizer step (mltrain's first_step_s; Python's import,
@@ -42,6 +45,9 @@ $PY scripts/data/fmnist_images.py --out "$TMP" --limit 10000 --formats png >&2
 for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small; do
   (cd scripts/bench && $PY py_train.py --model $m --save-script "$TMP/$m.pt" 2>/dev/null)
 done
+for m in tv_resnet18 tv_mobilenet_v3_small; do  # the same models for model.name: exported
+  [[ " $WORKLOADS " == *" ex_$m "* ]] && (cd scripts/bench && $PY py_train.py --model $m --save-export "$TMP/$m.pt2" 2>/dev/null)
+done
 (cd scripts/bench && $PY py_gpt.py init --out "$TMP/char_gpt.safetensors" >&2 &&
   $PY py_gpt.py init --out "$TMP/gpt2.safetensors" --n-layer 12 --n-head 12 --n-embd 768 \
     --block-size 64 --vocab 50257 >&2)
@@ -68,6 +74,7 @@ ml_args() {
     char_gpt) echo "configs/text_char_gpt.yaml model.init_from=$TMP/char_gpt.safetensors" ;;
     gpt2) echo "configs/gpt2_124m.yaml model.init_from=$TMP/gpt2.safetensors" ;;
     tv_*) echo "configs/fmnist_png_folder.yaml $folder model.path=$TMP/$1.pt" ;;
+    ex_*) echo "configs/fmnist_png_folder.yaml $folder model.name=exported model.path=$TMP/${1#ex_}.pt2" ;;
   esac
 }
 units_per_step() {
@@ -135,6 +142,7 @@ for r in $(seq "$ROUNDS"); do
   for w in $WORKLOADS; do
     for k in 0 1 2 3; do
       side=${SIDES[$(((k + r - 1) % 4))]}
+      [[ $w == ex_* && $side != mltrain ]] && continue  # its Python sides are ${w#ex_}'s
       echo "== round $r/$ROUNDS: $w, $side" >&2
       if [ "$side" = mltrain ]; then run_mltrain "$w" "$r"; else run_python "$w" "$side" "$r"; fi
       tail -1 "$RESULTS" >&2
@@ -184,6 +192,13 @@ med = lambda xs: statistics.median(xs) if xs else float("nan")
 by = {}
 for x in rows:
     by.setdefault((x["workload"], x["side"]), []).append(x)
+# ex_<w>: the exported program's mltrain run against <w>'s Python loops, which trained the same
+# model; <w>'s own mltrain run is the TorchScript path.
+for (w, s), xs in list(by.items()):
+    if w.startswith("ex_") and s == "mltrain":
+        for side in ("idiomatic", "expert", "compiled"):
+            by[(w, side)] = by.get((w[3:], side), [])
+        by[(w, "torchscript")] = by.get((w[3:], "mltrain"), [])
 work = list(dict.fromkeys(x["workload"] for x in rows))
 sides = ["idiomatic", "expert", "compiled"]
 rounds = max(x["round"] for x in rows)
@@ -204,7 +219,10 @@ for w in work:
           f"{ratios[0]:>7.2f}{ratios[1]:>9.2f}{ratios[2]:>11.2f}  "
           f"{' / '.join(f'{first[s]:.2f}' for s in ['mltrain'] + sides):>46}  {' / '.join(f'{rss[s]:.0f}' for s in ['mltrain'] + sides):>46}")
     print(f"{'':<22}{'per-round ratio ranges (idiom, expert, compiled):':>49} {', '.join(lo_hi)}")
-compile_s = {w: med([x["warmup_s"] for x in by.get((w, "compiled"), [])]) for w in work}
+    if w.startswith("ex_") and by.get((w, "torchscript")):
+        ts = med([x["rate"] for x in by[(w, "torchscript")]])
+        print(f"{'':<22}exported .pt2 vs the TorchScript path on the same model: {rate['mltrain']:.0f} / {ts:.0f} = {rate['mltrain'] / ts:.2f}x")
+compile_s = {w: med([x["warmup_s"] for x in by.get((w, "compiled"), [])]) for w in work if not w.startswith("ex_")}
 print("\ncompiled side's warm-up (compile + first steps, s): " + ", ".join(f"{w} {v:.0f}" for w, v in compile_s.items()))
 print("targets (issue #41): x expert >= 1.25, x compiled >= 1.0, RSS <= idiomatic, first step <= 0.5 s (MLP, CNN), <= 1 s (GPT-2)")
 

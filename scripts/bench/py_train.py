@@ -16,7 +16,8 @@ PyTorch 2.15: MKL, oneDNN, inductor). Three ways of writing the same training lo
 Workloads: the mltrain registry's MLP, CNN and ResNet (py_models.py, same layers and op order),
 pytorch/examples' MNIST Net (trained by mltrain as TorchScript), and torchvision's ResNet-18 and
 MobileNetV3-small (trained by mltrain as TorchScript from an image folder at 32 x 32 RGB).
---save-script writes the model as TorchScript (what mltrain trains) and exits.
+--save-script writes the model as TorchScript (what mltrain trains) and exits; --save-export writes
+it as a torch.export program (.pt2, training mode, dynamic batch) for model.name: exported.
 
 Prints one JSON line: steady-state samples/s over the timed steps, the seconds from this
 process's exec to the end of its first optimizer step (the same /proc clock as mltrain's
@@ -41,6 +42,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--model", required=True,
                choices=["mlp", "cnn", "examples_cnn", "resnet", "tv_resnet18", "tv_mobilenet_v3_small"])
 p.add_argument("--save-script", help="write the model as TorchScript here and exit")
+p.add_argument("--save-export", help="write the model as a torch.export .pt2 here and exit")
 p.add_argument("--mode", choices=["idiomatic", "expert", "compiled"], default="idiomatic")
 p.add_argument("--images", help=".npy of uint8 [N,28,28] (Fashion-MNIST)")
 p.add_argument("--labels", help=".npy of int64 [N]")
@@ -77,6 +79,12 @@ def make_model():
 model = make_model()
 if args.save_script:
     torch.jit.script(model).save(args.save_script)
+    raise SystemExit(0)
+if args.save_export:
+    shape = (2, 3, 32, 32) if args.model.startswith("tv_") else (2, 1, 28, 28)
+    ep = torch.export.export(model.train(), (torch.randn(*shape),),
+                             dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(ep, args.save_export)
     raise SystemExit(0)
 
 expert = args.mode != "idiomatic"

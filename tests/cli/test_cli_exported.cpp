@@ -78,11 +78,51 @@ TEST_CASE("exported: a user's PyTorch class trains, resumes bitwise, predicts, a
   CHECK_THAT(g.out, Catch::Contains("rows 9"));
   CHECK_THAT(g.out, Catch::Contains("argmax_agree True"));
 
+  // fuse and quantize work on the registry's models: exit 2 with the reason, nothing written.
+  const auto f = run("fuse " + r.string());
+  CHECK(f.code == 2);
+  CHECK_THAT(f.out, Catch::Contains("is an exported program"));
+  CHECK_FALSE(fs::exists(r / "fused"));
+  const auto q = run("quantize " + r.string());
+  CHECK(q.code == 2);
+  CHECK_THAT(q.out, Catch::Contains("not 'exported'"));
+
   // A run can start from a safetensors file of the same module (here the trained one).
   const auto from = run(train_args(d, pt2, "from") + " train.duration=1u model.init_from=" +
                         (newest_checkpoint(r) / "model.safetensors").string());
   INFO(from.out);
   CHECK(from.code == 0);
+}
+
+TEST_CASE(
+    "exported: transformers' GPT-2 trains as a language model; its checkpoint loads back tied",
+    "[cli][exported]") {
+  const auto d = tmpdir("exported_gpt2");
+  const auto e = sh(kPython + " " + kChecker + " export-gpt2 " + (d / "gpt2.pt2").string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  REQUIRE(run("data tokenize /usr/share/games/fortunes/literature -o " + (d / "tok").string() +
+              " --bytes --val-fraction 0.1")
+              .code == 0);
+  const auto t =
+      run("train " + kSrc + "/configs/text_char_gpt.yaml model.name=exported model.path=" +
+          (d / "gpt2.pt2").string() + " data.root=" + (d / "tok").string() +
+          " model.block_size=64 run.dir=" + d.string() +
+          // param_groups by the module's own names: no decay on biases, norms and
+          // the embeddings
+          " 'optim.param_groups=[{pattern: \"*.bias\", weight_decay: 0.0},"
+          " {pattern: \"*ln_*\", weight_decay: 0.0},"
+          " {pattern: \"transformer.w?e.weight\", weight_decay: 0.0}]'" +
+          " run.name=lm train.duration=30u train.eval_every=30u checkpoint.every=30u"
+          " runtime.threads=2");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  CHECK_THAT(t.out, Catch::Contains("exported(" + (d / "gpt2.pt2").string()));
+  const auto g = sh(kPython + " " + kChecker + " check-gpt2 " +
+                    (newest_checkpoint(d / "lm" / "v0") / "model.safetensors").string());
+  INFO(g.out);
+  CHECK(g.code == 0);
+  CHECK_THAT(g.out, Catch::Contains("tied True same True trained True"));
 }
 
 TEST_CASE("exported: bad configs exit 2, bad archives and data 3, each naming what and where",
@@ -100,6 +140,18 @@ TEST_CASE("exported: bad configs exit 2, bad archives and data 3, each naming wh
     const auto r = run("train " + kSrc + "/configs/fashion_mnist_cnn.yaml model.name=exported");
     CHECK(r.code == 2);
     CHECK_THAT(r.out, Catch::Contains("model.path"));
+  }
+  {
+    // Its dropout draws ATen's generator in call order, which the world would change.
+    const auto r =
+        run(base + " distributed.invariance=bitwise train.global_batch=96 data.batch_size=auto");
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains("exported program's kernels and random draws"));
+  }
+  {
+    const auto r = run(base + " memory.checkpoint=blocks");
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains("no repeated blocks to checkpoint"));
   }
   {
     const auto r = run(base + " model.path=" + (d / "nope.pt2").string());

@@ -8,7 +8,7 @@ bin=build/apps/mltrain/mltrain
 out=tests/fuzz/corpus
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-rm -rf "$out" && mkdir -p "$out"/{config,period,npy,idx,shard,chunk_index,safetensors,manifest,journal,hostlist,tensorboard}
+rm -rf "$out" && mkdir -p "$out"/{config,period,npy,idx,shard,chunk_index,safetensors,manifest,journal,hostlist,tensorboard,zip,pt2}
 
 # config: the shipped configs (small ones), one with overrides after a NUL byte
 for f in configs/fashion_mnist_mlp.yaml configs/fashion_mnist_cnn.yaml configs/diabetes_regression.yaml \
@@ -64,6 +64,11 @@ idx = {"format": "mltrain-chunks", "version": 1, "count": 8, "chunk_samples": 8,
        "chunks": [{"file": "c0.bin", "count": 8, "bytes": 8192, "sha256": "0" * 64}]}
 open(f"{out}/chunk_index/raw_u8.json", "w").write(json.dumps(idx, indent=1) + "\n")
 PY
+
+# zip and pt2: a tiny module exported by torch.export (a Conv, BatchNorm, Dropout and Linear), as
+# the archive itself (zip; also deflated) and as fuzz_pt2's parts (model.json, weights config,
+# weight_0, ... between markers)
+bash tests/fuzz/make_pt2_corpus.sh "$out"
 
 # shard and a real chunk index from `mltrain data convert`
 .venv/bin/python -c "

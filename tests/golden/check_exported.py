@@ -4,6 +4,8 @@ model.safetensors loads back into the same class with load_state_dict(strict=Tru
 eval-mode softmax equals what `mltrain predict` wrote.
 
   python tests/golden/check_exported.py export OUT.pt2
+  python tests/golden/check_exported.py export-gpt2 OUT.pt2       # bytes (vocab 256), windows <= 64
+  python tests/golden/check_exported.py check-gpt2 MODEL.safetensors
   python tests/golden/check_exported.py check MODEL.safetensors INPUTS.npy PREDS.csv MEAN STD [TOL]
 """
 import csv
@@ -45,6 +47,34 @@ def export(path):
     print(f"exported {path}")
 
 
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                      use_cache=False, bos_token_id=0, eos_token_id=0))
+
+
+def export_gpt2(path):
+    """transformers' GPT-2 exported bare: its output is the CausalLMOutputWithPast pytree."""
+    model = gpt2().train()
+    ids = torch.randint(0, 256, (2, 16))
+    ep = torch.export.export(model, (ids,), dynamic_shapes=({0: Dim("batch"), 1: Dim("seq", min=2, max=64)},))
+    torch.export.save(ep, path)
+    print(f"exported {path}")
+
+
+def check_gpt2(weights):
+    """The trained weights load into GPT2LMHeadModel, tied embedding and all, and stay tied."""
+    model = gpt2()
+    state = load_file(weights)
+    model.load_state_dict(state, strict=True)
+    tied = model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+    same = torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
+    moved = not torch.equal(gpt2().transformer.wte.weight, model.transformer.wte.weight)
+    print(f"keys {len(state)} tied {tied} same {same} trained {moved}")
+    return 0 if tied and same and moved else 1
+
+
 def check(weights, inputs, preds, mean, std, tol=1e-5):
     model = UserNet()
     model.load_state_dict(load_file(weights), strict=True)  # the user's names, every key
@@ -65,6 +95,10 @@ def check(weights, inputs, preds, mean, std, tol=1e-5):
 if __name__ == "__main__":
     if sys.argv[1] == "export":
         export(sys.argv[2])
+    elif sys.argv[1] == "export-gpt2":
+        export_gpt2(sys.argv[2])
+    elif sys.argv[1] == "check-gpt2":
+        sys.exit(check_gpt2(sys.argv[2]))
     else:
         a = sys.argv[2:]
         sys.exit(check(a[0], a[1], a[2], float(a[3]), float(a[4]), *(float(t) for t in a[5:6])))

@@ -280,9 +280,12 @@ static void invariance_checks(const ExperimentConfig& c, Issues& issues, const s
        "fp16 loss scaling is not supported" + why + ": use amp.dtype=bf16 or amp.enabled=false");
   need(d.pipeline.stages <= 1, "distributed.pipeline.stages",
        "pipeline stages are not supported" + why + ": set distributed.pipeline.stages=1");
-  need(c.model.name != "torchscript", "model.name",
-       "a TorchScript model's kernels and random draws are outside mltrain's control" + why +
-           ": use a built-in model, or distributed.invariance=none");
+  need(c.model.name != "torchscript" && c.model.name != "exported", "model.name",
+       "a " +
+           std::string(c.model.name == "exported" ? "exported program's" : "TorchScript model's") +
+           " kernels and random draws (its dropout draws ATen's generator in call order, which "
+           "the world changes) are outside mltrain's control" +
+           why + ": use a built-in model, or distributed.invariance=none");
   need(!c.schedule.on_plateau(), "schedule.name",
        "plateau follows evaluation metrics summed over ranks in a world-dependent order" + why +
            ": use a step schedule (cosine, step, onecycle ...)");

@@ -299,6 +299,13 @@ void compare_outputs(const Forward& original, const Folded& f, const std::string
 
 FuseReport fuse_run(const std::string& where, const FuseOptions& opt) {
   auto tm = load_trained_model(where, "fuse");
+  if (tm.cfg.model.name == "exported")
+    throw ConfigError(
+        "model.name",
+        "mltrain fuse folds the registry's models and TorchScript files; " + tm.cfg.model.path +
+            " is an exported program",
+        "fold BatchNorm in PyTorch (load the run's model.safetensors into your class, "
+        "torch.ao.quantization.fuse_modules, export again)");
   const fs::path out = opt.out_dir.empty() ? tm.run_dir / "fused" : fs::path(opt.out_dir);
   torch::NoGradGuard ng;
   const auto xs = test_batches(tm, opt.batches);

@@ -199,8 +199,13 @@ class ExportedModel : public Model {
   ExportedModel(const config::ModelConfig& c, const std::vector<int64_t>& sample_shape)
       : path_(c.path), output_key_(c.output) {
     Pt2Program p = formats::read_pt2(path_);
-    load_tensors(p);
-    plan(p);
+    try {
+      load_tensors(p);
+      plan(p);
+    } catch (const c10::Error& e) {  // LibTorch refusing what a damaged table asks of it
+      throw DataError(path_, std::string("cannot load the program: ") + e.what_without_backtrace(),
+                      "the archive is damaged or not from torch.export.save; save it again");
+    }
     choose_output(p);
     check_sample_shape(sample_shape);
   }
@@ -446,6 +451,14 @@ class ExportedModel : public Model {
     const int64_t offset = pl.meta.storage_offset.value;
     const uint64_t nbytes = p.payload_size(pl.path_name, constant);
     const int64_t esize = c10::elementSize(dtype);
+    // As PyTorch's loader: the storage holds whole elements (the pt2 fuzzer found the copy into a
+    // storage rounded down overrunning it).
+    if (nbytes % uint64_t(esize) != 0)
+      throw DataError(path_,
+                      "weight file " + pl.path_name + " of '" + name + "' has " +
+                          std::to_string(nbytes) + " bytes, not a whole number of " +
+                          formats::pt2_dtype_name(pl.meta.dtype) + " elements",
+                      "the archive is damaged; save it again");
     // The farthest element the view reaches must lie inside the stored bytes.
     int64_t last = offset;
     bool empty = false;
@@ -525,6 +538,12 @@ class ExportedModel : public Model {
       torch::Tensor t = tensor_of(p, pl, in.target, constant);
       views_[view] = {in.target, t};
       if (in.kind == formats::InputSpec::kParameter) {
+        if (!t.is_floating_point() && !t.is_complex())
+          throw DataError(path_,
+                          "parameter '" + in.target + "' is " +
+                              formats::pt2_dtype_name(it->second.meta.dtype) +
+                              "; only floating-point parameters can be trained",
+                          "register integer tensors as buffers, not nn.Parameter");
         t.requires_grad_(true);
         params_.emplace_back(in.target, t);
       } else if (in.kind == formats::InputSpec::kBuffer && in.persistent) {
