@@ -94,6 +94,29 @@ TEST_CASE("exported: a user's PyTorch class trains, resumes bitwise, predicts, a
   CHECK(from.code == 0);
 }
 
+// The train command's arguments after `train ` (the launcher runs `mltrain train ...` per rank).
+std::string after_train(const std::string& args) {
+  return args.substr(std::string("train ").size());
+}
+
+TEST_CASE("exported: data parallel over Gloo, the two ranks' parameters equal at every step",
+          "[cli][exported][dist]") {
+  const auto d = tmpdir("exported_ddp");
+  const fs::path pt2 = exported_model(d);
+  ScopedEnv env({{"MLTRAIN_TEST_PARAM_DIGEST", (d / "digest").c_str()}});
+  const auto two =
+      run("launch --nproc-per-node 2 -- mltrain train " + after_train(train_args(d, pt2, "ddp")) +
+          " train.duration=1ep data.batch_size=64 runtime.threads=1");
+  env.restore();
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  CHECK(two.out.find("joined Gloo") != std::string::npos);
+  const auto r0 = lines_of(d / "digest.0"), r1 = lines_of(d / "digest.1");
+  REQUIRE(r0.size() == 16);  // 2,048 images / (2 ranks x 64)
+  CHECK(r0 == r1);
+  CHECK(std::set<std::string>(r0.begin(), r0.end()).size() == r0.size());  // and they trained
+}
+
 TEST_CASE(
     "exported: transformers' GPT-2 trains as a language model; its checkpoint loads back tied",
     "[cli][exported]") {

@@ -200,6 +200,11 @@ def bad_inputs(out_dir):
     with zipfile.ZipFile(small) as zin, zipfile.ZipFile(out_dir / "deflated.pt2", "w", zipfile.ZIP_DEFLATED) as zout:
         for info in zin.infolist():
             zout.writestr(info.filename, zin.read(info.filename))
+    # zip64 records for every entry (what an archive past 4 GiB has), written by Python's zipfile.
+    with zipfile.ZipFile(small) as zin, zipfile.ZipFile(out_dir / "zip64.pt2", "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            with zout.open(info.filename, "w", force_zip64=True) as f:
+                f.write(zin.read(info.filename))
     with zipfile.ZipFile(out_dir / "bad_aoti.pt2", "w") as z:
         z.writestr("pkg/archive_format", "pt2")
         z.writestr("pkg/data/aotinductor/model/model.wrapper.so", b"\x7fELF")

@@ -208,13 +208,14 @@ class ExportedModel : public Model {
     }
     choose_output(p);
     check_sample_shape(sample_shape);
+    if (c.channels_last) try_channels_last();
   }
 
   torch::Tensor forward(const torch::Tensor& x) override {
     check_input(x);
     std::vector<c10::IValue> v(num_slots_);
     for (const auto& [slot, t] : fixed_) v[slot] = t;
-    v[input_slot_] = x;
+    v[input_slot_] = cl_ && x.dim() == 4 ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
     for (const Step& s : steps_) {
       if (s.train_only && !training_) continue;
       run(s, v);
@@ -251,7 +252,8 @@ class ExportedModel : public Model {
         if (a.kind == ArgPlan::kDevice && a.device == export_device_) a.value = c10::Device(device);
   }
   std::string describe() const override {
-    return "exported(" + path_ + "; " + std::to_string(steps_.size()) + " nodes)";
+    return "exported(" + path_ + "; " + std::to_string(steps_.size()) + " nodes" +
+           (cl_ ? "; channels_last" : "") + layout_note_ + ")";
   }
 
  private:
@@ -422,6 +424,39 @@ class ExportedModel : public Model {
       default:
         throw RuntimeError(path_, "node " + s.label + ": unsupported shape arithmetic");
     }
+  }
+
+  // model.channels_last: 4-D weights and inputs NHWC, so oneDNN's convolutions (depthwise ones
+  // most: MobileNetV3-small 0.30x -> see PERFORMANCE.md) run in their fast layout; every
+  // operator keeps its values (the layout changes the kernels' summation order only). A graph
+  // whose view ops need the exported layout cannot: one forward in evaluation mode at the
+  // export's example shape finds out at load, and the model stays in the exported layout.
+  void try_channels_last() {
+    if (input_meta_.sizes.size() != 4) return;
+    bool any = false;
+    for (const auto& [n, t] : params_) any = any || t.dim() == 4;
+    if (!any) return;
+    torch::NoGradGuard no_grad;
+    auto set = [&](bool on) {
+      for (auto& [n, t] : params_)
+        if (t.dim() == 4)
+          t.set_data(t.data().contiguous(on ? at::MemoryFormat::ChannelsLast
+                                            : at::MemoryFormat::Contiguous));
+      cl_ = on;
+    };
+    set(true);
+    std::vector<int64_t> shape;
+    for (const auto& d : input_meta_.sizes) shape.push_back(std::max<int64_t>(d.value, 1));
+    const bool was = training_;
+    training_ = false;
+    try {
+      forward(
+          torch::zeros(shape, torch::TensorOptions().dtype(scalar_type(input_meta_.dtype, path_))));
+    } catch (const Error& e) {
+      set(false);
+      layout_note_ = "; channels_last off: " + e.message().substr(0, e.message().find(" failed"));
+    }
+    training_ = was;
   }
 
   int slot(const std::string& name) {
@@ -923,7 +958,8 @@ class ExportedModel : public Model {
   formats::TensorMeta input_meta_;
   std::map<std::string, formats::RangeConstraint> ranges_;
   std::vector<Step> steps_;
-  bool training_ = true, exported_in_eval_ = false;
+  bool training_ = true, exported_in_eval_ = false, cl_ = false;
+  std::string layout_note_;
   std::string eval_evidence_;
 };
 
