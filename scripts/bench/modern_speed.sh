@@ -46,7 +46,11 @@ for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small; do
   (cd scripts/bench && $PY py_train.py --model $m --save-script "$TMP/$m.pt" 2>/dev/null)
 done
 for m in tv_resnet18 tv_mobilenet_v3_small; do  # the same models for model.name: exported
-  [[ " $WORKLOADS " == *" ex_$m "* ]] && (cd scripts/bench && $PY py_train.py --model $m --save-export "$TMP/$m.pt2" 2>/dev/null)
+  if [[ " $WORKLOADS " == *" ex_$m "* ]]; then
+    (cd scripts/bench && $PY py_train.py --model $m --save-export "$TMP/$m.pt2" 2>/dev/null)
+    # What a Python user pays before a step of the same program: import torch, torch.export.load.
+    $PY -c "import time; t = time.time(); import torch; a = time.time() - t; m = torch.export.load('$TMP/$m.pt2').module(); print(f'python: import torch {a:.2f} s, torch.export.load + module() {time.time() - t - a:.2f} s ($m.pt2)')" 2>/dev/null | tee -a "$TMP/export_load.txt" >&2
+  fi
 done
 (cd scripts/bench && $PY py_gpt.py init --out "$TMP/char_gpt.safetensors" >&2 &&
   $PY py_gpt.py init --out "$TMP/gpt2.safetensors" --n-layer 12 --n-head 12 --n-embd 768 \
@@ -222,6 +226,10 @@ for w in work:
     if w.startswith("ex_") and by.get((w, "torchscript")):
         ts = med([x["rate"] for x in by[(w, "torchscript")]])
         print(f"{'':<22}exported .pt2 vs the TorchScript path on the same model: {rate['mltrain']:.0f} / {ts:.0f} = {rate['mltrain'] / ts:.2f}x")
+import os
+load_txt = os.path.join(os.path.dirname(sys.argv[2]), "export_load.txt")  # beside gemm.jsonl, in $TMP
+if os.path.exists(load_txt):
+    print("\n" + open(load_txt).read().strip())
 compile_s = {w: med([x["warmup_s"] for x in by.get((w, "compiled"), [])]) for w in work if not w.startswith("ex_")}
 print("\ncompiled side's warm-up (compile + first steps, s): " + ", ".join(f"{w} {v:.0f}" for w, v in compile_s.items()))
 print("targets (issue #41): x expert >= 1.25, x compiled >= 1.0, RSS <= idiomatic, first step <= 0.5 s (MLP, CNN), <= 1 s (GPT-2)")

@@ -10,6 +10,7 @@
 // changes in these modules (torch/nn/modules/batchnorm.py, dropout.py; transformers passes
 // dropout=0.0 to attention when not training); tests check eval outputs against model.eval().
 #include "exported.hpp"
+#include "layout.hpp"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
@@ -215,7 +216,7 @@ class ExportedModel : public Model {
     check_input(x);
     std::vector<c10::IValue> v(num_slots_);
     for (const auto& [slot, t] : fixed_) v[slot] = t;
-    v[input_slot_] = cl_ && x.dim() == 4 ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+    v[input_slot_] = cl_ ? channels_last(x) : x;
     for (const Step& s : steps_) {
       if (s.train_only && !training_) continue;
       run(s, v);
@@ -440,8 +441,7 @@ class ExportedModel : public Model {
     auto set = [&](bool on) {
       for (auto& [n, t] : params_)
         if (t.dim() == 4)
-          t.set_data(t.data().contiguous(on ? at::MemoryFormat::ChannelsLast
-                                            : at::MemoryFormat::Contiguous));
+          t.set_data(on ? channels_last(t.data()) : t.data().clone(at::MemoryFormat::Contiguous));
       cl_ = on;
     };
     set(true);

@@ -14,6 +14,7 @@
 #include "exported.hpp"
 #include "gpt.hpp"
 #include "islands.hpp"
+#include "layout.hpp"
 #include "recompute.hpp"
 
 namespace mltrain::model {
@@ -26,16 +27,6 @@ int64_t Model::num_parameters() {
 }
 
 namespace {
-
-// Channels-last strides that LibTorch also *recognises* as channels-last. With one channel
-// (the first conv's input and weights), NCHW and NHWC strides coincide, so contiguous(ChannelsLast)
-// returns the tensor unchanged and suggest_memory_format() still says NCHW; the convolution then
-// emits NCHW and the first BatchNorm and max-pool run their slow NCHW kernels (measured with
-// `mltrain profile`: 3.5 and 6.5 ms of a 62 ms step). An explicit channels-last copy avoids that.
-torch::Tensor channels_last(const torch::Tensor& t) {
-  if (t.dim() != 4 || t.suggest_memory_format() == at::MemoryFormat::ChannelsLast) return t;
-  return torch::empty_like(t, t.options(), at::MemoryFormat::ChannelsLast).copy_(t);
-}
 
 struct MlpImpl : nn::Module {
   nn::Sequential body{nullptr};
