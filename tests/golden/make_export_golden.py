@@ -1,4 +1,4 @@
-"""Golden values for model.name: exported (lib/src/model/exported.cpp): six models exported with
+"""Golden values for model.name: exported (lib/src/model/exported.cpp): seven models exported with
 torch.export from the venv's PyTorch 2.15, torchvision and transformers (random weights from
 fixed seeds, tiny configs, nothing downloaded), each trained 10 steps in eager PyTorch with SGD
 and with AdamW on fixed batches, plus the archives the bad-input table feeds mltrain.
@@ -48,6 +48,21 @@ class Small(nn.Module):
         return self.fc(torch.flatten(self.drop(x), 1))
 
 
+class Symbolic(nn.Module):
+    """Shape arithmetic on the dynamic dimensions: the graph holds _operator.mul, floordiv and sub
+    nodes on SymInts, and the batches change their second dimension."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        b, t = x.shape[0], x.shape[1]
+        h = self.fc(x.reshape(b * t, 6)).reshape(b, t * 4)
+        half = (t * 4) // 2
+        return h[:, :half] + h[:, half:] * (t - 1)
+
+
 class Logits(nn.Module):
     """transformers' CausalLM without the ModelOutput wrapper, as a user might export it."""
 
@@ -74,6 +89,11 @@ def models():
         return make
 
     yield "small", lambda: Small(), image((3, 8, 8)), 6
+
+    def varying(g, b):  # t = 4 or 5: outputs 8 or 10 wide; targets < 8 fit both
+        t = 4 + int(torch.randint(0, 2, (1,), generator=g))
+        return torch.randn(b, t, 6, generator=g), torch.randint(0, 8, (b,), generator=g)
+    yield "symbolic", lambda: Symbolic(), varying, 5
     yield "resnet18", lambda: torchvision.models.resnet18(num_classes=10), image((3, 32, 32)), 4
     yield "mobilenet_v3_small", lambda: torchvision.models.mobilenet_v3_small(num_classes=10), image((3, 32, 32)), 4
     llama = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -106,7 +126,7 @@ def make(out_dir, name, build, batch, size):
     start = {k: v.clone() for k, v in model.state_dict().items()}
     x0 = batches[0][0]
     dims = {0: Dim("batch", min=1, max=1024)}
-    if x0.dtype == torch.long:
+    if x0.dtype == torch.long or name == "symbolic":
         dims[1] = Dim("seq", min=2, max=64)
     ep = torch.export.export(model, (x0,), dynamic_shapes=(dims,))
     torch.export.save(ep, str(out_dir / f"{name}.pt2"))

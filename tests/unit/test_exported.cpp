@@ -1,6 +1,6 @@
 // model.name: exported against eager PyTorch. tests/golden/make_export_golden.py (run by ctest
 // into the build folder as the fixture `export_goldens`; MLTRAIN_EXPORT_GOLDEN names the folder)
-// exports six models in training mode and trains each 10 steps in eager PyTorch; here mltrain
+// exports seven models in training mode and trains each 10 steps in eager PyTorch; here mltrain
 // loads the .pt2 and must give the same step-1 output, loss and gradients, the same eval output
 // as model.eval(), and after 10 steps of its SGD and AdamW the same parameters and BatchNorm
 // buffers, on the same batches with the same seeds, one thread on both sides. Then the bad-input
@@ -161,6 +161,12 @@ TEST_CASE(
     "PyTorch",
     "[exported]") {
   CHECK(check_model("small", 0.0, 0.0) == 0.0);
+}
+
+TEST_CASE(
+    "exported: shape arithmetic on dynamic dimensions (SymInt mul, floordiv, sub), bit for bit",
+    "[exported]") {
+  CHECK(check_model("symbolic", 0.0, 0.0) == 0.0);
 }
 
 TEST_CASE("exported: torchvision ResNet-18 and MobileNetV3-small, bit for bit", "[exported]") {

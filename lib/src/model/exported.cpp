@@ -173,7 +173,16 @@ c10::IValue wrapped_number(const c10::IValue& v) {
 
 // One argument of a planned call: a constant, a slot, or a list assembled from slots.
 struct ArgPlan {
-  enum Kind { kConst, kSlot, kTensorList, kOptTensorList, kIntList, kDevice } kind = kConst;
+  // kNumber: a SymInt/SymFloat slot where the schema takes a Tensor (x * (t - 1)), wrapped.
+  enum Kind {
+    kConst,
+    kSlot,
+    kNumber,
+    kTensorList,
+    kOptTensorList,
+    kIntList,
+    kDevice
+  } kind = kConst;
   c10::IValue value;          // kConst
   int slot = -1;              // kSlot
   std::vector<int> slots;     // lists: -1 for None (optional tensors) or for a constant int
@@ -280,6 +289,9 @@ class ExportedModel : public Model {
         case ArgPlan::kSlot:
           stack.push_back(v[a.slot]);
           break;
+        case ArgPlan::kNumber:
+          stack.push_back(wrapped_number(v[a.slot]));
+          break;
         case ArgPlan::kTensorList: {
           c10::List<at::Tensor> l;
           l.reserve(a.slots.size());
@@ -331,100 +343,54 @@ class ExportedModel : public Model {
       return;
     }
     const c10::IValue y = val(s.args.at(1));
-    if (x.isInt() && y.isInt() && s.sym != SymOp::kTrueDiv) {
-      const int64_t a = x.toInt(), b = y.toInt();
-      if ((s.sym == SymOp::kFloorDiv || s.sym == SymOp::kMod) && b == 0)
-        throw RuntimeError(path_, "node " + s.label +
-                                      ": integer division by zero in the graph's shape arithmetic");
+    // Python's semantics: int op int stays int (floor division and modulo round toward minus
+    // infinity), true division and any float operand give a float.
+    auto apply = [&](auto a, auto b) -> c10::IValue {
       switch (s.sym) {
         case SymOp::kAdd:
-          v[s.outs[0]] = a + b;
-          return;
+          return a + b;
         case SymOp::kSub:
-          v[s.outs[0]] = a - b;
-          return;
+          return a - b;
         case SymOp::kMul:
-          v[s.outs[0]] = a * b;
-          return;
-        case SymOp::kFloorDiv:
-          v[s.outs[0]] = floordiv(a, b);
-          return;
-        case SymOp::kMod:
-          v[s.outs[0]] = a - floordiv(a, b) * b;
-          return;
+          return a * b;
         case SymOp::kMax:
-          v[s.outs[0]] = std::max(a, b);
-          return;
+          return std::max(a, b);
         case SymOp::kMin:
-          v[s.outs[0]] = std::min(a, b);
-          return;
+          return std::min(a, b);
         case SymOp::kEq:
-          v[s.outs[0]] = a == b;
-          return;
+          return a == b;
         case SymOp::kNe:
-          v[s.outs[0]] = a != b;
-          return;
+          return a != b;
         case SymOp::kLt:
-          v[s.outs[0]] = a < b;
-          return;
+          return a < b;
         case SymOp::kLe:
-          v[s.outs[0]] = a <= b;
-          return;
+          return a <= b;
         case SymOp::kGt:
-          v[s.outs[0]] = a > b;
-          return;
+          return a > b;
         case SymOp::kGe:
-          v[s.outs[0]] = a >= b;
-          return;
+          return a >= b;
         default:
-          break;
+          throw RuntimeError(path_, "node " + s.label + ": unsupported shape arithmetic");
       }
+    };
+    if (x.isInt() && y.isInt() && s.sym != SymOp::kTrueDiv) {
+      const int64_t a = x.toInt(), b = y.toInt();
+      if (s.sym == SymOp::kFloorDiv || s.sym == SymOp::kMod) {
+        if (b == 0)
+          throw RuntimeError(
+              path_,
+              "node " + s.label + ": integer division by zero in the graph's shape arithmetic");
+        v[s.outs[0]] = s.sym == SymOp::kFloorDiv ? floordiv(a, b) : a - floordiv(a, b) * b;
+      } else {
+        v[s.outs[0]] = apply(a, b);
+      }
+      return;
     }
     const double a = x.isInt() ? double(x.toInt()) : x.toDouble();
     const double b = y.isInt() ? double(y.toInt()) : y.toDouble();
-    switch (s.sym) {
-      case SymOp::kAdd:
-        v[s.outs[0]] = a + b;
-        return;
-      case SymOp::kSub:
-        v[s.outs[0]] = a - b;
-        return;
-      case SymOp::kMul:
-        v[s.outs[0]] = a * b;
-        return;
-      case SymOp::kTrueDiv:
-        v[s.outs[0]] = a / b;
-        return;
-      case SymOp::kFloorDiv:
-        v[s.outs[0]] = std::floor(a / b);
-        return;
-      case SymOp::kMax:
-        v[s.outs[0]] = std::max(a, b);
-        return;
-      case SymOp::kMin:
-        v[s.outs[0]] = std::min(a, b);
-        return;
-      case SymOp::kEq:
-        v[s.outs[0]] = a == b;
-        return;
-      case SymOp::kNe:
-        v[s.outs[0]] = a != b;
-        return;
-      case SymOp::kLt:
-        v[s.outs[0]] = a < b;
-        return;
-      case SymOp::kLe:
-        v[s.outs[0]] = a <= b;
-        return;
-      case SymOp::kGt:
-        v[s.outs[0]] = a > b;
-        return;
-      case SymOp::kGe:
-        v[s.outs[0]] = a >= b;
-        return;
-      default:
-        throw RuntimeError(path_, "node " + s.label + ": unsupported shape arithmetic");
-    }
+    v[s.outs[0]] = s.sym == SymOp::kTrueDiv    ? c10::IValue(a / b)
+                   : s.sym == SymOp::kFloorDiv ? c10::IValue(std::floor(a / b))
+                                               : apply(a, b);
   }
 
   // model.channels_last: 4-D weights and inputs NHWC, so oneDNN's convolutions (depthwise ones
@@ -663,12 +629,15 @@ class ExportedModel : public Model {
       case Argument::kSymInt:
       case Argument::kSymFloat:
       case Argument::kSymBool:
-        if (!a.names.empty())
-          p.kind = ArgPlan::kSlot, p.slot = known(a.names[0], where);
-        else
+        if (!a.names.empty()) {
+          p.kind = kind == c10::TypeKind::TensorType ? ArgPlan::kNumber : ArgPlan::kSlot;
+          p.slot = known(a.names[0], where);
+        } else {
           p.value = a.kind == Argument::kSymInt     ? c10::IValue(a.i)
                     : a.kind == Argument::kSymFloat ? c10::IValue(a.f)
                                                     : c10::IValue(a.b);
+          if (kind == c10::TypeKind::TensorType) p.value = wrapped_number(p.value);
+        }
         break;
       case Argument::kSymInts:
         p.kind = ArgPlan::kIntList;
@@ -816,7 +785,9 @@ class ExportedModel : public Model {
         }
       }
       for (const auto& a : s.args)
-        for (int k : a.kind == ArgPlan::kSlot ? std::vector<int>{a.slot} : a.slots)
+        for (int k : a.kind == ArgPlan::kSlot || a.kind == ArgPlan::kNumber
+                         ? std::vector<int>{a.slot}
+                         : a.slots)
           if (k >= 0) last_use[k] = i;
       steps_.push_back(std::move(s));
     }
