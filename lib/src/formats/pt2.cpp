@@ -298,39 +298,6 @@ void parse_program(const json& j, Pt2Program& p) {
 }
 }  // namespace
 
-int64_t pt2_dtype_size(int dtype) {
-  switch (dtype) {
-    case 1:
-    case 2:
-    case 12:
-    case 29:
-    case 30:
-    case 31:
-    case 32:
-    case 33:
-      return 1;
-    case 3:
-    case 6:
-    case 13:
-    case 28:
-    case 9:
-      return 2;
-    case 4:
-    case 7:
-    case 34:
-      return 4;
-    case 5:
-    case 8:
-    case 10:
-    case 35:
-      return 8;
-    case 11:
-      return 16;
-    default:
-      return 0;
-  }
-}
-
 const char* pt2_dtype_name(int dtype) {
   switch (dtype) {
     case 1:

@@ -13,7 +13,6 @@
 #include "layout.hpp"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/record_function.h>
 
 #include <cmath>
 #include <filesystem>

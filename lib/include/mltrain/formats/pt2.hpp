@@ -19,8 +19,6 @@ namespace mltrain::formats {
 
 class ZipReader;
 
-// The schema's ScalarType, Layout and MemoryFormat enums, as numbers (schema.py).
-constexpr int kPt2Float = 7, kPt2Long = 5;
 constexpr int kPt2SchemaMajor = 8;  // the version read; torch 2.15 writes 8.20
 
 // A dimension, a stride or a SymInt argument: a number, or a symbol ("s77") with the value it had
@@ -32,7 +30,7 @@ struct SymInt {
 };
 
 struct TensorMeta {
-  int dtype = 0;  // ScalarType
+  int dtype = 0;  // the schema's ScalarType enum (schema.py): 7 float32, 5 int64, ...
   std::vector<SymInt> sizes, strides;
   SymInt storage_offset;
   bool requires_grad = false;
@@ -154,8 +152,7 @@ struct Pt2Program {
 // it holds), or whose schema's major version is not kPt2SchemaMajor (names both).
 Pt2Program read_pt2(const std::string& path);
 
-// Element size of a schema ScalarType in bytes; 0 for an unknown type.
-int64_t pt2_dtype_size(int dtype);
+// A schema ScalarType's name for messages ("float32").
 const char* pt2_dtype_name(int dtype);
 
 }  // namespace mltrain::formats
