@@ -26,6 +26,11 @@ std::string train_args(const fs::path& d, const fs::path& pt2, const std::string
          " checkpoint.keep_last=2 runtime.threads=2 data.workers=1 train.target_accuracy=0";
 }
 
+// The train command's arguments after `train ` (for `launch ... -- mltrain train` and `profile`).
+std::string after_train(const std::string& args) {
+  return args.substr(std::string("train ").size());
+}
+
 fs::path newest_checkpoint(const fs::path& run) {
   std::string latest = slurp(run / "checkpoints" / "latest");
   latest.erase(latest.find_last_not_of(" \n") + 1);
@@ -87,16 +92,21 @@ TEST_CASE("exported: a user's PyTorch class trains, resumes bitwise, predicts, a
   CHECK(q.code == 2);
   CHECK_THAT(q.out, Catch::Contains("not 'exported'"));
 
+  // profile names the program's forward by module: the user's own `stem` and `head`.
+  const auto pr =
+      run("profile " + after_train(train_args(d, pt2, "prof")) + " --out " + (d / "prof").string());
+  INFO(pr.out);
+  CHECK(pr.code == 0);
+  CHECK_THAT(pr.out, Catch::Contains("top graph nodes by forward CPU time"));
+  CHECK_THAT(pr.out, Catch::Contains("stem: aten::conv2d"));
+  CHECK_THAT(pr.out, Catch::Contains("head: aten::linear"));
+  CHECK(nlohmann::json::parse(slurp(d / "prof" / "profile.json"))["graph_nodes"].size() > 3);
+
   // A run can start from a safetensors file of the same module (here the trained one).
   const auto from = run(train_args(d, pt2, "from") + " train.duration=1u model.init_from=" +
                         (newest_checkpoint(r) / "model.safetensors").string());
   INFO(from.out);
   CHECK(from.code == 0);
-}
-
-// The train command's arguments after `train ` (the launcher runs `mltrain train ...` per rank).
-std::string after_train(const std::string& args) {
-  return args.substr(std::string("train ").size());
 }
 
 TEST_CASE("exported: data parallel over Gloo, the two ranks' parameters equal at every step",

@@ -13,6 +13,7 @@
 #include "layout.hpp"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 
 #include <cmath>
 #include <filesystem>
@@ -200,7 +201,8 @@ struct Step {
   int dropout_p_arg = -1;   // scaled_dot_product_attention's dropout_p (eval: 0)
   bool train_only = false;  // num_batches_tracked.add_(1): skipped in evaluation
   std::vector<int> free_after;
-  std::string label;  // "layer3.1.conv2: aten::conv2d" for errors
+  std::string label;  // "'conv2d_3' (layer3.1.conv2) torch.ops.aten.conv2d.default", for errors
+  std::string scope;  // "node layer3.1.conv2: aten::conv2d", the profiler's row
 };
 
 class ExportedModel : public Model {
@@ -317,6 +319,9 @@ class ExportedModel : public Model {
       }
     }
     try {
+      // A user scope per node (a flag test when no profiler listens): `mltrain profile` lists
+      // the forward by the module that ran it.
+      RECORD_USER_SCOPE(s.scope.c_str());
       s.op->callBoxed(stack);
     } catch (const c10::Error& e) {
       throw RuntimeError(path_, "node " + s.label + " failed: " + e.what_without_backtrace(),
@@ -709,6 +714,8 @@ class ExportedModel : public Model {
                           "export the model with standard PyTorch ops");
         s.op = *handle;
         const auto& schema = handle->schema();
+        s.scope = "node " + (n.module_stack.empty() ? n.name : n.module_stack) + ": " +
+                  schema.name() + (name->second.empty() ? "" : "." + name->second);
         const auto& args = schema.arguments();
         std::vector<bool> used(n.inputs.size(), false);
         for (size_t k = 0; k < args.size(); ++k) {

@@ -61,6 +61,9 @@ Recorder& rec() {
 thread_local std::shared_ptr<ThreadBuf> tl_buf;
 thread_local uint64_t tl_generation = 0;
 thread_local std::unordered_map<const char*, int> tl_ids;  // op names are static strings
+// User scopes' names are not static, so they are cached by content: without it each call took the
+// recorder's lock (an exported MobileNetV3's 191 node scopes a step: 36 % profiler overhead).
+thread_local std::unordered_map<std::string, int> tl_user_ids;
 
 ThreadBuf& buf() {
   auto& r = rec();
@@ -82,12 +85,17 @@ int name_id(const at::RecordFunction& fn) {
   if (!user) {
     auto it = tl_ids.find(n);
     if (it != tl_ids.end()) return it->second;
+  } else if (auto it = tl_user_ids.find(n); it != tl_user_ids.end()) {
+    return it->second;
   }
   auto& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
   auto [it, inserted] = r.ids.emplace(n, static_cast<int>(r.names.size()));
   if (inserted) r.names.emplace_back(n);
-  if (!user) tl_ids[n] = it->second;
+  if (!user)
+    tl_ids[n] = it->second;
+  else
+    tl_user_ids.emplace(n, it->second);  // ids are never reused: the cache stays right
   return it->second;
 }
 

@@ -345,10 +345,23 @@ void operator_passes(const config::ExperimentConfig& cfg, const train::Splits& s
   ov.step_ms_with = with.step_ms;
   r.profiler_overhead = ov;
   const double total_self = prof.total_self_us();
-  for (const auto& op : prof.top(o.top))
-    r.operators.push_back({readable_op_name(op.name), static_cast<double>(op.calls) / o.active,
-                           op.self_us / 1e3 / o.active, op.total_us / 1e3 / o.active,
-                           total_self > 0 ? op.self_us / total_self : 0});
+  auto row = [&](const OpStat& op, const std::string& name) {
+    return ProfileReport::Operator{name, static_cast<double>(op.calls) / o.active,
+                                   op.self_us / 1e3 / o.active, op.total_us / 1e3 / o.active,
+                                   total_self > 0 ? op.self_us / total_self : 0};
+  };
+  // An exported program's nodes are user scopes named "node <module>: <op>" (model/exported.cpp).
+  std::vector<OpStat> nodes;
+  for (const auto& op : prof.top(SIZE_MAX)) {
+    if (op.name.rfind("node ", 0) == 0)
+      nodes.push_back(op);
+    else if (r.operators.size() < o.top)
+      r.operators.push_back(row(op, readable_op_name(op.name)));
+  }
+  std::sort(nodes.begin(), nodes.end(),
+            [](const OpStat& a, const OpStat& b) { return a.total_us > b.total_us; });
+  for (size_t i = 0; i < nodes.size() && i < o.top; ++i)
+    r.graph_nodes.push_back(row(nodes[i], nodes[i].name.substr(5)));
   r.operator_calls_per_step = static_cast<double>(prof.total_calls()) / o.active;
   if (o.out_dir.empty()) return;
   fs::create_directories(o.out_dir);
@@ -753,6 +766,12 @@ nlohmann::json ProfileReport::to_json() const {
                      {"total_ms_per_step", op.total_ms_per_step},
                      {"self_share", op.self_share}});
     j["operators"] = ops;
+    nlohmann::json nodes = nlohmann::json::array();
+    for (const auto& op : graph_nodes)
+      nodes.push_back({{"name", op.name},
+                       {"calls_per_step", op.calls_per_step},
+                       {"total_ms_per_step", op.total_ms_per_step}});
+    if (!graph_nodes.empty()) j["graph_nodes"] = nodes;
     j["operator_calls_per_step"] = operator_calls_per_step;
   }
   if (trace)
@@ -864,6 +883,18 @@ std::string ProfileReport::to_text() const {
     o << "  (per step; CPU time between each op's entry and exit. On CUDA kernels run "
          "asynchronously: the\n"
          "   synchronised phase times above are the GPU's.)\n";
+    if (!graph_nodes.empty()) {
+      o << "\ntop graph nodes by forward CPU time (the exported program's nodes by module; their "
+           "backward is\nin the operators above)\n";
+      std::snprintf(line, sizeof line, "  %-56s %8s %10s\n", "module: operator", "calls",
+                    "total ms");
+      o << line;
+      for (const auto& op : graph_nodes) {
+        std::snprintf(line, sizeof line, "  %-56.56s %8.1f %10.3f\n", op.name.c_str(),
+                      op.calls_per_step, op.total_ms_per_step);
+        o << line;
+      }
+    }
   }
   o << "\ndiagnosis: " << diagnosis.verdict << "\n";
   for (const auto& e : diagnosis.evidence) o << "  evidence: " << e << "\n";

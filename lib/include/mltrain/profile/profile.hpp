@@ -105,6 +105,9 @@ struct ProfileReport {
     double calls_per_step = 0, self_ms_per_step = 0, total_ms_per_step = 0, self_share = 0;
   };
   std::vector<Operator> operators;
+  // model.name: exported: the program's nodes named by the module that ran them
+  // ("layer3.1.conv2: aten::conv2d"), by forward time (total); backward is in `operators`.
+  std::vector<Operator> graph_nodes;
   double operator_calls_per_step = 0;
   struct Trace {
     std::string path;
