@@ -19,6 +19,9 @@ void setup_init(CLI::App& app, Action& run) {
       ->required();
   sub->add_option("-o,--output", o->out, "the config to write")->capture_default_str();
   sub->add_flag("--force", o->force, "overwrite the output if it exists");
+  sub->add_option("--model", o->model,
+                  "a torch.export program (.pt2) to train instead of the proposed model "
+                  "(model.name: exported)");
   sub->callback([o, &run] {
     run = [o] {
       std::cout << init::init_config(*o).to_text();

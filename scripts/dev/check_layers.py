@@ -28,7 +28,7 @@ BELOW = {
     "track": {"core", "config"},  # MLflow over libcurl: no LibTorch
     "train": {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist", "track"},
     "tune": {"core", "config"},  # trials are processes: no LibTorch
-    "init": {"core", "config", "runtime", "data"},  # `mltrain init`: looks at data, writes a config
+    "init": {"core", "config", "runtime", "formats", "data"},  # `mltrain init`: data (and a .pt2), a config
 }
 ENGINE = {"core", "config", "runtime", "formats", "data", "model", "task", "optim", "dist", "track", "train"}
 for command_room in ("profile", "deploy", "landscape", "report"):

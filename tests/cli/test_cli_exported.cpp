@@ -158,6 +158,29 @@ TEST_CASE(
   CHECK_THAT(g.out, Catch::Contains("tied True same True trained True"));
 }
 
+TEST_CASE("exported: init --model writes a config that trains the .pt2 on the data",
+          "[cli][exported]") {
+  const auto d = tmpdir("exported_init");
+  const fs::path pt2 = exported_model(d);
+  const auto i =
+      run("init " + kFmnist + " -o " + (d / "mine.yaml").string() + " --model " + pt2.string());
+  INFO(i.out);
+  REQUIRE(i.code == 0);
+  const std::string yaml = slurp(d / "mine.yaml");
+  CHECK_THAT(yaml, Catch::Contains("name: exported"));
+  CHECK_THAT(yaml, Catch::Contains(pt2.string()));
+  CHECK_THAT(yaml, Catch::Contains("input x [B, 1, 28, 28] float32"));
+  const auto t =
+      run("train " + (d / "mine.yaml").string() + " run.dir=" + d.string() +
+          " data.limit_train=512 train.duration=4u train.eval_every=never checkpoint.every=never");
+  INFO(t.out);
+  CHECK(t.code == 0);
+  const auto bad = run("init " + kFmnist + " -o " + (d / "x.yaml").string() + " --model " +
+                       (d / "missing.pt2").string());
+  CHECK(bad.code == 3);
+  CHECK_THAT(bad.out, Catch::Contains("missing.pt2"));
+}
+
 TEST_CASE("exported: bad configs exit 2, bad archives and data 3, each naming what and where",
           "[cli][exported]") {
   const auto d = tmpdir("exported_bad");

@@ -16,6 +16,7 @@
 #include "mltrain/config/format.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/core/fs.hpp"
+#include "mltrain/formats/pt2.hpp"
 #include "mltrain/data/dataset.hpp"
 #include "mltrain/data/image.hpp"
 #include "mltrain/data/sources.hpp"
@@ -290,12 +291,39 @@ Plan look(const fs::path& p) {
   return pl;
 }
 
+// --model FILE.pt2: the user's exported program replaces the proposed model; its input and
+// outputs are read from the archive (training checks the data's shape against them).
+void use_exported(Plan& pl, const std::string& path) {
+  const formats::Pt2Program p = formats::read_pt2(path);
+  std::string input;
+  for (const auto& in : p.inputs)
+    if (in.kind == formats::InputSpec::kUserInput && p.graph.tensor_values.count(in.arg)) {
+      const auto& m = p.graph.tensor_values.at(in.arg);
+      input = in.arg + " [";
+      for (size_t d = 0; d < m.sizes.size(); ++d)
+        input += (d ? ", " : "") +
+                 (m.sizes[d].is_symbol ? std::string("B") : std::to_string(m.sizes[d].value));
+      input += "] " + std::string(formats::pt2_dtype_name(m.dtype));
+    }
+  std::string outputs;
+  for (const auto& leaf : p.output_leaves)
+    outputs += (outputs.empty() ? "" : ", ") + (leaf.empty() ? "output" : leaf);
+  pl.r.model = "exported";
+  pl.model =
+      "  name: exported             # your torch.export program (docs/guide/models.md)\n  path: " +
+      q(fs::absolute(path).string()) + "\n  channels_last: true        # input " + input +
+      "; outputs: " + outputs + "\n";
+  pl.r.notes.push_back("the model is " + path + " (input " + input +
+                       "): the data's samples must fit it");
+}
+
 }  // namespace
 
 InitReport init_config(const InitOptions& o) {
   if (has(o.out) && !o.force)
     throw ConfigError("-o", o.out + " exists", "choose another name or pass --force");
   Plan pl = look(fs::path(o.data));
+  if (!o.model.empty()) use_exported(pl, o.model);
   const std::string name = fs::path(o.out).stem().string();
   std::string y = "# Written by `mltrain init " + o.data + "`: " + pl.r.kind + ", task " + pl.task +
                   ", model " + pl.r.model + ".\n# Train it: mltrain train " + o.out +
