@@ -14,7 +14,8 @@ repository (`train`, `profile`, `schedule`, `slurm`, `checklist` with configs/*.
 through `mltrain config check CONFIG key=value ...`, so their overrides must be real keys.
 
   python3 scripts/dev/check_docs.py MLTRAIN_BIN [REPO_ROOT] [--list]
-Exits 1 naming the file, line and error of every command that fails.
+Exits 1 naming the file, line and error of every command that fails, and when README.md has more
+than 200 lines.
 """
 import os
 import pathlib
@@ -25,6 +26,7 @@ import sys
 
 PREFIXES = ("build/apps/mltrain/mltrain ", "mltrain ")
 CONFIG_COMMANDS = {"train", "profile", "schedule", "slurm", "checklist"}
+README_MAX_LINES = 200
 
 
 INLINE = re.compile(r"`((?:build/apps/mltrain/)?mltrain [^`]+)`")
@@ -94,6 +96,12 @@ def main():
                     continue
                 for p in check(binary, root, part, env):
                     failed.append(f"{doc.relative_to(root)}:{no}: `{text}`: {p}")
+    # The README is the front door: at most README_MAX_LINES lines; measurement tables live in
+    # docs/PERFORMANCE.md and the guide pages, the README keeps a sentence and a link each.
+    readme_lines = len((root / "README.md").read_text().splitlines())
+    if readme_lines > README_MAX_LINES:
+        failed.append(f"README.md: {readme_lines} lines, more than {README_MAX_LINES}: move tables "
+                      "to docs/PERFORMANCE.md or a guide page and keep one sentence and a link")
     for f in failed:
         print(f)
     print(f"check_docs: {checked} command lines, {len(failed)} failing")
