@@ -487,7 +487,8 @@ class ExportedModel : public Model {
   }
 
   void load_tensors(const Pt2Program& p) {
-    std::map<std::string, std::string> placeholder_of;  // module name -> graph input
+    // Stored view -> (first name, tensor): a second name of the same view is a tie.
+    std::map<std::string, std::pair<std::string, torch::Tensor>> views;
     for (const auto& in : p.inputs) {
       if (in.kind == formats::InputSpec::kUserInput) {
         if (in.constant.kind != Argument::kTensor) continue;
@@ -505,11 +506,11 @@ class ExportedModel : public Model {
       if (in.kind == formats::InputSpec::kConstant) {
         const int s = slot(in.arg);
         const Argument& a = in.constant;
-        fixed_values_.emplace_back(s, a.kind == Argument::kInt      ? c10::IValue(a.i)
-                                      : a.kind == Argument::kFloat  ? c10::IValue(a.f)
-                                      : a.kind == Argument::kBool   ? c10::IValue(a.b)
-                                      : a.kind == Argument::kString ? c10::IValue(a.s)
-                                                                    : c10::IValue());
+        fixed_.emplace_back(s, a.kind == Argument::kInt      ? c10::IValue(a.i)
+                               : a.kind == Argument::kFloat  ? c10::IValue(a.f)
+                               : a.kind == Argument::kBool   ? c10::IValue(a.b)
+                               : a.kind == Argument::kString ? c10::IValue(a.s)
+                                                             : c10::IValue());
         continue;
       }
       // Non-persistent buffers (rotary inv_freq) are saved with the lifted constants.
@@ -534,14 +535,14 @@ class ExportedModel : public Model {
                                shape_text(pl.meta.sizes) + shape_text(pl.meta.strides) +
                                std::to_string(pl.meta.storage_offset.value) + "|" +
                                std::to_string(pl.meta.dtype);
-      if (auto tied = views_.find(view); tied != views_.end()) {
+      if (auto tied = views.find(view); tied != views.end()) {
         aliases_.emplace_back(in.target, tied->second.first);
-        inputs_by_slot_.emplace_back(slot(in.arg), tied->second.second);
+        fixed_.emplace_back(slot(in.arg), tied->second.second);
         if (in.kind == formats::InputSpec::kBuffer) buffer_args_[in.arg] = in.target;
         continue;
       }
       torch::Tensor t = tensor_of(p, pl, in.target, constant);
-      views_[view] = {in.target, t};
+      views[view] = {in.target, t};
       if (in.kind == formats::InputSpec::kParameter) {
         if (!t.is_floating_point() && !t.is_complex())
           throw DataError(path_,
@@ -556,8 +557,9 @@ class ExportedModel : public Model {
       } else {
         hidden_.emplace_back(in.target, t);  // non-persistent buffers and lifted constants
       }
-      placeholder_of[in.target] = in.arg;
-      inputs_by_slot_.emplace_back(slot(in.arg), t);
+      // The slot holds the model's own tensor: to() and the optimizer change it in place
+      // (set_data keeps the tensor), so every step sees the current values.
+      fixed_.emplace_back(slot(in.arg), t);
       if (in.kind == formats::InputSpec::kBuffer) buffer_args_[in.arg] = in.target;
     }
     if (user_inputs_.size() != 1) {
@@ -576,10 +578,6 @@ class ExportedModel : public Model {
       throw DataError(path_, "the graph has no shape for its input '" + user_inputs_[0] + "'");
     input_meta_ = meta->second;
     ranges_ = p.ranges;
-    // The slots of parameters, buffers and constants hold the model's own tensors; to() and the
-    // optimizer change them in place (set_data keeps the tensor), so the slots follow.
-    fixed_ = fixed_values_;
-    for (const auto& [s, t] : inputs_by_slot_) fixed_.emplace_back(s, t);
   }
 
   ArgPlan plan_arg(const Argument& a, const c10::Argument& schema, const std::string& where) {
@@ -602,21 +600,18 @@ class ExportedModel : public Model {
         break;
       case Argument::kInt:
         p.value = kind == c10::TypeKind::FloatType ? c10::IValue(double(a.i)) : c10::IValue(a.i);
-        if (kind == c10::TypeKind::TensorType) p.value = wrapped_number(p.value);
         break;
       case Argument::kInts:
         p.value = c10::IValue(a.ints);
         break;
       case Argument::kFloat:
         p.value = a.f;
-        if (kind == c10::TypeKind::TensorType) p.value = wrapped_number(p.value);
         break;
       case Argument::kFloats:
         p.value = c10::IValue(a.floats);
         break;
       case Argument::kBool:
         p.value = a.b;
-        if (kind == c10::TypeKind::TensorType) p.value = wrapped_number(p.value);
         break;
       case Argument::kBools: {
         c10::List<bool> l;
@@ -640,7 +635,6 @@ class ExportedModel : public Model {
           p.value = a.kind == Argument::kSymInt     ? c10::IValue(a.i)
                     : a.kind == Argument::kSymFloat ? c10::IValue(a.f)
                                                     : c10::IValue(a.b);
-          if (kind == c10::TypeKind::TensorType) p.value = wrapped_number(p.value);
         }
         break;
       case Argument::kSymInts:
@@ -668,6 +662,10 @@ class ExportedModel : public Model {
                             ", which mltrain does not run",
                         "export a model without higher-order ops or custom objects");
     }
+    // A Python number where the schema takes a Tensor (x.add_(1) as aten::add_.Tensor).
+    const bool number = p.value.isInt() || p.value.isDouble() || p.value.isBool();
+    if (kind == c10::TypeKind::TensorType && p.kind == ArgPlan::kConst && number)
+      p.value = wrapped_number(p.value);
     return p;
   }
 
@@ -824,8 +822,7 @@ class ExportedModel : public Model {
     }
     // Free each value after its last reader; never the fixed slots (weights) or the input.
     std::set<int> fixed;
-    for (const auto& [s, t] : inputs_by_slot_) fixed.insert(s);
-    for (const auto& [s, v] : fixed_values_) fixed.insert(s);
+    for (const auto& [s, v] : fixed_) fixed.insert(s);
     for (const auto& [s, idx] : last_use) {
       if (fixed.count(s) || idx >= steps_.size()) continue;
       steps_[idx].free_after.push_back(s);
@@ -922,10 +919,9 @@ class ExportedModel : public Model {
 
   std::string path_, output_key_, output_name_, export_device_ = "cpu";
   NamedTensors params_, buffers_, hidden_;
-  std::vector<std::pair<int, torch::Tensor>> inputs_by_slot_;
-  std::vector<std::pair<int, c10::IValue>> fixed_values_, fixed_;
-  std::map<std::string, std::string> buffer_args_;  // graph input -> buffer name
-  std::map<std::string, std::pair<std::string, torch::Tensor>> views_;  // stored view -> owner
+  // Slots that hold the same value every step: weights, buffers, constants, constant inputs.
+  std::vector<std::pair<int, c10::IValue>> fixed_;
+  std::map<std::string, std::string> buffer_args_;            // graph input -> buffer name
   std::vector<std::pair<std::string, std::string>> aliases_;  // tied name -> the owner's name
   std::map<std::string, int> slots_;
   int num_slots_ = 0, input_slot_ = -1, output_slot_ = -1;
