@@ -712,7 +712,7 @@ class ExportedModel : public Model {
                           "export the model with standard PyTorch ops");
         s.op = *handle;
         const auto& schema = handle->schema();
-        s.scope = "node " + (n.module_stack.empty() ? n.name : n.module_stack) + ": " +
+        s.scope = kNodeScope + (n.module_stack.empty() ? n.name : n.module_stack) + ": " +
                   schema.name() + (name->second.empty() ? "" : "." + name->second);
         const auto& args = schema.arguments();
         std::vector<bool> used(n.inputs.size(), false);

@@ -19,6 +19,7 @@
 #include "mltrain/runtime/runtime.hpp"
 #include "mltrain/core/svg.hpp"
 #include "mltrain/profile/op_profiler.hpp"
+#include "mltrain/model/model.hpp"
 #include "mltrain/train/pipeline.hpp"
 
 namespace fs = std::filesystem;
@@ -350,10 +351,11 @@ void operator_passes(const config::ExperimentConfig& cfg, const train::Splits& s
                                    op.self_us / 1e3 / o.active, op.total_us / 1e3 / o.active,
                                    total_self > 0 ? op.self_us / total_self : 0};
   };
-  // An exported program's nodes are user scopes named "node <module>: <op>" (model/exported.cpp).
+  // An exported program's nodes are user scopes named model::kNodeScope + "<module>: <op>".
+  const std::string prefix = model::kNodeScope;
   std::vector<OpStat> nodes;
   for (const auto& op : prof.top(SIZE_MAX)) {
-    if (op.name.rfind("node ", 0) == 0)
+    if (op.name.rfind(prefix, 0) == 0)
       nodes.push_back(op);
     else if (r.operators.size() < o.top)
       r.operators.push_back(row(op, readable_op_name(op.name)));
@@ -361,7 +363,7 @@ void operator_passes(const config::ExperimentConfig& cfg, const train::Splits& s
   std::sort(nodes.begin(), nodes.end(),
             [](const OpStat& a, const OpStat& b) { return a.total_us > b.total_us; });
   for (size_t i = 0; i < nodes.size() && i < o.top; ++i)
-    r.graph_nodes.push_back(row(nodes[i], nodes[i].name.substr(5)));
+    r.graph_nodes.push_back(row(nodes[i], nodes[i].name.substr(prefix.size())));
   r.operator_calls_per_step = static_cast<double>(prof.total_calls()) / o.active;
   if (o.out_dir.empty()) return;
   fs::create_directories(o.out_dir);

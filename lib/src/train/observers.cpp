@@ -251,14 +251,15 @@ void CheckpointWriter::save(Trainer& t) {
   auto writer = [&](const fs::path& dir) {
     model::NamedTensors weights = t.model().named_parameters();
     for (auto& b : t.model().named_buffers()) weights.push_back(b);
-    for (const auto& [alias, owner] : t.model().tied_names())
-      for (size_t i = 0, n = weights.size(); i < n; ++i)
-        if (weights[i].first == owner) weights.emplace_back(alias, weights[i].second);
     for (auto& [name, w] : weights)
       if (w.is_floating_point() && !torch::isfinite(w).all().item<bool>())
         throw RuntimeError(
             name, "is not finite at step " + std::to_string(p.step) + "; refusing to checkpoint it",
             "lower optim.lr; the previous checkpoint is intact");
+    // A tied tensor under its other state_dict names too (checked once, above).
+    for (const auto& [alias, owner] : t.model().tied_names())
+      for (size_t i = 0, n = weights.size(); i < n; ++i)
+        if (weights[i].first == owner) weights.emplace_back(alias, weights[i].second);
     formats::save_safetensors((dir / "model.safetensors").string(), weights,
                               {{"format", "pt"}, {"step", std::to_string(p.step)}});
     fault::pause("ckpt.write");  // the preemption tests signal here, mid-write

@@ -75,6 +75,10 @@ class Model {
   std::shared_ptr<Islands> islands_;
 };
 
+// The profiler scope each node of an exported program runs under is kNodeScope + "<module>: <op>"
+// (`mltrain profile` lists them apart, by module).
+inline constexpr const char kNodeScope[] = "node ";
+
 // Seeds LibTorch's generator with `seed` before building, so init is reproducible.
 std::unique_ptr<Model> build_model(const config::ModelConfig& cfg,
                                    const std::vector<int64_t>& sample_shape, int64_t num_classes,
