@@ -12,7 +12,9 @@
 #   RESULTS=out.jsonl scripts/bench/modern_speed.sh   # keep every measurement
 #   WORKLOADS="tv_resnet18 ex_tv_resnet18" ...      # ex_<w>: <w> as a torch.export .pt2 (mltrain
 #                                                   # side only; compared with <w>'s Python sides
-#                                                   # and its TorchScript run)
+#                                                   # and its TorchScript run); exa_<w>: the
+#                                                   # same with model.script_kernels=aten (the
+#                                                   # graph's operators as exported)
 #
 # Columns: steady-state samples/s (tokens/s for the GPTs) of each side and mltrain's ratio to it;
 # time from exec to the end of the first optimizer step (mltrain's first_step_s; Python's import,
@@ -45,8 +47,8 @@ $PY scripts/data/fmnist_images.py --out "$TMP" --limit 10000 --formats png >&2
 for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small; do
   (cd scripts/bench && $PY py_train.py --model $m --save-script "$TMP/$m.pt" 2>/dev/null)
 done
-for m in tv_resnet18 tv_mobilenet_v3_small; do  # the same models for model.name: exported
-  if [[ " $WORKLOADS " == *" ex_$m "* ]]; then
+for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small; do  # the same models as model.name: exported
+  if [[ " $WORKLOADS " == *" ex_$m "* || " $WORKLOADS " == *" exa_$m "* ]]; then
     (cd scripts/bench && $PY py_train.py --model $m --save-export "$TMP/$m.pt2" 2>/dev/null)
     # What a Python user pays before a step of the same program: import torch, torch.export.load.
     $PY -c "import time; t = time.time(); import torch; a = time.time() - t; m = torch.export.load('$TMP/$m.pt2').module(); print(f'python: import torch {a:.2f} s, torch.export.load + module() {time.time() - t - a:.2f} s ($m.pt2)')" 2>/dev/null | tee -a "$TMP/export_load.txt" >&2
@@ -61,7 +63,7 @@ GPT2_ARGS="--n-layer 12 --n-head 12 --n-embd 768 --block-size 64 --vocab 50257 -
 steps_of() {
   local s
   case $1 in
-    mlp) s=600 ;; cnn | examples_cnn | resnet) s=150 ;; char_gpt) s=60 ;; gpt2) s=24 ;; *) s=60 ;;
+    mlp) s=600 ;; cnn | *examples_cnn | resnet) s=150 ;; char_gpt) s=60 ;; gpt2) s=24 ;; *) s=60 ;;
   esac
   [ "$Q" = 1 ] && s=$((s / 2))
   echo $s
@@ -78,7 +80,9 @@ ml_args() {
     char_gpt) echo "configs/text_char_gpt.yaml model.init_from=$TMP/char_gpt.safetensors" ;;
     gpt2) echo "configs/gpt2_124m.yaml model.init_from=$TMP/gpt2.safetensors" ;;
     tv_*) echo "configs/fmnist_png_folder.yaml $folder model.path=$TMP/$1.pt" ;;
+    ex_examples_cnn) echo "configs/fashion_mnist_cnn.yaml model.name=exported model.path=$TMP/examples_cnn.pt2" ;;
     ex_*) echo "configs/fmnist_png_folder.yaml $folder model.name=exported model.path=$TMP/${1#ex_}.pt2" ;;
+    exa_*) echo "$(ml_args "ex_${1#exa_}") model.script_kernels=aten" ;;
   esac
 }
 units_per_step() {
@@ -146,7 +150,7 @@ for r in $(seq "$ROUNDS"); do
   for w in $WORKLOADS; do
     for k in 0 1 2 3; do
       side=${SIDES[$(((k + r - 1) % 4))]}
-      [[ $w == ex_* && $side != mltrain ]] && continue  # its Python sides are ${w#ex_}'s
+      [[ $w == ex_* || $w == exa_* ]] && [ $side != mltrain ] && continue  # its Python sides are ${w#ex*_}'s
       echo "== round $r/$ROUNDS: $w, $side" >&2
       if [ "$side" = mltrain ]; then run_mltrain "$w" "$r"; else run_python "$w" "$side" "$r"; fi
       tail -1 "$RESULTS" >&2
@@ -198,11 +202,13 @@ for x in rows:
     by.setdefault((x["workload"], x["side"]), []).append(x)
 # ex_<w>: the exported program's mltrain run against <w>'s Python loops, which trained the same
 # model; <w>'s own mltrain run is the TorchScript path.
+exported = lambda w: w.startswith("ex_") or w.startswith("exa_")
 for (w, s), xs in list(by.items()):
-    if w.startswith("ex_") and s == "mltrain":
+    if exported(w) and s == "mltrain":
+        base = w.split("_", 1)[1]
         for side in ("idiomatic", "expert", "compiled"):
-            by[(w, side)] = by.get((w[3:], side), [])
-        by[(w, "torchscript")] = by.get((w[3:], "mltrain"), [])
+            by[(w, side)] = by.get((base, side), [])
+        by[(w, "torchscript")] = by.get((base, "mltrain"), [])
 work = list(dict.fromkeys(x["workload"] for x in rows))
 sides = ["idiomatic", "expert", "compiled"]
 rounds = max(x["round"] for x in rows)
@@ -223,14 +229,20 @@ for w in work:
           f"{ratios[0]:>7.2f}{ratios[1]:>9.2f}{ratios[2]:>11.2f}  "
           f"{' / '.join(f'{first[s]:.2f}' for s in ['mltrain'] + sides):>46}  {' / '.join(f'{rss[s]:.0f}' for s in ['mltrain'] + sides):>46}")
     print(f"{'':<22}{'per-round ratio ranges (idiom, expert, compiled):':>49} {', '.join(lo_hi)}")
-    if w.startswith("ex_") and by.get((w, "torchscript")):
+    if exported(w) and by.get((w, "torchscript")):
         ts = med([x["rate"] for x in by[(w, "torchscript")]])
         print(f"{'':<22}exported .pt2 vs the TorchScript path on the same model: {rate['mltrain']:.0f} / {ts:.0f} = {rate['mltrain'] / ts:.2f}x")
+    aten = "exa_" + w[3:]
+    if w.startswith("ex_") and by.get((aten, "mltrain")):
+        a = med([x["rate"] for x in by[(aten, "mltrain")]])
+        rr = [m["rate"] / p["rate"] for m in by[(w, "mltrain")] for p in by[(aten, "mltrain")] if m["round"] == p["round"]]
+        print(f"{'':<22}mltrain's kernels vs the graph's ATen operators (script_kernels=aten): {rate['mltrain']:.0f} / {a:.0f} = "
+              f"{rate['mltrain'] / a:.2f}x (per round {min(rr):.2f}-{max(rr):.2f})")
 import os
 load_txt = os.path.join(os.path.dirname(sys.argv[2]), "export_load.txt")  # beside gemm.jsonl, in $TMP
 if os.path.exists(load_txt):
     print("\n" + open(load_txt).read().strip())
-compile_s = {w: med([x["warmup_s"] for x in by.get((w, "compiled"), [])]) for w in work if not w.startswith("ex_")}
+compile_s = {w: med([x["warmup_s"] for x in by.get((w, "compiled"), [])]) for w in work if not exported(w)}
 print("\ncompiled side's warm-up (compile + first steps, s): " + ", ".join(f"{w} {v:.0f}" for w, v in compile_s.items()))
 print("targets (issue #41): x expert >= 1.25, x compiled >= 1.0, RSS <= idiomatic, first step <= 0.5 s (MLP, CNN), <= 1 s (GPT-2)")
 

@@ -4,6 +4,8 @@
 // model.safetensors into the same class with load_state_dict(strict=True) and its eval-mode softmax
 // equals predict's; a GPT-2 exported from transformers trains on a token file and its checkpoint
 // holds both names of its tied embedding. Bad configs exit 2, bad archives 3, naming the file.
+#include <fstream>
+
 #include "cli_support.hpp"
 
 namespace {
@@ -127,6 +129,42 @@ TEST_CASE("exported: data parallel over Gloo, the two ranks' parameters equal at
   CHECK(std::set<std::string>(r0.begin(), r0.end()).size() == r0.size());  // and they trained
 }
 
+// bf16 autocast is a dispatcher key, so the graph's convolutions and linears run in bf16 with no
+// change to the program: the same run in fp32 and bf16 ends with other weights, both trained. A
+// tune study runs its trials on the program.
+TEST_CASE("exported: bf16 autocast trains the program; tune searches over it", "[cli][exported]") {
+  const auto d = tmpdir("exported_amp_tune");
+  const fs::path pt2 = exported_model(d);
+  const auto fp32 = run(train_args(d, pt2, "fp32"));
+  const auto bf16 = run(train_args(d, pt2, "bf16") + " amp.enabled=true amp.dtype=bf16");
+  INFO(fp32.out << bf16.out);
+  REQUIRE(fp32.code == 0);
+  REQUIRE(bf16.code == 0);
+  const double a32 = std::stod(fp32.out.substr(fp32.out.find("test accuracy: ") + 15));
+  const double a16 = std::stod(bf16.out.substr(bf16.out.find("test accuracy: ") + 15));
+  CHECK(a32 > 0.6);  // 2 epochs of 2,048 images; chance is 0.1
+  CHECK(a16 > 0.6);
+  CHECK(std::abs(a16 - a32) < 0.1);
+  CHECK(final_digests(d / "fp32") != final_digests(d / "bf16"));
+
+  const auto t =
+      sh("cd " + kSrc + " && " + kBin + " tune configs/tune/fashion_mnist_mlp.yaml " +
+         "study.n_trials=2 study.dir=" + (d / "tune").string() +
+         " trial.train=configs/fashion_mnist_cnn.yaml 'trial.overrides=[model.name=exported, "
+         "model.path=" +
+         pt2.string() +
+         ", train.duration=20u, train.eval_every=10u, "
+         "data.val_fraction=0.1, checkpoint.every=20u, data.limit_train=1024]' 2>&1");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  CHECK_THAT(t.out, Catch::Contains("[tune] trial 0 COMPLETE accuracy="));
+  CHECK_THAT(t.out, Catch::Contains("[tune] trial 1 "));  // complete, or pruned by ASHA
+  CHECK_THAT(t.out, Catch::Contains("2 trials: "));
+  CHECK_THAT(t.out, Catch::Contains(" 0 failed"));
+  const auto best = slurp(d / "tune" / "fashion_mnist_mlp" / "best.yaml");
+  CHECK_THAT(best, Catch::Contains(pt2.string()));
+}
+
 TEST_CASE(
     "exported: transformers' GPT-2 trains as a language model; its checkpoint loads back tied",
     "[cli][exported]") {
@@ -156,6 +194,20 @@ TEST_CASE(
   INFO(g.out);
   CHECK(g.code == 0);
   CHECK_THAT(g.out, Catch::Contains("tied True same True trained True"));
+
+  // predict --generate: greedy tokens after a text, the same as transformers' GPT2LMHeadModel
+  // generates from the run's weights (eval mode, the same context window).
+  std::ofstream(d / "prompt.txt") << "The cat sat on the mat and then ";
+  const auto p = run("predict " + (d / "lm" / "v0").string() + " " + (d / "prompt.txt").string() +
+                     " --generate 12 --temperature 0 -o " + (d / "gen.jsonl").string());
+  INFO(p.out);
+  REQUIRE(p.code == 0);
+  const auto c = sh(kPython + " " + kChecker + " check-generate " +
+                    (newest_checkpoint(d / "lm" / "v0") / "model.safetensors").string() + " " +
+                    (d / "prompt.txt").string() + " " + (d / "gen.jsonl").string());
+  INFO(c.out);
+  CHECK(c.code == 0);
+  CHECK_THAT(c.out, Catch::Contains("generated 12 equal True"));
 }
 
 TEST_CASE("exported: init --model writes a config that trains the .pt2 on the data",

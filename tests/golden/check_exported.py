@@ -9,6 +9,7 @@ eval-mode softmax equals what `mltrain predict` wrote.
   python tests/golden/check_exported.py check MODEL.safetensors INPUTS.npy PREDS.csv MEAN STD [TOL]
 """
 import csv
+import json
 import sys
 
 import numpy as np
@@ -75,6 +76,31 @@ def check_gpt2(weights):
     return 0 if tied and same and moved else 1
 
 
+def check_generate(weights, prompt, out_jsonl, block=64):
+    """predict --generate's greedy tokens equal GPT2LMHeadModel's from the same weights, and the
+    next-token log-probabilities agree."""
+    model = gpt2()
+    model.load_state_dict(load_file(weights), strict=True)
+    model.eval()
+    got = json.loads(open(out_jsonl).read().splitlines()[0])
+    ids = list(open(prompt, "rb").read())
+    want = []
+    with torch.no_grad():
+        first = None
+        for _ in range(len(got["generated_tokens"])):
+            x = torch.tensor([ids[-block:]])
+            logits = model(x).logits[0, -1].double()
+            if first is None:
+                first = torch.log_softmax(logits, 0)
+            t = int(logits.argmax())
+            ids.append(t)
+            want.append(t)
+    lp = max(abs(first[e["token"]].item() - e["logprob"]) for e in got["next_token"])
+    equal = want == got["generated_tokens"]
+    print(f"generated {len(want)} equal {equal} next-token logprob max diff {lp:.2e}")
+    return 0 if equal and lp < 1e-4 else 1
+
+
 def check(weights, inputs, preds, mean, std, tol=1e-5):
     model = UserNet()
     model.load_state_dict(load_file(weights), strict=True)  # the user's names, every key
@@ -99,6 +125,8 @@ if __name__ == "__main__":
         export_gpt2(sys.argv[2])
     elif sys.argv[1] == "check-gpt2":
         sys.exit(check_gpt2(sys.argv[2]))
+    elif sys.argv[1] == "check-generate":
+        sys.exit(check_generate(*sys.argv[2:5]))
     else:
         a = sys.argv[2:]
         sys.exit(check(a[0], a[1], a[2], float(a[3]), float(a[4]), *(float(t) for t in a[5:6])))

@@ -1,5 +1,5 @@
-"""Golden values for model.name: exported (lib/src/model/exported.cpp): seven models exported with
-torch.export from the venv's PyTorch 2.15, torchvision and transformers (random weights from
+"""Golden values for model.name: exported (lib/src/model/exported.cpp): nine models exported with
+torch.export from the venv's PyTorch 2.15, torchvision, timm and transformers (random weights from
 fixed seeds, tiny configs, nothing downloaded), each trained 10 steps in eager PyTorch with SGD
 and with AdamW on fixed batches, plus the archives the bad-input table feeds mltrain.
 
@@ -48,6 +48,25 @@ class Small(nn.Module):
         return self.fc(torch.flatten(self.drop(x), 1))
 
 
+class PoolRelu(nn.Module):
+    """Both orders of ReLU and a 2 x 2 max-pool, one ReLU in place, and no dropout: what
+    model.script_kernels=mltrain rewrites to mltrain.relu_max_pool2d, trained bit for bit against
+    the same graph on ATen's operators (tests/unit/test_exported.cpp)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.act = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(8 * 2 * 2, 10)
+
+    def forward(self, x):
+        x = self.act(F.max_pool2d(self.bn(self.conv1(x)), 2))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(torch.flatten(x, 1))
+
+
 class Symbolic(nn.Module):
     """Shape arithmetic on the dynamic dimensions: the graph holds _operator.mul, floordiv and sub
     nodes on SymInts, and the batches change their second dimension."""
@@ -89,6 +108,7 @@ def models():
         return make
 
     yield "small", lambda: Small(), image((3, 8, 8)), 6
+    yield "pool_relu", lambda: PoolRelu(), image((3, 8, 8)), 6
 
     def varying(g, b):  # t = 4 or 5: outputs 8 or 10 wide; targets < 8 fit both
         t = 4 + int(torch.randint(0, 2, (1,), generator=g))
@@ -96,6 +116,9 @@ def models():
     yield "symbolic", lambda: Symbolic(), varying, 5
     yield "resnet18", lambda: torchvision.models.resnet18(num_classes=10), image((3, 32, 32)), 4
     yield "mobilenet_v3_small", lambda: torchvision.models.mobilenet_v3_small(num_classes=10), image((3, 32, 32)), 4
+    # timm: ConvNeXt's LayerNorm over permuted NHWC activations, GELU, layer scale.
+    import timm
+    yield "convnext_atto", lambda: timm.create_model("convnext_atto", pretrained=False, num_classes=10), image((3, 32, 32)), 4
     llama = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                         use_cache=False)

@@ -23,6 +23,7 @@
 
 #include "mltrain/core/error.hpp"
 #include "mltrain/formats/pt2.hpp"
+#include "mltrain/model/script_kernels.hpp"
 
 namespace mltrain::model {
 namespace {
@@ -210,6 +211,7 @@ class ExportedModel : public Model {
   ExportedModel(const config::ModelConfig& c, const std::vector<int64_t>& sample_shape)
       : path_(c.path), output_key_(c.output) {
     Pt2Program p = formats::read_pt2(path_);
+    if (c.script_kernels == "mltrain") kernels_ = use_mltrain_kernels(p.graph).text();
     try {
       load_tensors(p);
       plan(p);
@@ -264,7 +266,8 @@ class ExportedModel : public Model {
   }
   std::string describe() const override {
     return "exported(" + path_ + "; " + std::to_string(steps_.size()) + " nodes" +
-           (cl_ ? "; channels_last" : "") + layout_note_ + ")";
+           (cl_ ? "; channels_last" : "") + layout_note_ +
+           (kernels_.empty() ? "" : "; mltrain kernels: " + kernels_) + ")";
   }
 
  private:
@@ -934,6 +937,7 @@ class ExportedModel : public Model {
   bool training_ = true, exported_in_eval_ = false, cl_ = false;
   std::string layout_note_;
   std::string eval_evidence_;
+  std::string kernels_;  // what model.script_kernels=mltrain rewrote ("" when off)
 };
 
 }  // namespace

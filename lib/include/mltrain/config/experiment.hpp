@@ -421,9 +421,9 @@ struct ModelConfig {
             "profiles shapes first, then fuses (worth trying on CUDA)",
             one_of({"legacy", "profiling"}));
     v.field("script_kernels", script_kernels,
-            "torchscript: mltrain: dropout and 'ReLU, 2 x 2 max-pool' in the graph run on "
-            "mltrain's fused kernels (pytorch/examples' CNN 1.4x; dropout draws its own mask); "
-            "aten: the graph's operators as saved",
+            "torchscript and exported: mltrain: dropout and 'ReLU, 2 x 2 max-pool' in the graph "
+            "run on mltrain's fused kernels (pytorch/examples' CNN 1.3-1.4x; the pool exact, "
+            "dropout draws its own mask); aten: the graph's operators as saved",
             one_of({"mltrain", "aten"}));
   }
 };

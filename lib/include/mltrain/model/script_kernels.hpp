@@ -1,5 +1,5 @@
 #pragma once
-// A user's TorchScript model on mltrain's own kernels: the forward graph is inlined and two
+// A user's TorchScript model or exported program on mltrain's own kernels: the forward graph is inlined and two
 // patterns are rewritten to operators of the `mltrain` namespace, registered with the dispatcher
 // (so autograd, both graph executors and `mltrain profile` see them as operators):
 //
@@ -14,19 +14,31 @@
 // 1 - p from mltrain's counter-based mask, not ATen's random stream). Off the CPU, or for inputs
 // the kernels do not take, each operator runs ATen's. model.script_kernels=aten leaves the graph
 // as saved. Only the loaded module in memory changes: the file on disk is never rewritten.
+//
+// An exported program's graph (model.name: exported) gets the same two rewrites, on its nodes
+// before they are planned: torch.ops.aten.dropout / dropout_ (the in-place one when nothing else
+// reads its input) and relu / relu_ next to a 2 x 2 max_pool2d, in either order (they commute,
+// gradients included), the value between them read by the other alone.
 #include <torch/script.h>
 
 #include <string>
 
+namespace mltrain::formats {
+struct Graph;
+}
+
 namespace mltrain::model {
 
-struct ScriptRewrites {
+struct KernelRewrites {
   int dropout = 0;           // aten::dropout nodes now mltrain::dropout
   int relu_max_pool2d = 0;   // relu -> max_pool2d pairs now mltrain::relu_max_pool2d
   std::string text() const;  // "2 dropout, 1 relu+max_pool2d" (or "none")
 };
 
 // Inlines every method's calls into forward and rewrites the patterns above in place.
-ScriptRewrites use_mltrain_kernels(torch::jit::Module& m);
+KernelRewrites use_mltrain_kernels(torch::jit::Module& m);
+
+// The same patterns in an exported program's nodes, rewritten in place to torch.ops.mltrain.*.
+KernelRewrites use_mltrain_kernels(formats::Graph& g);
 
 }  // namespace mltrain::model
