@@ -13,6 +13,7 @@
 #include "mltrain/dist/world.hpp"
 
 using namespace mltrain::dist;
+using mltrain::Phase;
 
 static World from(const std::map<std::string, std::string>& env) {
   return world_from_env([&](const char* k) -> const char* {
@@ -265,11 +266,11 @@ TEST_CASE("doctor: slow phases, beats round-trip, divergent collectives, straggl
   Beat behind{45, 31};
   behind.step = 0;
   CHECK(find_hung({{47, 0.2}, behind}, 30) == -1);
-  behind.step = 12, behind.where = Where::kCheckpoint;
+  behind.step = 12, behind.where = Phase::kCheckpoint;
   CHECK(find_hung({{47, 0.2}, behind}, 30) == -1);
   behind.idle_s = kSlowPhaseS + 1;
   CHECK(find_hung({{47, 0.2}, behind}, 30) == 1);
-  behind.where = Where::kData, behind.idle_s = 31;
+  behind.where = Phase::kData, behind.idle_s = 31;
   CHECK(find_hung({{47, 0.2}, behind}, 30) == 1);
   // auto: twice the slowest median step, at least 7 s.
   Beat slow;
@@ -278,12 +279,12 @@ TEST_CASE("doctor: slow phases, beats round-trip, divergent collectives, straggl
   CHECK(auto_hang_timeout({{}, slow}) == 10);
 
   Beat b;
-  b.issued = 57, b.where = Where::kBackward, b.step = 12, b.progress = 99, b.step_s = 0.02,
+  b.issued = 57, b.where = Phase::kBackward, b.step = 12, b.progress = 99, b.step_s = 0.02,
   b.busy_s = 0.015, b.steps = 10;
   b.recent = {{56, "allreduce(stop signal)", 8}, {57, "allreduce(gradient bucket 0)", 2143272}};
   const Beat back = decode_beat(encode_beat(b));
   CHECK(back.issued == 57);
-  CHECK(back.where == Where::kBackward);
+  CHECK(back.where == Phase::kBackward);
   CHECK(back.step == 12);
   CHECK(back.progress == 99);
   CHECK(back.steps == 10);
@@ -333,7 +334,7 @@ TEST_CASE("doctor: slow phases, beats round-trip, divergent collectives, straggl
   // Stuck: every rank in the same collective, none moving, past its first step.
   auto waiting = [](uint64_t seq, double idle) {
     Beat x;
-    x.issued = seq, x.idle_s = idle, x.step = 20, x.where = Where::kAllreduce;
+    x.issued = seq, x.idle_s = idle, x.step = 20, x.where = Phase::kAllreduce;
     return x;
   };
   CHECK(find_stuck({waiting(40, 8), waiting(40, 9)}, 7) == 40);

@@ -21,7 +21,7 @@ static Measure measure_with(double data, double allreduce, double other,
   const double compute = 1.0 - data - allreduce - other;
   Measure m;
   m.samples_per_s = 1000.0;
-  // data, h2d_copy, forward, backward, optimizer, allreduce, other (train::Phase order)
+  // data, h2d_copy, forward, backward, optimizer, allreduce, other (Phase order, core/phase.hpp)
   m.phase_share = {data, 0.0, compute / 2, compute / 2, 0.0, allreduce, other};
   m.loader.workers = 1;
   m.loader.supply_samples_per_s = 900.0;

@@ -446,11 +446,11 @@ std::string host_pid_text(const std::string& hp) {
 }  // namespace
 
 static std::string where_text(const Beat& b) {
-  const bool within = b.where == Where::kData || b.where == Where::kForward ||
-                      b.where == Where::kBackward || b.where == Where::kAllreduce ||
-                      b.where == Where::kOptimizer;
+  const bool within = b.where == Phase::kData || b.where == Phase::kCopy ||
+                      b.where == Phase::kForward || b.where == Phase::kBackward ||
+                      b.where == Phase::kAllreduce || b.where == Phase::kOptimizer;
   std::string s = std::string("in ") + where_name(b.where) +
-                  (b.where == Where::kSetup ? std::string()
+                  (b.where == Phase::kSetup ? std::string()
                    : within                 ? " of step " + std::to_string(b.step + 1)
                                             : " after step " + std::to_string(b.step));
   if (!b.recent.empty()) {

@@ -16,25 +16,28 @@
 
 namespace mltrain::dist {
 
-const char* where_name(Where w) {
+const char* where_name(Phase w) {
   switch (w) {
-    case Where::kSetup:
+    case Phase::kSetup:
       return "set-up";
-    case Where::kData:
+    case Phase::kData:
       return "data";
-    case Where::kForward:
+    case Phase::kCopy:
+      return "h2d copy";
+    case Phase::kForward:
       return "forward";
-    case Where::kBackward:
+    case Phase::kBackward:
       return "backward";
-    case Where::kAllreduce:
+    case Phase::kAllreduce:
       return "all-reduce";
-    case Where::kOptimizer:
+    case Phase::kOptimizer:
       return "optimizer";
-    case Where::kEvaluation:
+    case Phase::kEvaluation:
       return "evaluation";
-    case Where::kCheckpoint:
+    case Phase::kCheckpoint:
       return "checkpoint";
-    case Where::kOther:
+    case Phase::kOther:
+    case Phase::kCount:
       return "other";
   }
   return "other";
@@ -42,7 +45,7 @@ const char* where_name(Where w) {
 
 namespace here {
 namespace {
-std::atomic<int> g_where{int(Where::kSetup)};
+std::atomic<int> g_where{int(Phase::kSetup)};
 std::atomic<uint64_t> g_progress{0};
 std::atomic<int64_t> g_step{0};
 std::atomic<double> g_step_med{0}, g_busy_med{0};
@@ -87,12 +90,12 @@ Fault& fault_state() {
 }
 
 // On entering `w`: the armed fault of this rank, in its step and phase.
-void inject(Where w) {
+void inject(Phase w) {
   Fault& f = fault_state();
   if (f.kind.empty() || f.rank != g_rank) return;
   const int64_t now = g_step.load(std::memory_order_relaxed) + 1;  // the step under way
   if (f.kind == "slow") {
-    if (now < f.step || w != Where::kForward) return;
+    if (now < f.step || w != Phase::kForward) return;
     if (const char* cg = std::getenv("MLTRAIN_FAULT_CGROUP")) {
       if (!f.cgroup_done) {
         f.cgroup_done = true;
@@ -125,7 +128,8 @@ bool fault(const char* kind) {
   return f.kind == kind && f.rank == g_rank && g_step.load(std::memory_order_relaxed) + 1 == f.step;
 }
 
-void enter(Where w) {
+void enter(Phase w) {
+  if (w == Phase::kData && g_count == 0) w = Phase::kSetup;  // no step done yet in this process
   g_where.store(int(w), std::memory_order_relaxed);
   inject(w);
 }
@@ -141,14 +145,14 @@ void step_done(int64_t step, double step_s, double busy_s) {
   g_step.store(step, std::memory_order_relaxed);
   tick();
 }
-Where where() { return Where(g_where.load(std::memory_order_relaxed)); }
+Phase where() { return Phase(g_where.load(std::memory_order_relaxed)); }
 uint64_t progress() { return g_progress.load(std::memory_order_relaxed); }
 int64_t step() { return g_step.load(std::memory_order_relaxed); }
 double step_median_s() { return g_step_med.load(std::memory_order_relaxed); }
 double busy_median_s() { return g_busy_med.load(std::memory_order_relaxed); }
 int steps_seen() { return g_seen.load(std::memory_order_relaxed); }
 void reset() {
-  g_where = int(Where::kSetup);
+  g_where = int(Phase::kSetup);
   g_progress = 0;
   g_step = 0;
   g_step_med = g_busy_med = 0;
@@ -176,7 +180,7 @@ Beat decode_beat(const std::string& text) {
   int where = 0;
   if (!(h >> b.issued >> where >> b.step >> b.progress >> b.step_s >> b.busy_s >> b.steps))
     return Beat{};
-  b.where = where >= 0 && where <= int(Where::kOther) ? Where(where) : Where::kOther;
+  b.where = where >= 0 && where < int(Phase::kCount) ? Phase(where) : Phase::kOther;
   for (std::string line; std::getline(in, line);) {
     std::istringstream l(line);
     Op op;
@@ -195,7 +199,7 @@ int find_hung(const std::vector<Beat>& beats, double timeout_s) {
   for (size_t r = 0; r < beats.size(); ++r) {
     const auto& b = beats[r];
     const bool slow_phase =
-        b.where == Where::kSetup || b.where == Where::kCheckpoint || b.step == 0;
+        b.where == Phase::kSetup || b.where == Phase::kCheckpoint || b.step == 0;
     const double limit = slow_phase ? std::max(timeout_s, kSlowPhaseS) : timeout_s;
     // Level with the front, still moving, or not yet at its first collective (still loading its
     // data or model: the collective timeout covers a rank that never gets there).
@@ -209,7 +213,7 @@ uint64_t find_stuck(const std::vector<Beat>& beats, double timeout_s) {
   if (beats.size() < 2 || timeout_s <= 0) return 0;
   for (const auto& b : beats)
     if (b.issued == 0 || b.issued != beats[0].issued || b.idle_s < timeout_s || b.step <= 0 ||
-        b.where == Where::kSetup || b.where == Where::kCheckpoint)
+        b.where == Phase::kSetup || b.where == Phase::kCheckpoint)
       return 0;
   return beats[0].issued;
 }

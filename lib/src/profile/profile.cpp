@@ -27,8 +27,6 @@ namespace fs = std::filesystem;
 namespace mltrain::profile {
 using config::format_fixed;
 using train::Observer;
-using train::Phase;
-using train::phase_name;
 using train::PhaseClock;
 using train::StepInfo;
 using train::Trainer;
@@ -45,8 +43,8 @@ std::string readable_op_name(const std::string& name) {
 }
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kPhases = static_cast<size_t>(Phase::kCount);
-static_assert(kPhases == Measure::kPhases, "Measure holds one value per train::Phase");
+constexpr size_t kPhases = kStepPhases;
+static_assert(kPhases == Measure::kPhases, "Measure holds one value per step phase");
 
 double rss_mib() {
   std::ifstream in("/proc/self/statm");
@@ -91,7 +89,7 @@ class Probe : public Observer {
 
  private:
   Snapshot snap() {
-    clk_.lap(Phase::kOther);  // charge the step's tail before reading
+    clk_.charge();  // the time since the last mark, to the phase under way, before reading
     Snapshot s;
     s.phases = clk_.seconds;
     s.t = Clock::now();

@@ -224,10 +224,11 @@ void CheckpointWriter::save(Trainer& t) {
   const auto& p = t.progress();
   if (last_saved_ == p.step) return;
   // The doctor: the others wait for this rank while it writes; a phase given longer.
-  dist::here::enter(dist::Where::kCheckpoint);
+  t.enter(Phase::kCheckpoint);
   struct Back {
-    ~Back() { dist::here::enter(dist::Where::kOther); }
-  } back;
+    Trainer& t;
+    ~Back() { t.enter(Phase::kOther); }
+  } back{t};
   nlohmann::json ts = {{"epoch", p.epoch},
                        {"batch_in_epoch", p.batch_in_epoch},
                        {"epoch_skip", p.epoch_skip},

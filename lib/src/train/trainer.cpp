@@ -24,17 +24,18 @@ namespace mltrain::train {
 
 using Clock = std::chrono::steady_clock;
 
-const char* phase_name(Phase p) {
-  static const char* names[] = {"data",      "h2d_copy",  "forward", "backward",
-                                "optimizer", "allreduce", "other"};
-  return names[static_cast<int>(p)];
-}
-
-void PhaseClock::lap(Phase p) {
+void PhaseClock::enter(Phase p) {
   if (sync_cuda) compat::cuda_synchronize();
   const auto now = Clock::now();
-  seconds[static_cast<size_t>(p)] += std::chrono::duration<double>(now - last).count();
+  const auto i = std::min(static_cast<size_t>(current), kStepPhases - 1);  // outside a step: other
+  seconds[i] += std::chrono::duration<double>(now - last).count();
   last = now;
+  current = p;
+}
+
+void Trainer::enter(Phase p) const {
+  if (phases_) phases_->enter(p);
+  dist::here::enter(p);
 }
 
 double PhaseClock::total() const {
@@ -140,13 +141,12 @@ void Trainer::to_device(data::Batch& b) const {
 // copy has read its pinned slot, so the loader may refill it; phases (when profiling) are charged
 // with the wait for data and the copy separately.
 bool Trainer::next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence,
-                             PhaseClock* phases) const {
+                             bool in_step) const {
   fence.wait();
   if (!loader.next(b)) return false;
-  if (phases) phases->lap(Phase::kData);
+  if (in_step) enter(Phase::kCopy);
   to_device(b);
   fence.record(device_);
-  if (phases) phases->lap(Phase::kCopy);
   return true;
 }
 
@@ -252,17 +252,13 @@ static void add_on_device(torch::Tensor& acc, const torch::Tensor& x) {
 // gradient), backward. Only the last backward of the window's last batch all-reduces.
 Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, double eps,
                                                   double full_window, bool final_micro) {
-  auto lap = [this](Phase p) {
-    if (phases_) phases_->lap(p);
-  };
   BatchSums sums;
   if (pipe_) {  // the batch's micro-batches through the stages
     if (dp_) dp_->broadcast_buffers();
-    dist::here::enter(dist::Where::kForward);  // forwards and backwards interleave
+    enter(Phase::kForward);  // forwards and backwards interleave: all of it counts as forward
     const StageSums s = pipe_->run(batch, *task_, eps, full_window, amp(), [&] {
       if (dp_) dp_->begin_backward(final_micro && opt_.wants_gradient_sync());
     });
-    lap(Phase::kBackward);
     return {s.loss, s.correct, s.units, s.counted, {}, {}};
   }
   auto add_step = [&sums](const task::Step& out, int64_t len) {
@@ -276,15 +272,13 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
   };
   if (invariant_) {  // distributed.invariance: bitwise: each virtual shard on its own
     invariant_->run(batch, progress_.step, [&](const data::Batch& shard) {
-      dist::here::enter(dist::Where::kForward);
+      enter(Phase::kForward);
       const task::Step out = task_->forward(model_, shard, eps, amp());
-      lap(Phase::kForward);
-      dist::here::enter(dist::Where::kBackward);
+      enter(Phase::kBackward);
       out.loss.backward();
-      lap(Phase::kBackward);
       add_step(out, shard.y.size(0));
+      enter(Phase::kAllreduce);  // the shard's gradients kept, then (last shard) the exact mean
     });
-    lap(Phase::kAllreduce);
     return sums;
   }
   const int64_t n = batch.y.size(0);
@@ -294,16 +288,14 @@ Trainer::BatchSums Trainer::forward_backward_once(const data::Batch& batch, doub
     const data::Batch part = batch.rows(start, len);
     const bool last = start + len >= n;
     if (dp_) dp_->broadcast_buffers();
-    dist::here::enter(dist::Where::kForward);
+    enter(Phase::kForward);
     const task::Step out = task_->forward(model_, part, eps, amp());
     auto loss = out.loss * (static_cast<double>(len) / full_window);
-    lap(Phase::kForward);
-    dist::here::enter(dist::Where::kBackward);
+    enter(Phase::kBackward);
     // No all-reduce on non-final accumulation micro-steps, nor while the optimizer exchanges
     // momenta instead (1-bit Adam after its warm-up).
     if (dp_) dp_->begin_backward(final_micro && last && opt_.wants_gradient_sync());
     (scaler_ ? scaler_->scale(loss) : loss).backward();
-    lap(Phase::kBackward);
     add_step(out, len);
   }
   return sums;
@@ -576,9 +568,9 @@ double Trainer::rewarm_factor(int64_t optimizer_step) const {
 void Trainer::evaluate_during_fit(double train_loss, double seconds_before,
                                   std::chrono::steady_clock::time_point fit_start) {
   fault::pause("eval");  // the preemption tests signal here, mid-evaluation
-  dist::here::enter(dist::Where::kEvaluation);
+  enter(Phase::kEvaluation);
   last_eval_ = evaluate(eval_);
-  dist::here::enter(dist::Where::kOther);
+  enter(Phase::kOther);
   if (cfg_.schedule.on_plateau())
     schedule_->observe(opt_.steps(), last_eval_->metric(cfg_.schedule.monitor, "schedule.monitor"));
   if (cfg_.train.target_accuracy > 0 && !progress_.time_to_target &&
@@ -627,9 +619,6 @@ void Trainer::fit() {
   model_.set_training(true);
   if (cfg_.grad_health.policy == "rollback" && snapshots_.empty()) take_snapshot();
   fault::pause("fit.begin");  // the preemption tests signal here, before the first step
-  // The doctor: set-up lasts until this process's first step is done (its first batch may take
-  // long: workers starting, files opening).
-  const int64_t step_at_fit = progress_.step;
 
   while (progress_.step < total_steps_ && stop_reason_.empty() && failure_.empty()) {
     train_.start_epoch(progress_.epoch, progress_.batch_in_epoch, progress_.epoch_skip);
@@ -647,13 +636,9 @@ void Trainer::fit() {
     auto t_step = Clock::now(), t_data = Clock::now();
     double blocked_at_step = comm_ ? comm_->blocked_seconds() : 0;
     compat::CopyFence fence;
-    auto lap = [this](Phase p) {
-      if (phases_) phases_->lap(p);
-    };
     while (progress_.step < total_steps_) {
-      lap(Phase::kOther);  // logging, observers, evaluation since the last phase
-      if (progress_.step > step_at_fit) dist::here::enter(dist::Where::kData);
-      if (!next_on_device(train_, batch, fence, phases_)) break;
+      enter(Phase::kData);  // the doctor: set-up until this process's first step is done
+      if (!next_on_device(train_, batch, fence, /*in_step=*/true)) break;
       data_s += seconds_since(t_data);
 
       // The batch's micro-batches, forward and backward (k micro-batches of b equal one of k*b).
@@ -662,9 +647,8 @@ void Trainer::fit() {
       const BatchSums sums = forward_backward(batch, eps, full_window, final_micro);
       const int64_t b = batch.y.size(0);
       if (dp_ && final_micro) {
-        dist::here::enter(dist::Where::kAllreduce);
+        enter(Phase::kAllreduce);
         dp_->finish_backward();
-        lap(Phase::kAllreduce);
       }
       add_sums(pending, sums);
       window_samples += b;
@@ -676,9 +660,8 @@ void Trainer::fit() {
 
       // The optimizer step for the window.
       const double lr = lr_at(opt_.steps());
-      dist::here::enter(dist::Where::kOptimizer);
+      enter(Phase::kOptimizer);
       optimizer_step(params, window_samples, full_window, lr, info, pending);
-      lap(Phase::kOptimizer);
       if (std::isnan(first_step_s_)) {
         first_step_s_ = runtime::seconds_since_exec();
         spdlog::info("[train] first optimizer step done {:.2f} s after exec (set-up {:.2f} s)",
@@ -696,7 +679,7 @@ void Trainer::fit() {
         const double blocked = comm_ ? comm_->blocked_seconds() : 0;
         dist::here::step_done(progress_.step, info.step_seconds,
                               std::max(0.0, info.step_seconds - (blocked - blocked_at_step)));
-        dist::here::enter(dist::Where::kOther);
+        enter(Phase::kOther);  // logging, observers, evaluation until the next step's data
       }
       progress_.train_seconds = seconds_before + seconds_since(fit_start);
 

@@ -19,32 +19,26 @@
 #include <string>
 #include <vector>
 
+#include "mltrain/core/phase.hpp"
+
 namespace mltrain::dist {
 
-// Where a rank is, as the doctor names it.
-enum class Where : int {
-  kSetup,  // before the first step: loading data and model, joining the group
-  kData,
-  kForward,
-  kBackward,
-  kAllreduce,
-  kOptimizer,
-  kEvaluation,
-  kCheckpoint,
-  kOther
-};
-const char* where_name(Where w);
+// A phase (core/phase.hpp, the trainer's one marker) as the doctor writes it: "set-up", "data",
+// "h2d copy", "forward", "backward", "all-reduce", "optimizer", "evaluation", "checkpoint", "other".
+const char* where_name(Phase w);
 
 // This process's side, written by the trainer and read by the watchdog thread: relaxed atomics,
 // one store each, so marking a phase costs nothing measurable.
 namespace here {
-void enter(Where w);
+// Entering kData before this process's first step is done counts as set-up (its first batch may
+// take long: workers starting, files opening).
+void enter(Phase w);
 void tick();  // a unit of progress: a batch read, an evaluation batch, a checkpoint file
 // After each optimizer step: its wall time and its busy time (the wall time less this rank's
 // wait inside collectives); the medians of the last kWindow steps are published.
 void step_done(int64_t step, double step_s, double busy_s);
 constexpr int kWindow = 10;
-Where where();
+Phase where();
 uint64_t progress();
 int64_t step();
 double step_median_s();
@@ -78,7 +72,7 @@ struct Op {
 struct Beat {
   uint64_t issued = 0;  // collectives this rank has issued (Comm's sequence number)
   double idle_s = 0;    // seconds since `issued` or `progress` last changed, as the reader saw it
-  Where where = Where::kOther;
+  Phase where = Phase::kOther;
   int64_t step = -1;  // steps done (this process's count starts at the resumed step); 0: none yet
   uint64_t progress = 0;
   double step_s = 0, busy_s = 0;  // medians over the last `steps` steps (0 when none yet)

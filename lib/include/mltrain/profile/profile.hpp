@@ -35,7 +35,7 @@ struct ProfileOptions {
 };
 
 // One measured pass: what the trainer's own steps took, per phase, and what the loader and memory
-// did meanwhile. Phases are indexed by train::Phase (data, h2d_copy, forward, backward, optimizer,
+// did meanwhile. Phases are indexed by Phase (core/phase.hpp: data, h2d_copy, forward, backward, optimizer,
 // allreduce, other).
 struct Measure {
   static constexpr size_t kPhases = 7;
@@ -56,7 +56,7 @@ struct Measure {
            cuda_allocated_before_mib = 0, cuda_total_mib = 0;
   } memory;
 
-  double share(const char* phase) const;  // by train::phase_name
+  double share(const char* phase) const;  // by phase_name (core/phase.hpp)
   nlohmann::json to_json() const;
   // The child process of an environment-variable sweep reports its pass as JSON; this reads it.
   static Measure from_json(const nlohmann::json& j);

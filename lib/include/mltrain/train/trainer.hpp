@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mltrain/config/experiment.hpp"
+#include "mltrain/core/phase.hpp"
 #include "mltrain/runtime/compat.hpp"
 #include "mltrain/data/loader.hpp"
 #include "mltrain/model/model.hpp"
@@ -72,25 +73,18 @@ class Trainer;
 class PipelineStages;
 class InvariantShards;
 
-// Where a training step's wall time goes (`mltrain profile`). The trainer laps the clock at each
-// phase boundary when one is attached; on CUDA the clock can synchronise first, so each phase is
-// charged with its own kernels (that synchronisation is part of the profiler's overhead).
-enum class Phase : int {
-  kData,
-  kCopy,
-  kForward,
-  kBackward,
-  kOptimizer,
-  kAllreduce,
-  kOther,
-  kCount
-};
-const char* phase_name(Phase p);
+// Where a training step's wall time goes (`mltrain profile`): a sum per step phase
+// (core/phase.hpp). Each mark charges the time since the last one to the phase being left, so
+// every moment of a step is counted once; phases outside a step are charged to kOther. On CUDA
+// the clock can synchronise first, so each phase is charged with its own kernels (that
+// synchronisation is part of the profiler's overhead).
 struct PhaseClock {
   bool sync_cuda = false;
-  std::array<double, static_cast<size_t>(Phase::kCount)> seconds{};
+  std::array<double, kStepPhases> seconds{};
   std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
-  void lap(Phase p);
+  Phase current = Phase::kOther;
+  void enter(Phase p);  // charge the current phase up to now, then be in p
+  void charge() { enter(current); }
   double total() const;
 };
 
@@ -136,6 +130,8 @@ class Trainer {
   ~Trainer();
   void add_observer(std::unique_ptr<Observer> o) { observers_.push_back(std::move(o)); }
   void set_phase_clock(PhaseClock* clock) { phases_ = clock; }
+  // The one phase marker: the phase clock (when profiling) and the hang doctor's heartbeat.
+  void enter(Phase p) const;
   // memory.micro_batch resolved: each loader batch runs as micro-batches of `samples` (0: whole).
   // `recover`: an out-of-memory error halves it and redoes the batch (data.batch_size=auto, one
   // rank: the loader batch is the whole optimizer step, so nothing is half-applied).
@@ -195,8 +191,9 @@ class Trainer {
   bool handle_unhealthy(GradHealth::Verdict v, const model::NamedTensors& params, double norm);
   void to_device(data::Batch& b) const;
   task::Amp amp() const;
+  // in_step: the training loop's batch (marks its host-to-device copy as a phase).
   bool next_on_device(data::Loader& loader, data::Batch& b, compat::CopyFence& fence,
-                      PhaseClock* phases = nullptr) const;
+                      bool in_step = false) const;
   struct BatchSums {
     double loss = 0;  // sum of per-sample losses
     int64_t correct = 0, units = 0;
