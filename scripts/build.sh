@@ -7,6 +7,7 @@
 #   MLTRAIN_TARGETS=all scripts/build.sh           # and the tests, benches
 #   scripts/build.sh -DMLTRAIN_WITH_CUDA=OFF       # the CPU-only binary
 #   MLTRAIN_BUILD_DIR=build-cpu scripts/build.sh   # another build folder
+#   MLTRAIN_WERROR=1 scripts/build.sh              # warnings are errors (what CI builds with)
 #
 # A bad environment (no venv, torch of another version, nvcc that does not match the wheel)
 # prints one "mltrain: error:" line naming the fix and exits 2.
@@ -16,7 +17,9 @@ jobs=$(nproc)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 dir=${MLTRAIN_BUILD_DIR:-build}
-if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >"$log" 2>&1; then
+werror=()
+[ "${MLTRAIN_WERROR:-0}" = 1 ] && werror=(-DMLTRAIN_WERROR=ON)  # .ci/run: any warning fails
+if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${werror[@]}" "$@" >"$log" 2>&1; then
   line=$(grep -m1 "^mltrain: error: " "$log" || true)
   if [ -n "$line" ]; then
     echo "$line" >&2

@@ -167,7 +167,7 @@ TEST_CASE("frozen parameter groups: no gradient, no optimizer state", "[init_fro
   oc.name = "adam";
   config::ParamGroupConfig head, body;
   head.pattern = "fc2.*";
-  body.pattern = "*";
+  body.pattern = std::string("*");
   body.freeze = true;
   oc.param_groups = {head, body};
   auto opt = optim::Optimizer::create(oc, m->named_parameters());

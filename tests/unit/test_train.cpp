@@ -60,7 +60,7 @@ TEST_CASE("clip by norm matches torch.nn.utils.clip_grad_norm_", "[clip]") {
       auto p = torch::zeros(g["shapes"][i].get<std::vector<int64_t>>(), torch::kDouble);
       p.mutable_grad() = torch::tensor(g["grads"][i].get<std::vector<double>>(), torch::kDouble)
                              .reshape(p.sizes());
-      params.emplace_back("p" + std::to_string(i), p);
+      params.emplace_back(std::string("p") + std::to_string(i), p);
     }
     const double norm = grad_norm(params);
     CHECK(norm == Approx(c["total_norm"].get<double>()).epsilon(1e-12));

@@ -72,7 +72,10 @@ int64_t Array::numel() const {
 
 std::string Array::shape_text() const {
   std::string s;
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i) {  // not "x" + to_string: GCC 12 false positive
+    if (i) s += 'x';
+    s += std::to_string(shape[i]);
+  }
   return s;
 }
 

@@ -107,7 +107,8 @@ std::string script_source(const config::ModelConfig& c, const model::NamedTensor
       for (int64_t b = 0; b < c.depths[st]; ++b, ++k) {
         const std::string p = "stages." + std::to_string(k) + ".";
         const int stride = (b == 0 && st > 0) ? 2 : 1;
-        const std::string sv = "[" + std::to_string(stride) + ", " + std::to_string(stride) + "]";
+        const std::string sv =
+            std::string("[") + std::to_string(stride) + ", " + std::to_string(stride) + "]";
         s << "    y = torch.relu(torch.conv2d(x, " << id[p + "conv1.weight"] << ", "
           << id[p + "conv1.bias"] << ", " << sv << ", [1, 1]))\n";
         s << "    y = torch.conv2d(y, " << id[p + "conv2.weight"] << ", " << id[p + "conv2.bias"]

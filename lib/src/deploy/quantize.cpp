@@ -311,7 +311,7 @@ torch::jit::Module to_script(const Graph& g, const std::vector<Mode>& mode,
     return s;
   };
   std::vector<bool> quantized(g.nodes.size() + 1, false);
-  auto v = [](int i) { return "v" + std::to_string(i); };
+  auto v = [](int i) { return std::string("v") + std::to_string(i); };
   auto as_q = [&](int i) {
     if (quantized[static_cast<size_t>(i)]) return v(i);
     const auto& q = qp[static_cast<size_t>(g.source(i))];

@@ -36,7 +36,9 @@ std::vector<fs::path> sorted_dirs(const fs::path& d) {
 }  // namespace
 
 SyncOptions options_for_run(const fs::path& dir, const MlflowTarget& target) {
-  SyncOptions o{target, dir, dir.parent_path().filename().string() + "/" + dir.filename().string()};
+  SyncOptions o{.target = target,
+                .run_dir = dir,
+                .run_name = dir.parent_path().filename().string() + "/" + dir.filename().string()};
   if (o.target.experiment.empty()) o.target.experiment = dir.parent_path().filename().string();
   return o;
 }
@@ -59,7 +61,7 @@ std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::
       todo.push_back({options_for_run(d, target)});
     } else if (is_study(d)) {
       // The study is a parent run; each trial's folders are its children.
-      SyncOptions parent{target, d, d.filename().string()};
+      SyncOptions parent{.target = target, .run_dir = d, .run_name = d.filename().string()};
       if (parent.target.experiment.empty()) parent.target.experiment = d.filename().string();
       parent.tags["mltrain.study"] = d.filename().string();
       const int p = static_cast<int>(todo.size());
@@ -76,7 +78,9 @@ std::vector<std::pair<fs::path, SyncReport>> push_folders(const std::vector<fs::
       for (const fs::path& trial : sorted_dirs(d / "trials"))
         for (const fs::path& v : sorted_dirs(trial)) {
           if (!is_run(v)) continue;
-          SyncOptions o{parent.target, v, d.filename().string() + "/" + trial.filename().string()};
+          SyncOptions o{.target = parent.target,
+                        .run_dir = v,
+                        .run_name = d.filename().string() + "/" + trial.filename().string()};
           if (v.filename() != "v0") o.run_name += "/" + v.filename().string();
           o.tags["mltrain.study"] = d.filename().string();
           o.tags["mltrain.trial"] = trial.filename().string().substr(1);

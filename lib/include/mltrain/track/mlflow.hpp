@@ -84,15 +84,16 @@ struct Cursor {
   static Cursor from_json(const nlohmann::json& j);
 };
 
+// The members after run_name have defaults, so {.target, .run_dir, .run_name} is complete.
 struct SyncOptions {
   MlflowTarget target;
   std::filesystem::path run_dir;
   std::string run_name;       // MLflow's run name (mlflow.runName)
   int64_t resume_step = -1;   // a resumed run: params it changes are recorded as tags at this step
-  std::string config_yaml;    // the run's resolved config (live); empty: the folder's config.yaml
-  std::string parent_run_id;  // a study's trial: its study's run
-  std::string state;          // push: the run's end (finished, failed, ...); empty: status.json
-  std::map<std::string, std::string> tags;  // more tags (a study's name, a trial's number)
+  std::string config_yaml{};  // the run's resolved config (live); empty: the folder's config.yaml
+  std::string parent_run_id{};  // a study's trial: its study's run
+  std::string state{};          // push: the run's end (finished, failed, ...); empty: status.json
+  std::map<std::string, std::string> tags{};  // more tags (a study's name, a trial's number)
 };
 
 struct SyncReport {
