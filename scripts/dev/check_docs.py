@@ -102,6 +102,14 @@ def main():
     if readme_lines > README_MAX_LINES:
         failed.append(f"README.md: {readme_lines} lines, more than {README_MAX_LINES}: move tables "
                       "to docs/PERFORMANCE.md or a guide page and keep one sentence and a link")
+    # docs/measurements/ holds the logs a page cites; the rest go under an archive-<date>/ folder.
+    pages = [root / "README.md"] + sorted((root / "docs").rglob("*.md"))
+    pages = [p for p in pages if "measurements" not in p.parts]
+    cited = "\n".join(p.read_text() for p in pages)
+    for log in sorted((root / "docs" / "measurements").glob("*")):
+        if log.is_file() and log.name not in cited:
+            failed.append(f"docs/measurements/{log.name}: no page cites it: cite it where its "
+                          "figures are quoted, or move it to docs/measurements/archive-<date>/")
     for f in failed:
         print(f)
     print(f"check_docs: {checked} command lines, {len(failed)} failing")
