@@ -5,6 +5,7 @@
 // equals predict's; a GPT-2 exported from transformers trains on a token file and its checkpoint
 // holds both names of its tied embedding. Bad configs exit 2, bad archives 3, naming the file.
 #include <fstream>
+#include <set>
 
 #include "cli_support.hpp"
 
@@ -94,7 +95,8 @@ TEST_CASE("exported: a user's PyTorch class trains, resumes bitwise, predicts, a
   CHECK(q.code == 2);
   CHECK_THAT(q.out, Catch::Contains("not 'exported'"));
 
-  // profile names the program's forward by module: the user's own `stem` and `head`.
+  // profile names the program's forward by module, the user's own `stem` and `head`, and their
+  // backward: the convolution's and the linear's autograd functions, by the same names.
   const auto pr =
       run("profile " + after_train(train_args(d, pt2, "prof")) + " --out " + (d / "prof").string());
   INFO(pr.out);
@@ -102,7 +104,17 @@ TEST_CASE("exported: a user's PyTorch class trains, resumes bitwise, predicts, a
   CHECK_THAT(pr.out, Catch::Contains("top graph nodes by forward CPU time"));
   CHECK_THAT(pr.out, Catch::Contains("stem: aten::conv2d"));
   CHECK_THAT(pr.out, Catch::Contains("head: aten::linear"));
-  CHECK(nlohmann::json::parse(slurp(d / "prof" / "profile.json"))["graph_nodes"].size() > 3);
+  const auto pj = nlohmann::json::parse(slurp(d / "prof" / "profile.json"));
+  CHECK(pj["graph_nodes"].size() > 3);
+  CHECK_THAT(pr.out, Catch::Contains("top graph nodes by backward CPU time"));
+  std::set<std::string> back;
+  for (const auto& n : pj["graph_nodes_backward"]) {
+    back.insert(n["name"].get<std::string>());
+    CHECK(n["total_ms_per_step"].get<double>() > 0);
+  }
+  CHECK(back.count("stem: aten::conv2d"));
+  CHECK(back.count("head: aten::linear"));
+  CHECK(back.count("bn1: aten::batch_norm"));
 
   // A run can start from a safetensors file of the same module (here the trained one).
   const auto from = run(train_args(d, pt2, "from") + " train.duration=1u model.init_from=" +

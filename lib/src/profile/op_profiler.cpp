@@ -24,6 +24,8 @@ int64_t now_ns() {
 struct Frame {
   int64_t start, child;
   int id;
+  bool scope = false;        // a charged user scope (Options::backward_scopes)
+  bool ends_parent = false;  // a backward function under the synthetic scope just below it
 };
 struct TraceEvent {
   int id;
@@ -38,6 +40,8 @@ struct ThreadBuf {
   std::vector<TraceEvent> events;
   std::unordered_map<int, Stat> stats;
   std::unordered_map<int, std::map<std::string, int64_t>> dtypes;
+  std::vector<int> scopes;                     // the open charged user scopes, innermost last
+  std::unordered_map<int64_t, int> seq_scope;  // a forward op's sequence number -> its scope
 };
 
 // Callbacks are plain function pointers, so the recorder's state is process-wide.
@@ -50,6 +54,7 @@ struct Recorder {
   std::atomic<size_t> events{0};
   size_t max_events = 0;
   bool record_dtypes = false;
+  std::string backward_prefix;  // user scopes whose backward is charged to "<scope> (backward)"
   int64_t t0 = 0;
   int next_tid = 0;
 };
@@ -64,6 +69,8 @@ thread_local std::unordered_map<const char*, int> tl_ids;  // op names are stati
 // User scopes' names are not static, so they are cached by content: without it each call took the
 // recorder's lock (an exported MobileNetV3's 191 node scopes a step: 36 % profiler overhead).
 thread_local std::unordered_map<std::string, int> tl_user_ids;
+// A charged user scope's id -> the id of its "(backward)" name; -1: not a charged scope.
+thread_local std::unordered_map<int, int> tl_backward_ids;
 
 ThreadBuf& buf() {
   auto& r = rec();
@@ -129,20 +136,68 @@ const char* dtype_label(const at::RecordFunction& fn) {
   return "other";
 }
 
+// The id of scope `id`'s backward name, or -1 when `id` is not a charged user scope.
+int backward_id(int id) {
+  if (auto it = tl_backward_ids.find(id); it != tl_backward_ids.end()) return it->second;
+  auto& r = rec();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const std::string& n = r.names[static_cast<size_t>(id)];
+  int out = -1;
+  if (!r.backward_prefix.empty() && n.rfind(r.backward_prefix, 0) == 0) {
+    const std::string bw = n + " (backward)";
+    auto [it, inserted] = r.ids.emplace(bw, static_cast<int>(r.names.size()));
+    if (inserted) r.names.push_back(bw);
+    out = it->second;
+  }
+  tl_backward_ids.emplace(id, out);
+  return out;
+}
+
+// The backward of what ran under a charged user scope: autograd gives a node the sequence number
+// the forward operator that made it saw (RecordFunction::seqNr on both sides), so the backward
+// function's time is charged to that scope's "(backward)" row. CPU autograd runs the backward on
+// the thread that called it, the forward's thread, so the table is per thread.
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   auto& b = buf();
   const int id = name_id(fn);
-  b.stack.push_back({now_ns(), 0, id});
+  const int64_t now = now_ns();
+  bool scope = false, ends_parent = false;
+  if (fn.scope() == at::RecordScope::USER_SCOPE) {
+    const int bw = rec().backward_prefix.empty() ? -1 : backward_id(id);
+    if (bw >= 0) b.scopes.push_back(bw), scope = true;
+  } else if (fn.scope() == at::RecordScope::FUNCTION) {
+    if (!b.scopes.empty() && fn.seqNr() >= 0) {
+      if (b.seq_scope.size() > (1u << 20)) b.seq_scope.clear();  // forwards never differentiated
+      b.seq_scope[fn.seqNr()] = b.scopes.back();                 // the node-making op is last
+    }
+  } else if (fn.seqNr() >= 0 && !b.seq_scope.empty()) {  // BACKWARD_FUNCTION
+    if (auto it = b.seq_scope.find(fn.seqNr()); it != b.seq_scope.end()) {
+      b.stack.push_back({now, 0, it->second});
+      b.seq_scope.erase(it);
+      ends_parent = true;
+    }
+  }
+  b.stack.push_back({now, 0, id, scope, ends_parent});
   if (rec().record_dtypes) ++b.dtypes[id][dtype_label(fn)];
   return nullptr;
 }
 
+void close_frame(ThreadBuf& b, int64_t now);
+
 void on_exit(const at::RecordFunction&, at::ObserverContext*) {
   auto& b = buf();
   if (b.stack.empty()) return;  // entered before the profiler started
+  const int64_t now = now_ns();
+  const bool ends_parent = b.stack.back().ends_parent;
+  close_frame(b, now);
+  if (ends_parent && !b.stack.empty()) close_frame(b, now);
+}
+
+void close_frame(ThreadBuf& b, int64_t now) {
   const Frame f = b.stack.back();
   b.stack.pop_back();
-  const int64_t dur = now_ns() - f.start;
+  if (f.scope && !b.scopes.empty()) b.scopes.pop_back();
+  const int64_t dur = now - f.start;
   if (!b.stack.empty()) b.stack.back().child += dur;
   auto& s = b.stats[f.id];
   ++s.calls;
@@ -166,6 +221,7 @@ void OpProfiler::start() {
   auto& r = rec();
   r.max_events = opt_.max_events;
   r.record_dtypes = opt_.record_dtypes;
+  r.backward_prefix = opt_.backward_scopes;
   r.t0 = now_ns();
   auto cb = at::RecordFunctionCallback(&on_enter, &on_exit)
                 .needsInputs(opt_.record_dtypes)

@@ -334,7 +334,7 @@ namespace {
 void operator_passes(const config::ExperimentConfig& cfg, const train::Splits& splits,
                      const ProfileOptions& o, ProfileReport& r) {
   spdlog::info("[profile] pass 2: with the operator profiler");
-  OpProfiler prof({});
+  OpProfiler prof({.backward_scopes = model::kNodeScope});
   const Measure with = measure(cfg, splits, o, &prof);
   spdlog::info("[profile] pass 3: phase clock only again (baseline for the overhead)");
   const Measure again = measure(cfg, splits, o, nullptr);
@@ -349,19 +349,29 @@ void operator_passes(const config::ExperimentConfig& cfg, const train::Splits& s
                                    op.self_us / 1e3 / o.active, op.total_us / 1e3 / o.active,
                                    total_self > 0 ? op.self_us / total_self : 0};
   };
-  // An exported program's nodes are user scopes named model::kNodeScope + "<module>: <op>".
-  const std::string prefix = model::kNodeScope;
-  std::vector<OpStat> nodes;
+  // An exported program's nodes are user scopes named model::kNodeScope + "<module>: <op>", and
+  // the profiler charges their autograd backward to "<that> (backward)".
+  const std::string prefix = model::kNodeScope, bw = " (backward)";
+  std::vector<OpStat> nodes, backward;
   for (const auto& op : prof.top(SIZE_MAX)) {
-    if (op.name.rfind(prefix, 0) == 0)
-      nodes.push_back(op);
-    else if (r.operators.size() < o.top)
-      r.operators.push_back(row(op, readable_op_name(op.name)));
+    if (op.name.rfind(prefix, 0) != 0) {
+      if (r.operators.size() < o.top) r.operators.push_back(row(op, readable_op_name(op.name)));
+      continue;
+    }
+    const bool b = op.name.size() > bw.size() &&
+                   op.name.compare(op.name.size() - bw.size(), bw.size(), bw) == 0;
+    (b ? backward : nodes).push_back(op);
   }
-  std::sort(nodes.begin(), nodes.end(),
-            [](const OpStat& a, const OpStat& b) { return a.total_us > b.total_us; });
+  auto by_total = [](const OpStat& a, const OpStat& b) { return a.total_us > b.total_us; };
+  std::sort(nodes.begin(), nodes.end(), by_total);
+  std::sort(backward.begin(), backward.end(), by_total);
   for (size_t i = 0; i < nodes.size() && i < o.top; ++i)
     r.graph_nodes.push_back(row(nodes[i], nodes[i].name.substr(prefix.size())));
+  for (size_t i = 0; i < backward.size() && i < o.top; ++i) {
+    const std::string& n = backward[i].name;
+    r.graph_nodes_backward.push_back(
+        row(backward[i], n.substr(prefix.size(), n.size() - prefix.size() - bw.size())));
+  }
   r.operator_calls_per_step = static_cast<double>(prof.total_calls()) / o.active;
   if (o.out_dir.empty()) return;
   fs::create_directories(o.out_dir);
@@ -772,6 +782,12 @@ nlohmann::json ProfileReport::to_json() const {
                        {"calls_per_step", op.calls_per_step},
                        {"total_ms_per_step", op.total_ms_per_step}});
     if (!graph_nodes.empty()) j["graph_nodes"] = nodes;
+    nlohmann::json back = nlohmann::json::array();
+    for (const auto& op : graph_nodes_backward)
+      back.push_back({{"name", op.name},
+                      {"calls_per_step", op.calls_per_step},
+                      {"total_ms_per_step", op.total_ms_per_step}});
+    if (!graph_nodes_backward.empty()) j["graph_nodes_backward"] = back;
     j["operator_calls_per_step"] = operator_calls_per_step;
   }
   if (trace)
@@ -883,18 +899,23 @@ std::string ProfileReport::to_text() const {
     o << "  (per step; CPU time between each op's entry and exit. On CUDA kernels run "
          "asynchronously: the\n"
          "   synchronised phase times above are the GPU's.)\n";
-    if (!graph_nodes.empty()) {
-      o << "\ntop graph nodes by forward CPU time (the exported program's nodes by module; their "
-           "backward is\nin the operators above)\n";
+    auto node_table = [&](const std::vector<Operator>& rows, const char* title) {
+      if (rows.empty()) return;
+      o << title;
       std::snprintf(line, sizeof line, "  %-56s %8s %10s\n", "module: operator", "calls",
                     "total ms");
       o << line;
-      for (const auto& op : graph_nodes) {
+      for (const auto& op : rows) {
         std::snprintf(line, sizeof line, "  %-56.56s %8.1f %10.3f\n", op.name.c_str(),
                       op.calls_per_step, op.total_ms_per_step);
         o << line;
       }
-    }
+    };
+    node_table(graph_nodes,
+               "\ntop graph nodes by forward CPU time (the exported program's nodes by module)\n");
+    node_table(graph_nodes_backward,
+               "\ntop graph nodes by backward CPU time (the autograd functions each node's "
+               "operators made)\n");
   }
   o << "\ndiagnosis: " << diagnosis.verdict << "\n";
   for (const auto& e : diagnosis.evidence) o << "  evidence: " << e << "\n";

@@ -30,6 +30,10 @@ class OpProfiler {
   struct Options {
     bool record_dtypes = false;  // note the floating dtypes of each op's tensor inputs
     size_t max_events = 500000;  // trace events kept (stats continue past it)
+    // User scopes named with this prefix (an exported program's nodes, model::kNodeScope) also
+    // get the backward of what ran under them: a row "<scope> (backward)" holding the autograd
+    // functions of the nodes their operators made. Empty: off.
+    std::string backward_scopes{};
   };
   explicit OpProfiler(Options o);
   ~OpProfiler();

@@ -106,8 +106,10 @@ struct ProfileReport {
   };
   std::vector<Operator> operators;
   // model.name: exported: the program's nodes named by the module that ran them
-  // ("layer3.1.conv2: aten::conv2d"), by forward time (total); backward is in `operators`.
+  // ("layer3.1.conv2: aten::conv2d"), by forward time (total); graph_nodes_backward: the autograd
+  // functions each node's operators made, by the same names.
   std::vector<Operator> graph_nodes;
+  std::vector<Operator> graph_nodes_backward;  // their autograd backward, by the same names
   double operator_calls_per_step = 0;
   struct Trace {
     std::string path;
