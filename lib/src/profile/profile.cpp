@@ -776,18 +776,17 @@ nlohmann::json ProfileReport::to_json() const {
                      {"total_ms_per_step", op.total_ms_per_step},
                      {"self_share", op.self_share}});
     j["operators"] = ops;
-    nlohmann::json nodes = nlohmann::json::array();
-    for (const auto& op : graph_nodes)
-      nodes.push_back({{"name", op.name},
+    auto node_rows = [&](const std::vector<Operator>& rows, const char* key) {
+      if (rows.empty()) return;
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& op : rows)
+        out.push_back({{"name", op.name},
                        {"calls_per_step", op.calls_per_step},
                        {"total_ms_per_step", op.total_ms_per_step}});
-    if (!graph_nodes.empty()) j["graph_nodes"] = nodes;
-    nlohmann::json back = nlohmann::json::array();
-    for (const auto& op : graph_nodes_backward)
-      back.push_back({{"name", op.name},
-                      {"calls_per_step", op.calls_per_step},
-                      {"total_ms_per_step", op.total_ms_per_step}});
-    if (!graph_nodes_backward.empty()) j["graph_nodes_backward"] = back;
+      j[key] = out;
+    };
+    node_rows(graph_nodes, "graph_nodes");
+    node_rows(graph_nodes_backward, "graph_nodes_backward");
     j["operator_calls_per_step"] = operator_calls_per_step;
   }
   if (trace)
