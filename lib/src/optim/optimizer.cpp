@@ -62,15 +62,11 @@ class Adam : public Optimizer {
     // Equal strides over the dimensions with more than one element: a size-1 dimension's stride
     // never moves through memory, and autograd may give a gradient another one (timm ConvNeXt's
     // depthwise weight [C, 1, 7, 7] has strides (49, 49, 7, 1), its gradient (49, 1, 7, 1)).
-    const auto walk = [](const torch::Tensor& x) {
-      std::vector<int64_t> w;
-      for (int64_t d = 0; d < x.dim(); ++d)
-        if (x.size(d) > 1) w.push_back(x.stride(d));
-      return w;
-    };
-    const auto order = walk(s.param);
     const auto same_dense = [&](const torch::Tensor& x) {
-      return x.is_non_overlapping_and_dense() && x.sizes() == s.param.sizes() && walk(x) == order;
+      if (!x.is_non_overlapping_and_dense() || x.sizes() != s.param.sizes()) return false;
+      for (int64_t d = 0; d < x.dim(); ++d)  // no allocation: this runs per tensor per step
+        if (x.size(d) > 1 && x.stride(d) != s.param.stride(d)) return false;
+      return true;
     };
     const bool fusable =
         s.param.device().is_cpu() && same_dense(s.param) && same_dense(grad) && same_dense(m) &&
