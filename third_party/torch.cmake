@@ -130,7 +130,12 @@ endif()
 # libtorch_cuda.so's newer symbols unresolved, or load first under the same soname.
 get_filename_component(_site "${_root}" DIRECTORY)
 file(GLOB _nv_libs "${_site}/nvidia/*/lib")
+# A wheel build (MLTRAIN_WHEEL) links against them the same way but records no absolute path: its
+# binaries find them relative to themselves (packaging/install.cmake).
 foreach(_d ${_nv_libs})
-  add_link_options("LINKER:-rpath-link,${_d}" "LINKER:-rpath,${_d}")
+  add_link_options("LINKER:-rpath-link,${_d}")
+  if(NOT MLTRAIN_WHEEL)
+    add_link_options("LINKER:-rpath,${_d}")
+  endif()
 endforeach()
 message(STATUS "mltrain: LibTorch ${_full} from ${_root}; CUDA ${MLTRAIN_CUDA} (wheel CUDA '${MLTRAIN_TORCH_CUDA}', nvcc '${MLTRAIN_NVCC_VERSION}')")

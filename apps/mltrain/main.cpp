@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "install.hpp"
 #include "mltrain/runtime/compat.hpp"
 #include "mltrain/core/error.hpp"
 #include "mltrain/runtime/runtime.hpp"
@@ -31,7 +32,9 @@ static void print_version() {
   const auto k = mltrain::runtime::kernels();
   const int gpus = compat::cuda_device_count();
   std::cout << "mltrain " << MLTRAIN_VERSION << "\n"
-            << "LibTorch " << compat::torch_version() << "\n"
+            << "package: " << mltrain::cli::package_line() << "\n"
+            << "LibTorch " << compat::torch_version() << " (" << mltrain::runtime::libtorch_path()
+            << ")\n"
             << "CUDA compiled in: "
             << (compat::cuda_built() ? std::string("yes (") + MLTRAIN_CUDA_BUILD + ")" : "no")
             << "; GPUs visible: " << gpus

@@ -1,4 +1,5 @@
-// `mltrain init` on each kind of data, and `mltrain completion` run through bash itself.
+// `mltrain init` on each kind of data, `mltrain config example`, and `mltrain completion` run
+// through bash itself.
 #include "cli_support.hpp"
 
 namespace {
@@ -83,6 +84,37 @@ TEST_CASE("init: each kind of data gets a config that trains as it is", "[cli][i
       run("init " + kFmnist + "/t10k-images-idx3-ubyte.gz -o " + (d / "x.yaml").string());
   CHECK(one.code == 2);
   CHECK_THAT(one.out, Catch::Contains("the folder holding the images and labels files"));
+}
+
+TEST_CASE("config example: lists the shipped configs and writes one as shipped", "[cli][init]") {
+  const auto d = tmpdir("config_example");
+  const auto list = run("config example");
+  INFO(list.out);
+  REQUIRE(list.code == 0);
+  // One line per config under configs/, with its first comment line.
+  CHECK_THAT(list.out, Catch::Contains("fashion_mnist_cnn "));
+  CHECK_THAT(list.out, Catch::Contains("The main job: the classic 2-conv CNN"));
+  CHECK_THAT(list.out, Catch::Contains("tune/fashion_mnist_mlp "));
+  CHECK_THAT(list.out, Catch::Contains("from " + kSrc + "/configs"));
+
+  const fs::path out = d / "cnn.yaml";
+  const auto w = run("config example fashion_mnist_cnn -o " + out.string());
+  INFO(w.out);
+  REQUIRE(w.code == 0);
+  CHECK(slurp(out) == slurp(fs::path(kSrc) / "configs" / "fashion_mnist_cnn.yaml"));
+  CHECK(run("config check " + out.string()).code == 0);
+  // Never overwrites without --force; an unknown name is a usage error listing the names.
+  std::ofstream(out) << "mine\n";
+  const auto again = run("config example fashion_mnist_cnn -o " + out.string());
+  CHECK(again.code == 2);
+  CHECK_THAT(again.out, Catch::Contains("exists; not overwritten"));
+  CHECK(slurp(out) == "mine\n");
+  CHECK(run("config example fashion_mnist_cnn --force -o " + out.string()).code == 0);
+  CHECK(slurp(out) == slurp(fs::path(kSrc) / "configs" / "fashion_mnist_cnn.yaml"));
+  const auto bad = run("config example nope");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Catch::Contains("no example named 'nope'"));
+  CHECK_THAT(bad.out, Catch::Contains("one of: breast_cancer_csv, "));
 }
 
 TEST_CASE("completion: bash completes subcommands, flags and config keys", "[cli][completion]") {

@@ -11,6 +11,10 @@ TEST_CASE("--version, --help and usage errors", "[cli]") {
   CHECK(v.code == 0);
   CHECK_THAT(v.out, Catch::Contains("mltrain 0.1.0"));
   CHECK_THAT(v.out, Catch::Contains("LibTorch 2.15"));
+  // Where it runs from, and the libtorch_cpu.so the loader took (the venv's torch/lib here; a
+  // wheel's is checked by scripts/test_wheel.sh).
+  CHECK_THAT(v.out, Catch::Contains("package: build tree (" + kBin));
+  CHECK_THAT(v.out, Catch::Contains("/site-packages/torch/lib/libtorch_cpu.so)"));
   CHECK_THAT(v.out, Catch::Contains("kernels: BLAS MKL"));
   CHECK_THAT(v.out, Catch::Contains("kernel_route=onednn"));
   CHECK_THAT(v.out, Catch::Contains("CPU capability AVX"));

@@ -137,9 +137,12 @@ OpenedData open_data(const config::ExperimentConfig& cfg, const TargetSpec& targ
     tei = (r / "t10k-images-idx3-ubyte.gz").string();
     tel = (r / "t10k-labels-idx1-ubyte.gz").string();
     if (!fs::exists(tri))
-      throw DataError(
-          tri, "Fashion-MNIST not found",
-          "run scripts/install-deps.sh (Debian package dataset-fashion-mnist) or set data.root");
+      throw DataError(tri, "Fashion-MNIST not found",
+                      "put its four IDX files (train-images-idx3-ubyte.gz, "
+                      "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
+                      "t10k-labels-idx1-ubyte.gz) in one folder and set data.root=FOLDER; as root "
+                      "on Debian: apt-get install dataset-fashion-mnist (its files land in "
+                      "/usr/share/datasets/fashion-mnist, the default root)");
   }
   OpenedData s;
   if (c.dataset == "tokens") {

@@ -1,5 +1,7 @@
 #include "mltrain/runtime/runtime.hpp"
 
+#include <dlfcn.h>
+#include <link.h>
 #include <malloc.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -7,6 +9,7 @@
 
 #include <cmath>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -120,6 +123,18 @@ nlohmann::json kernels() {
           {"bf16", cpu_has_native_bf16()}};
 }
 
+std::string libtorch_path() {
+  void* h = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return "";
+  std::string path;
+  link_map* map = nullptr;
+  if (dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) path = map->l_name;
+  dlclose(h);  // drops only the reference NOLOAD took
+  std::error_code ec;
+  const auto canonical = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : canonical.string();
+}
+
 nlohmann::json describe() {
   return {{"threads", at::get_num_threads()},
           {"usable_cores", usable_cores()},
@@ -127,6 +142,7 @@ nlohmann::json describe() {
           {"kernel_route", kernel_route()},
           {"allocator", g_allocator},
           {"libtorch", compat::torch_version()},
+          {"libtorch_path", libtorch_path()},
           {"mkldnn", compat::mkldnn_available()},
           {"cuda_built", compat::cuda_built()},
           {"cuda_libraries", compat::cuda_plugin_status()},

@@ -35,6 +35,9 @@ std::string kernel_route();
 // products (AVX512-BF16 or AMX), the only CPUs on which bf16 autocast trains faster than fp32.
 nlohmann::json kernels();
 bool cpu_has_native_bf16();
+// The file of the libtorch_cpu.so this process runs (the loader's answer: the venv's or the
+// wheel user's torch/lib), for --version and env.json; "" when none is mapped.
+std::string libtorch_path();
 
 // "retain": glibc keeps freed memory instead of unmapping it after every step (mallopt), so
 // the training loop stops page-faulting; "system": glibc's defaults.
