@@ -77,6 +77,6 @@ ok "launch (2 ranks over Gloo, 50 steps)"
 python3 -c "
 import random; random.seed(0); w = ['sea', 'ship', 'sail', 'wind', 'port', 'star', 'tide', 'mast']
 open('text.txt', 'w').write('\\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(400)))"
-mltrain data tokenize text.txt --train-sentencepiece 40 -o tokens > spm.txt 2>&1 || { cat spm.txt >&2; die "data tokenize"; }
+mltrain data tokenize text.txt --train-sentencepiece 30 -o tokens > spm.txt 2>&1 || { cat spm.txt >&2; die "data tokenize"; }
 [ -s tokens/tokenizer.model ] && [ -s tokens/train.bin ] || { cat spm.txt >&2; die "data tokenize wrote no model or tokens"; }
 ok "data tokenize --train-sentencepiece (the SentencePiece helper)"
