@@ -3,8 +3,9 @@
 # Debian 12 root made by debootstrap (minbase plus python3-venv: no compiler, no -dev package, none
 # of scripts/install-deps.sh's packages), entered with chroot as uid 1000. Inside: a venv, pip
 # install of torch 2.15 (from a local wheel folder, no index) and of mltrain's wheel, then
-# --version, python -m mltrain, checklist, config example, a short CNN training on Fashion-MNIST
-# files copied in, predict, a 2-rank launch over Gloo, and the error for a missing data set.
+# --version, python -m mltrain, the CUDA plugin's libraries (forced on), checklist, config example,
+# the error for a missing data set, a short CNN training on Fashion-MNIST files copied in, predict,
+# a 2-rank launch over Gloo, and SentencePiece tokenizing (scripts/test_wheel_steps.sh).
 #
 #   bash scripts/wheel.sh && bash scripts/test_wheel.sh     # as root (debootstrap, chroot, mounts)
 #

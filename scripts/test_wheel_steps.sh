@@ -30,6 +30,13 @@ python -m mltrain --version > version2.txt 2>&1 && cmp -s version.txt version2.t
   die "python -m mltrain --version differs from mltrain --version"
 ok "--version and python -m mltrain"
 
+# The CUDA plugin in the wheel resolves the torch wheel's CUDA libraries (no driver here: forced on,
+# it loads them and then sees no GPU, as on a GPU node without a visible device).
+MLTRAIN_CUDA=on mltrain --version > cuda.txt 2>&1 || { cat cuda.txt >&2; die "MLTRAIN_CUDA=on --version"; }
+expect "CUDA libraries: loaded ($HOME/venv/lib/python3" cuda.txt "MLTRAIN_CUDA=on --version"
+expect "libtorch_cuda.so in this process: yes" cuda.txt "MLTRAIN_CUDA=on --version"
+ok "the CUDA plugin loads the torch wheel's CUDA libraries (MLTRAIN_CUDA=on)"
+
 mltrain checklist > checklist.txt 2>&1 || { cat checklist.txt >&2; die "checklist (exit $?)"; }
 tail -3 checklist.txt
 ok "checklist"
