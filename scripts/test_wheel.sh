@@ -38,7 +38,7 @@ if [ ! -f "$cache/base/.complete" ]; then
   rm -rf "$cache/base" && mv "$cache/base.tmp" "$cache/base"
 fi
 # 2. torch and its nvidia-* dependencies as wheel files, fetched once.
-torch=$(sed -n "s/^__version__ = '\([^+']*\).*/\1/p" .venv/lib/python3*/site-packages/torch/version.py | head -1)  # 2.15.0, without +cu132
+torch=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('torch'))")  # pip's: 2.15.0
 if [ ! -f "$cache/wheels/.complete-$torch" ]; then
   .venv/bin/pip download -q -d "$cache/wheels" "torch==$torch" || fail "pip download torch==$torch failed"
   touch "$cache/wheels/.complete-$torch"

@@ -33,9 +33,12 @@ done
 # only so the excluded libraries are found and not reported missing.
 # --plat auto: the oldest manylinux tag the binaries' glibc and libstdc++ symbols allow.
 rm -f dist/mltrain-*.whl
-PATH="$PWD/.venv/bin:$PATH" LD_LIBRARY_PATH="$site/torch/lib:$(printf '%s:' "$site"/nvidia/*/lib)" \
-  "$py" -m auditwheel repair --plat auto "${excl[@]}" -w dist "$raw"/*.whl 2>&1 |
-  grep -v "^INFO:auditwheel.lddtree:Excluding" || true
-[ "${PIPESTATUS[0]}" = 0 ] || { echo "mltrain: error: auditwheel repair failed (above)" >&2; exit 1; }
+if ! PATH="$PWD/.venv/bin:$PATH" LD_LIBRARY_PATH="$site/torch/lib:$(printf '%s:' "$site"/nvidia/*/lib)" \
+  "$py" -m auditwheel repair --plat auto "${excl[@]}" -w dist "$raw"/*.whl > "$raw/repair.log" 2>&1; then
+  cat "$raw/repair.log" >&2
+  echo "mltrain: error: auditwheel repair failed (above)" >&2
+  exit 1
+fi
+grep -v "^INFO:auditwheel.lddtree:Excluding" "$raw/repair.log" || true
 whl=$(ls -t dist/mltrain-*.whl | head -1)
 echo "wheel: $whl ($(du -h "$whl" | cut -f1), $(( $(date +%s) - start )) s)"

@@ -63,9 +63,10 @@ int run_example(const std::string& name, std::string out, bool force) {
   if (out.empty()) out = fs::path(hit->first).filename().string() + ".yaml";
   if (fs::exists(out) && !force)
     throw ConfigError(out, "exists; not overwritten", "pass --force, or -o another file");
-  fs::copy_file(dir / (hit->first + ".yaml"), out, fs::copy_options::overwrite_existing);
-  std::cout << "wrote " << out << " (from " << (dir / (hit->first + ".yaml")).string()
-            << "); run it: mltrain train " << out << "\n";
+  const fs::path src = dir / (hit->first + ".yaml");
+  fs::copy_file(src, out, fs::copy_options::overwrite_existing);
+  std::cout << "wrote " << out << " (from " << src.string() << "); run it: mltrain train " << out
+            << "\n";
   return 0;
 }
 

@@ -35,8 +35,8 @@ std::string package_line() {
     std::string line, tag;
     while (std::getline(wheel, line))
       if (line.rfind("Tag: ", 0) == 0) tag = line.substr(5);
-    return "wheel " + name.substr(0, name.size() - 10) + (tag.empty() ? "" : " (" + tag + ")") +
-           " in " + site.string();
+    return "wheel " + e.path().stem().string() + (tag.empty() ? "" : " (" + tag + ")") + " in " +
+           site.string();
   }
   return "wheel in " + site.string() + " (no mltrain-*.dist-info beside it: not installed by pip)";
 }

@@ -1,4 +1,4 @@
-"""Runs bin/mltrain in place of this Python process (os.execv: same pid, signals and exit code, so
+"""Runs bin/mltrain in place of this Python process (os.execve: same pid, signals and exit code, so
 Slurm, torchrun and preemption see the binary itself, not a wrapper)."""
 
 import importlib.util
