@@ -14,7 +14,9 @@
 #                                                   # side only; compared with <w>'s Python sides
 #                                                   # and its TorchScript run); exa_<w>: the
 #                                                   # same with model.script_kernels=aten (the
-#                                                   # graph's operators as exported)
+#                                                   # graph's operators as exported); exb_<w>:
+#                                                   # model.fused_batchnorm=false (mltrain's
+#                                                   # dropout and pool, ATen's BatchNorm)
 #
 # Columns: steady-state samples/s (tokens/s for the GPTs) of each side and mltrain's ratio to it;
 # time from exec to the end of the first optimizer step (mltrain's first_step_s; Python's import,
@@ -44,11 +46,12 @@ $PY scripts/bench/fmnist_npy.py "$TMP"
 # The image folder for the users' models: Fashion-MNIST's PNGs (10,000 of each split's first
 # images), read at 32 x 32 RGB by both sides.
 $PY scripts/data/fmnist_images.py --out "$TMP" --limit 10000 --formats png >&2
-for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small; do
+for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small tv_efficientnet_b0; do
+  [ $m != tv_efficientnet_b0 ] || [[ " $WORKLOADS " == *"_efficientnet_b0 "* ]] || continue  # on request
   (cd scripts/bench && $PY py_train.py --model $m --save-script "$TMP/$m.pt" 2>/dev/null)
 done
-for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small; do  # the same models as model.name: exported
-  if [[ " $WORKLOADS " == *" ex_$m "* || " $WORKLOADS " == *" exa_$m "* ]]; then
+for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small tv_efficientnet_b0; do  # the same models as model.name: exported
+  if [[ " $WORKLOADS " == *" ex_$m "* || " $WORKLOADS " == *" exa_$m "* || " $WORKLOADS " == *" exb_$m "* ]]; then
     (cd scripts/bench && $PY py_train.py --model $m --save-export "$TMP/$m.pt2" 2>/dev/null)
     # What a Python user pays before a step of the same program: import torch, torch.export.load.
     $PY -c "import time; t = time.time(); import torch; a = time.time() - t; m = torch.export.load('$TMP/$m.pt2').module(); print(f'python: import torch {a:.2f} s, torch.export.load + module() {time.time() - t - a:.2f} s ($m.pt2)')" 2>/dev/null | tee -a "$TMP/export_load.txt" >&2
@@ -83,6 +86,7 @@ ml_args() {
     ex_examples_cnn) echo "configs/fashion_mnist_cnn.yaml model.name=exported model.path=$TMP/examples_cnn.pt2" ;;
     ex_*) echo "configs/fmnist_png_folder.yaml $folder model.name=exported model.path=$TMP/${1#ex_}.pt2" ;;
     exa_*) echo "$(ml_args "ex_${1#exa_}") model.script_kernels=aten" ;;
+    exb_*) echo "$(ml_args "ex_${1#exb_}") model.fused_batchnorm=false" ;;
   esac
 }
 units_per_step() {
@@ -150,7 +154,7 @@ for r in $(seq "$ROUNDS"); do
   for w in $WORKLOADS; do
     for k in 0 1 2 3; do
       side=${SIDES[$(((k + r - 1) % 4))]}
-      [[ $w == ex_* || $w == exa_* ]] && [ $side != mltrain ] && continue  # its Python sides are ${w#ex*_}'s
+      [[ $w == ex_* || $w == exa_* || $w == exb_* ]] && [ $side != mltrain ] && continue  # its Python sides are ${w#ex*_}'s
       echo "== round $r/$ROUNDS: $w, $side" >&2
       if [ "$side" = mltrain ]; then run_mltrain "$w" "$r"; else run_python "$w" "$side" "$r"; fi
       tail -1 "$RESULTS" >&2
@@ -202,7 +206,7 @@ for x in rows:
     by.setdefault((x["workload"], x["side"]), []).append(x)
 # ex_<w>: the exported program's mltrain run against <w>'s Python loops, which trained the same
 # model; <w>'s own mltrain run is the TorchScript path.
-exported = lambda w: w.startswith("ex_") or w.startswith("exa_")
+exported = lambda w: w.startswith(("ex_", "exa_", "exb_"))
 for (w, s), xs in list(by.items()):
     if exported(w) and s == "mltrain":
         base = w.split("_", 1)[1]
@@ -232,12 +236,14 @@ for w in work:
     if exported(w) and by.get((w, "torchscript")):
         ts = med([x["rate"] for x in by[(w, "torchscript")]])
         print(f"{'':<22}exported .pt2 vs the TorchScript path on the same model: {rate['mltrain']:.0f} / {ts:.0f} = {rate['mltrain'] / ts:.2f}x")
-    aten = "exa_" + w[3:]
-    if w.startswith("ex_") and by.get((aten, "mltrain")):
-        a = med([x["rate"] for x in by[(aten, "mltrain")]])
-        rr = [m["rate"] / p["rate"] for m in by[(w, "mltrain")] for p in by[(aten, "mltrain")] if m["round"] == p["round"]]
-        print(f"{'':<22}mltrain's kernels vs the graph's ATen operators (script_kernels=aten): {rate['mltrain']:.0f} / {a:.0f} = "
-              f"{rate['mltrain'] / a:.2f}x (per round {min(rr):.2f}-{max(rr):.2f})")
+    for other, what in (("exa_", "mltrain's kernels vs the graph's ATen operators (script_kernels=aten)"),
+                        ("exb_", "fused BatchNorm vs ATen's BatchNorm (fused_batchnorm=false)")):
+        if w.startswith("ex_") and by.get((other + w[3:], "mltrain")):
+            o = by[(other + w[3:], "mltrain")]
+            a = med([x["rate"] for x in o])
+            rr = [m["rate"] / p["rate"] for m in by[(w, "mltrain")] for p in o if m["round"] == p["round"]]
+            print(f"{'':<22}{what}: {rate['mltrain']:.0f} / {a:.0f} = "
+                  f"{rate['mltrain'] / a:.2f}x (per round {min(rr):.2f}-{max(rr):.2f})")
 import os
 load_txt = os.path.join(os.path.dirname(sys.argv[2]), "export_load.txt")  # beside gemm.jsonl, in $TMP
 if os.path.exists(load_txt):

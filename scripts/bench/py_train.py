@@ -37,10 +37,11 @@ import torch.nn.functional as F
 from py_clock import seconds_since_exec
 from py_models import CNN, MLP, ExamplesCNN, ResNet  # the same models and op order as mltrain
 
-CONV = {"cnn", "examples_cnn", "resnet", "tv_resnet18", "tv_mobilenet_v3_small"}
+CONV = {"cnn", "examples_cnn", "resnet", "tv_resnet18", "tv_mobilenet_v3_small", "tv_efficientnet_b0"}
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True,
-               choices=["mlp", "cnn", "examples_cnn", "resnet", "tv_resnet18", "tv_mobilenet_v3_small"])
+               choices=["mlp", "cnn", "examples_cnn", "resnet", "tv_resnet18", "tv_mobilenet_v3_small",
+                        "tv_efficientnet_b0"])
 p.add_argument("--save-script", help="write the model as TorchScript here and exit")
 p.add_argument("--save-export", help="write the model as a torch.export .pt2 here and exit")
 p.add_argument("--mode", choices=["idiomatic", "expert", "compiled"], default="idiomatic")
@@ -73,6 +74,9 @@ def make_model():
     if args.model == "tv_mobilenet_v3_small":
         import torchvision
         return torchvision.models.mobilenet_v3_small(num_classes=10)
+    if args.model == "tv_efficientnet_b0":  # conv, BatchNorm, SiLU; stochastic depth
+        import torchvision
+        return torchvision.models.efficientnet_b0(num_classes=10)
     return {"mlp": MLP, "cnn": CNN, "examples_cnn": ExamplesCNN, "resnet": ResNet}[args.model]()
 
 

@@ -1,4 +1,4 @@
-"""Golden values for model.name: exported (lib/src/model/exported.cpp): nine models exported with
+"""Golden values for model.name: exported (lib/src/model/exported.cpp): ten models exported with
 torch.export from the venv's PyTorch 2.15, torchvision, timm and transformers (random weights from
 fixed seeds, tiny configs, nothing downloaded), each trained 10 steps in eager PyTorch with SGD
 and with AdamW on fixed batches, plus the archives the bad-input table feeds mltrain.
@@ -67,6 +67,25 @@ class PoolRelu(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
+class BnSilu(nn.Module):
+    """EfficientNet's "conv, BatchNorm, SiLU" (in place and not), with a stride-2 convolution:
+    what model.fused_batchnorm rewrites to mltrain.batch_norm_silu."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.act1 = nn.SiLU(inplace=True)
+        self.conv2 = nn.Conv2d(16, 24, 3, stride=2, padding=1)
+        self.bn2 = nn.BatchNorm2d(24, momentum=0.01, eps=1e-3)
+        self.fc = nn.Linear(24, 10)
+
+    def forward(self, x):
+        x = self.act1(self.bn1(self.conv1(x)))
+        x = F.silu(self.bn2(self.conv2(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
 class Symbolic(nn.Module):
     """Shape arithmetic on the dynamic dimensions: the graph holds _operator.mul, floordiv and sub
     nodes on SymInts, and the batches change their second dimension."""
@@ -109,6 +128,7 @@ def models():
 
     yield "small", lambda: Small(), image((3, 8, 8)), 6
     yield "pool_relu", lambda: PoolRelu(), image((3, 8, 8)), 6
+    yield "bn_silu", lambda: BnSilu(), image((3, 16, 16)), 6
 
     def varying(g, b):  # t = 4 or 5: outputs 8 or 10 wide; targets < 8 fit both
         t = 4 + int(torch.randint(0, 2, (1,), generator=g))

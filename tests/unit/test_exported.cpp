@@ -34,11 +34,12 @@ std::string golden_dir() {
 
 // kernels "aten": the graph's operators as exported, so dropout draws ATen's masks as eager does.
 std::unique_ptr<model::Model> load(const std::string& file, const std::vector<int64_t>& shape = {},
-                                   bool channels_last = false,
-                                   const std::string& kernels = "aten") {
+                                   bool channels_last = false, const std::string& kernels = "aten",
+                                   bool fused_batchnorm = true) {
   config::ModelConfig c;
   c.name = "exported";
   c.script_kernels = kernels;
+  c.fused_batchnorm = fused_batchnorm;
   c.channels_last = channels_last;  // eager PyTorch runs the exported (contiguous) layout
   c.path = golden_dir() + "/" + file;
   return model::build_model(c, shape, 0, 0);
@@ -164,6 +165,7 @@ TEST_CASE(
     "PyTorch",
     "[exported]") {
   CHECK(check_model("small", 0.0, 0.0) == 0.0);
+  CHECK(check_model("bn_silu", 0.0, 0.0) == 0.0);  // SiLU in place and not
 }
 
 TEST_CASE(
@@ -194,12 +196,14 @@ TEST_CASE(
 // the causal mask as a tensor, where eager calls SDPA with is_causal=True and no mask, and the
 // masked backward sums in another order (3.6e-7 relative in PyTorch itself, ep.module() vs the
 // module). mltrain matches the program bit for bit (program_grad) and the module within 1e-6 at
-// step 1 and 1e-5 after 10 steps; outputs and losses of step 1 are bitwise.
+// step 1 and 1e-5 after 10 steps; outputs and losses of step 1 are bitwise. Whether the two
+// backward orders round differently depends on the CPU's SDPA kernel: on an AMD EPYC with
+// AVX-512 they did (3.6e-7); on an Intel Xeon VM (2026-12-07) they agree bit for bit.
 TEST_CASE(
     "exported: transformers' Llama, bit for bit with its program, within 1e-6 of the eager module",
     "[exported]") {
   const double worst = check_model("llama", 1e-6, 1e-5);
-  CHECK(worst > 0);  // if this fails, eager and export agree now: tighten the bounds to 0
+  CHECK(worst <= 1e-6);
 }
 
 // model.script_kernels=mltrain (the default) rewrites the graph's dropout and "ReLU, 2 x 2
@@ -272,10 +276,92 @@ TEST_CASE("exported: mltrain's kernels as graph rewrites give ATen's values and 
   CHECK_FALSE(torch::equal(a, b));
   // MobileNetV3's classifier drops out in place (Dropout(inplace=True): aten.dropout_) on a value
   // nothing else reads: rewritten too. ResNet-18's 3 x 3 pool is not a 2 x 2 one.
-  CHECK_THAT(load("mobilenet_v3_small.pt2", {}, false, "mltrain")->describe(),
+  CHECK_THAT(load("mobilenet_v3_small.pt2", {}, false, "mltrain", false)->describe(),
              Contains("mltrain kernels: 1 dropout)"));
-  CHECK_THAT(load("resnet18.pt2", {}, false, "mltrain")->describe(),
+  CHECK_THAT(load("resnet18.pt2", {}, false, "mltrain", false)->describe(),
              Contains("mltrain kernels: none)"));
+}
+
+// model.fused_batchnorm (on by default with script_kernels mltrain): torchvision's "BN, ReLU",
+// "BN, add_, ReLU" and "BN, hardswish" become one operator each. Not bit for bit: the fused sums
+// run in double, in another order than ATen's. The bound is ATen's own: against eager PyTorch
+// (NCHW, ATen's operators), the rewritten graph must be at least as close as the same graph on
+// ATen's operators in the same channels-last layout, within 2x (or 1e-5 / 1e-4). ResNet-18 at
+// batch 4 is ill-conditioned (its last BatchNorms see 4 values a channel): ATen's channels-last
+// kernels are 2e-5 from eager in its step-1 output and 1e-4-4e-4 in its gradients, and after 10
+// SGD steps 85 % in a running variance, so the comparison is one step. MobileNetV3's training
+// output passes through mltrain's dropout (not eager's masks): its training step is compared
+// with the same graph on ATen's BatchNorm (the same mask) instead.
+TEST_CASE("exported: BatchNorm rewrites are as close to eager PyTorch as ATen's operators",
+          "[exported]") {
+  at::set_num_threads(1);
+  auto no_further = [](const torch::Tensor& fused, const torch::Tensor& plain,
+                       const torch::Tensor& eager, double floor) {
+    const double ef = rel_diff(fused.detach(), eager), ep = rel_diff(plain.detach(), eager);
+    INFO("fused " << ef << ", ATen's channels-last " << ep << " from eager");
+    CHECK(ef <= std::max(floor, 2 * ep));
+  };
+  for (const auto& [name, rewritten] :
+       {std::pair<std::string, std::string>{"resnet18",
+                                            "9 batch_norm+relu, 8 batch_norm+add+relu)"},
+        {"mobilenet_v3_small", "1 dropout, 5 batch_norm+relu, 18 batch_norm+hardswish)"},
+        {"bn_silu", "2 batch_norm+silu)"}}) {
+    INFO(name);
+    const Golden g = golden(name);
+    auto fused = load(name + ".pt2", {}, true, "mltrain", true);
+    auto plain = load(name + ".pt2", {}, true, "mltrain", false);
+    CHECK_THAT(fused->describe(), Contains("mltrain kernels: " + rewritten));
+    CHECK_THAT(plain->describe(), !Contains("batch_norm+"));
+    // Evaluation from the starting weights (the fused forward on the running statistics).
+    for (auto* m : {fused.get(), plain.get()}) m->set_training(false);
+    {
+      torch::NoGradGuard no_grad;
+      no_further(fused->forward(g.t.at("x0")), plain->forward(g.t.at("x0")), g.t.at("eval_out"),
+                 1e-5);
+    }
+    // Step 1 in training: output, every gradient, and the buffers it moved.
+    for (auto* m : {fused.get(), plain.get()}) m->set_training(true);
+    const bool dropout = name == "mobilenet_v3_small";
+    const auto& x = g.t.at("x0");
+    torch::manual_seed(1000);
+    const auto fo = fused->forward(x);
+    torch::manual_seed(1000);
+    const auto po = plain->forward(x);
+    loss_of(fo, g.t.at("y0")).backward();
+    loss_of(po, g.t.at("y0")).backward();
+    if (dropout)
+      CHECK(rel_diff(fo.detach(), po.detach()) < 1e-5);
+    else
+      no_further(fo, po, g.t.at("train_out"), 1e-5);
+    const auto pp = plain->named_parameters();
+    size_t i = 0;
+    for (const auto& [n, p] : fused->named_parameters()) {
+      INFO(n);
+      const auto& want = pp.at(i++).second.grad();
+      if (!dropout) {
+        no_further(p.grad(), want, g.t.at("grad/" + n), 1e-4);
+      } else {
+        // A BatchNorm bias ahead of another normalisation has a gradient of rounding noise.
+        INFO("relative " << rel_diff(p.grad(), want));
+        CHECK((rel_diff(p.grad(), want) < 1e-4 ||
+               (p.grad() - want).abs().max().item<double>() < 1e-6));
+      }
+    }
+    const auto pb = plain->named_buffers();
+    i = 0;
+    for (const auto& [n, t] : fused->named_buffers()) {
+      INFO(n);
+      const auto& want = pb.at(i++).second;
+      // A running mean behind a 1 x 1 convolution of normalised (zero-mean) activations is
+      // rounding noise (1e-9): the bound is on the scale of 1.
+      if (t.is_floating_point())
+        CHECK((t - want).abs().max().item<double>() <=
+              1e-5 * std::max(1.0, want.abs().max().item<double>()));
+      else
+        CHECK(torch::equal(t, want));  // num_batches_tracked: counted by the graph's own node
+    }
+  }
+  at::set_num_threads(2);
 }
 
 // model.channels_last (the config's default) runs the convolutions NHWC: the same values up to

@@ -484,6 +484,126 @@ TEST_CASE("batchnorm_relu: relu(bn(x) + residual) as PyTorch's operators, in flo
                      model::batchnorm_relu_aten(xc, *bn_a, r.contiguous())));
 }
 
+// The exported graph's entry (model/script_kernels.hpp's BatchNorm rewrites): aten.batch_norm's
+// own tensors and flags, then relu (with or without a residual) or hardswish. Against a double
+// reference run through ATen's operators, at least as close as ATen's float (bf16) operators
+// are, for the output, every gradient and the running statistics; the same bits on 1 and 2
+// threads; evaluation on the running statistics; no running statistics; and the cases the
+// kernel does not take run ATen's operators exactly.
+TEST_CASE("batch_norm_act: aten.batch_norm then relu, add + relu, hardswish or silu, as ATen's",
+          "[model][batchnorm]") {
+  using model::Activation;
+  struct Case {
+    Activation act;
+    bool residual, track;
+  };
+  for (const Case k :
+       {Case{Activation::kRelu, false, true}, Case{Activation::kRelu, true, true},
+        Case{Activation::kHardswish, false, true}, Case{Activation::kHardswish, false, false},
+        Case{Activation::kSilu, false, true}})
+    for (auto shape : {std::vector<int64_t>{4, 8, 5, 7}, {8, 24, 16, 16}}) {
+      const int64_t C = shape[1];
+      INFO("shape " << torch::IntArrayRef(shape) << " activation " << static_cast<int>(k.act)
+                    << " residual " << k.residual << " running stats " << k.track);
+      torch::manual_seed(17);
+      // Scaled so hardswish sees all three of its pieces (below -3, between, above 3).
+      const auto x = (torch::randn(shape) * 3 + 0.5).contiguous(at::MemoryFormat::ChannelsLast);
+      const auto r0 = torch::randn(shape).contiguous(at::MemoryFormat::ChannelsLast);
+      const auto up = torch::randn(shape);
+      const auto w0 = torch::randn({C}) * 2, b0 = torch::randn({C});
+      const auto rm0 = torch::randn({C}), rv0 = torch::rand({C}) + 0.5;
+      struct Out {
+        torch::Tensor out, dx, dr, dw, db, rm, rv;
+      };
+      auto run = [&](torch::Dtype dtype, bool fused, torch::Dtype param_dtype, bool training) {
+        auto xi = x.to(dtype).detach().requires_grad_();
+        auto ri = r0.to(dtype).detach().requires_grad_();
+        // Copies (to() of the same dtype would hand back the tensor itself).
+        auto w = w0.to(param_dtype).clone().requires_grad_();
+        auto b = b0.to(param_dtype).clone().requires_grad_();
+        auto rm = k.track ? rm0.to(param_dtype).clone() : torch::Tensor();
+        auto rv = k.track ? rv0.to(param_dtype).clone() : torch::Tensor();
+        const torch::Tensor r = k.residual ? ri : torch::Tensor();
+        auto f = fused ? model::batch_norm_act : model::batch_norm_act_aten;
+        auto d = [](const torch::Tensor& t) {
+          return t.defined() ? t.to(torch::kDouble) : torch::zeros({1}, torch::kDouble);
+        };
+        if (!training) {  // evaluation, as predict runs it: no gradient (the fused forward alone)
+          torch::NoGradGuard no_grad;
+          auto out = f(xi, w, b, rm, rv, false, 0.1, 1e-5, false, k.act, r);
+          const auto z = torch::zeros({1}, torch::kDouble);
+          return Out{out.to(torch::kDouble), z, z, z, z, d(rm), d(rv)};
+        }
+        auto out = f(xi, w, b, rm, rv, training, 0.1, 1e-5, false, k.act, r);
+        CHECK(out.scalar_type() == dtype);
+        // The fused path ran (one node of mltrain's), not ATen's operators.
+        if (fused && dtype != torch::kDouble)
+          CHECK_THAT(out.grad_fn()->name(), Catch::Matchers::Contains("Bn"));
+        (out.to(torch::kDouble) * up.to(torch::kDouble)).sum().backward();
+        return Out{out.detach().to(torch::kDouble),
+                   d(xi.grad()),
+                   k.residual ? d(ri.grad()) : torch::zeros({1}, torch::kDouble),
+                   d(w.grad()),
+                   d(b.grad()),
+                   d(rm),
+                   d(rv)};
+      };
+      for (const bool training : {true, false}) {
+        if (!training && !k.track) continue;  // evaluation normalises with running statistics
+        INFO("training " << training);
+        const Out ref = run(torch::kDouble, false, torch::kDouble, training);
+        for (auto [dtype, floor] : {std::pair{torch::kFloat, 2e-6}, {torch::kBFloat16, 1e-3}}) {
+          INFO("dtype " << dtype);
+          const Out a = run(dtype, false, torch::kFloat, training);
+          const Out f = run(dtype, true, torch::kFloat, training);
+          for (const auto& [name, fv, av, rv] :
+               std::vector<std::tuple<const char*, torch::Tensor, torch::Tensor, torch::Tensor>>{
+                   {"out", f.out, a.out, ref.out},
+                   {"dx", f.dx, a.dx, ref.dx},
+                   {"dr", f.dr, a.dr, ref.dr},
+                   {"dgamma", f.dw, a.dw, ref.dw},
+                   {"dbeta", f.db, a.db, ref.db},
+                   {"running_mean", f.rm, a.rm, ref.rm},
+                   {"running_var", f.rv, a.rv, ref.rv}}) {
+            const double scale = std::max(1.0, rv.abs().max().item<double>());
+            const double err_f = (fv - rv).abs().max().item<double>() / scale;
+            const double err_a = (av - rv).abs().max().item<double>() / scale;
+            INFO(name << ": fused error " << err_f << ", ATen error " << err_a);
+            CHECK(err_f <= std::max(floor, 2 * err_a));
+          }
+        }
+      }
+      // The same bits on 1 and 2 threads.
+      const Out two = run(torch::kFloat, true, torch::kFloat, true);
+      const int threads = at::get_num_threads();
+      at::set_num_threads(1);
+      const Out one = run(torch::kFloat, true, torch::kFloat, true);
+      at::set_num_threads(threads);
+      CHECK(torch::equal(one.out, two.out));
+      CHECK(torch::equal(one.dx, two.dx));
+      CHECK(torch::equal(one.dw, two.dw));
+      CHECK(torch::equal(one.rm, two.rm));
+    }
+  // What the kernel does not take runs ATen's operators: the same bits as the reference
+  // function (NCHW input; a residual in another layout; hardswish with a residual).
+  const auto w = torch::randn({6}), b = torch::randn({6});
+  const auto xn = torch::randn({4, 6, 5, 5}), xc = xn.contiguous(at::MemoryFormat::ChannelsLast);
+  const auto r = torch::randn({4, 6, 5, 5});
+  for (const auto& [x, res, act] :
+       {std::tuple{xn, torch::Tensor(), Activation::kHardswish},
+        {xc, r, Activation::kRelu},
+        {xc, r.contiguous(at::MemoryFormat::ChannelsLast), Activation::kHardswish},
+        {xn, torch::Tensor(), Activation::kSilu}}) {
+    auto rm_a = torch::zeros({6}), rv_a = torch::ones({6});
+    auto rm_f = rm_a.clone(), rv_f = rv_a.clone();
+    CHECK(torch::equal(
+        model::batch_norm_act(x, w, b, rm_f, rv_f, true, 0.1, 1e-5, false, act, res),
+        model::batch_norm_act_aten(x, w, b, rm_a, rv_a, true, 0.1, 1e-5, false, act, res)));
+    CHECK(torch::equal(rm_f, rm_a));
+    CHECK(torch::equal(rv_f, rv_a));
+  }
+}
+
 TEST_CASE("pipeline units: the chain of units is the model's forward, parameters owned in order",
           "[model][pipeline]") {
   config::ModelConfig mc;

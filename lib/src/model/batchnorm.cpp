@@ -166,6 +166,143 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void relu_dx(
   relu_dx_impl(g, out, x, rows, C, a1, a0, s, dx);
 }
 
+// The activations after a BatchNorm that the graph rewrite takes besides ReLU: f(y), and the
+// gradient g * f'(y), as ATen computes them.
+// hardswish: y * min(max(y + 3, 0), 6) / 6 (a NaN stays NaN); hardswish_backward: 0 below -3,
+// g * (y / 3 + 1/2) up to 3, g above (and for NaN).
+struct Hardswish {
+  static float f(float y) { return y * std::min(std::max(y + 3.f, 0.f), 6.f) / 6.f; }
+  static float grad(float y, float g) {
+    const bool low = y < -3.f, mid = !low && y <= 3.f, high = !low && !mid;
+    return keep_if(mid, g * (y / 3.f + 0.5f)) + keep_if(high, g);
+  }
+};
+
+// e^v for v in [-87.3, 88] (clamped there; a NaN stays NaN): n = round(v / ln 2) by the
+// 1.5 * 2^23 rounding trick, r = v - n ln 2 in two parts, e^r by Cephes' degree-6 polynomial
+// for expf, times 2^n built in the exponent bits. Within 2 ulp of expf, and branch-free, so GCC
+// vectorises the loops that call it (ATen's SiLU uses Sleef's vector exp, 1 ulp).
+inline float exp_poly(float v) {
+  v = std::min(std::max(v, -87.3f), 88.f);
+  constexpr float kShift = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = v * 1.44269504088896341f + kShift;
+  const float n = t - kShift;
+  const float r = (v - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * (r * r) + r + 1.f;
+  int32_t bits;
+  std::memcpy(&bits, &t, sizeof bits);  // n in the low mantissa bits
+  const int32_t scale_bits = (bits - 0x4B400000 + 127) * (1 << 23);
+  float scale;
+  std::memcpy(&scale, &scale_bits, sizeof scale);
+  return e * scale;
+}
+
+// silu: y / (1 + e^-y); silu_backward: g * s * (1 + y * (1 - s)), s = 1 / (1 + e^-y).
+struct Silu {
+  static float f(float y) { return y / (1.f + exp_poly(-y)); }
+  static float grad(float y, float g) {
+    const float s = 1.f / (1.f + exp_poly(-y));
+    return g * s * (1.f + y * (1.f - s));
+  }
+};
+
+// out = f(alpha x + beta) over `rows` pixels.
+template <typename Act, typename T>
+__attribute__((always_inline)) inline void affine_act_impl(const T* __restrict x, int64_t rows,
+                                                           int64_t C, const float* __restrict alpha,
+                                                           const float* __restrict beta,
+                                                           T* __restrict out) {
+  for (int64_t p = 0; p < rows; ++p, x += C, out += C)
+    for (int64_t c = 0; c < C; ++c) out[c] = narrow<T>(Act::f(widen(x[c]) * alpha[c] + beta[c]));
+}
+
+// Per-channel sums of g' and g' * (x - mean), g' = the activation's gradient at
+// y = alpha x + beta (recomputed from x: nothing but x is kept for the backward).
+template <typename Act, typename T>
+__attribute__((always_inline)) inline void act_grad_sums_impl(
+    const T* __restrict g, const T* __restrict x, int64_t rows, int64_t C,
+    const float* __restrict alpha, const float* __restrict beta, const double* __restrict mean,
+    double* __restrict sdy, double* __restrict dot) {
+  for (int64_t c = 0; c < C; ++c) sdy[c] = dot[c] = 0;
+  for (int64_t p = 0; p < rows; ++p, g += C, x += C)
+    for (int64_t c = 0; c < C; ++c) {
+      const float xv = widen(x[c]);
+      const double gp = Act::grad(xv * alpha[c] + beta[c], widen(g[c]));
+      sdy[c] += gp;
+      dot[c] += gp * (static_cast<double>(xv) - mean[c]);
+    }
+}
+
+// dx = a1 x + a0 + s g' over `rows` pixels, g' as above.
+template <typename Act, typename T>
+__attribute__((always_inline)) inline void act_dx_impl(
+    const T* __restrict g, const T* __restrict x, int64_t rows, int64_t C,
+    const float* __restrict alpha, const float* __restrict beta, const float* __restrict a1,
+    const float* __restrict a0, const float* __restrict s, T* __restrict dx) {
+  for (int64_t p = 0; p < rows; ++p, g += C, x += C, dx += C)
+    for (int64_t c = 0; c < C; ++c) {
+      const float xv = widen(x[c]);
+      const float gp = Act::grad(xv * alpha[c] + beta[c], widen(g[c]));
+      dx[c] = narrow<T>(xv * a1[c] + a0[c] + gp * s[c]);
+    }
+}
+
+// One clone per ISA of each pass, for float and bf16; the activation is chosen outside the loops.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void affine_act(
+    Activation act, const float* x, int64_t rows, int64_t C, const float* alpha, const float* beta,
+    float* out) {
+  if (act == Activation::kSilu)
+    affine_act_impl<Silu>(x, rows, C, alpha, beta, out);
+  else
+    affine_act_impl<Hardswish>(x, rows, C, alpha, beta, out);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void affine_act(
+    Activation act, const bf16* x, int64_t rows, int64_t C, const float* alpha, const float* beta,
+    bf16* out) {
+  if (act == Activation::kSilu)
+    affine_act_impl<Silu>(x, rows, C, alpha, beta, out);
+  else
+    affine_act_impl<Hardswish>(x, rows, C, alpha, beta, out);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void act_grad_sums(
+    Activation act, const float* g, const float* x, int64_t rows, int64_t C, const float* alpha,
+    const float* beta, const double* mean, double* sdy, double* dot) {
+  if (act == Activation::kSilu)
+    act_grad_sums_impl<Silu>(g, x, rows, C, alpha, beta, mean, sdy, dot);
+  else
+    act_grad_sums_impl<Hardswish>(g, x, rows, C, alpha, beta, mean, sdy, dot);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void act_grad_sums(
+    Activation act, const bf16* g, const bf16* x, int64_t rows, int64_t C, const float* alpha,
+    const float* beta, const double* mean, double* sdy, double* dot) {
+  if (act == Activation::kSilu)
+    act_grad_sums_impl<Silu>(g, x, rows, C, alpha, beta, mean, sdy, dot);
+  else
+    act_grad_sums_impl<Hardswish>(g, x, rows, C, alpha, beta, mean, sdy, dot);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void act_dx(
+    Activation act, const float* g, const float* x, int64_t rows, int64_t C, const float* alpha,
+    const float* beta, const float* a1, const float* a0, const float* s, float* dx) {
+  if (act == Activation::kSilu)
+    act_dx_impl<Silu>(g, x, rows, C, alpha, beta, a1, a0, s, dx);
+  else
+    act_dx_impl<Hardswish>(g, x, rows, C, alpha, beta, a1, a0, s, dx);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void act_dx(
+    Activation act, const bf16* g, const bf16* x, int64_t rows, int64_t C, const float* alpha,
+    const float* beta, const float* a1, const float* a0, const float* s, bf16* dx) {
+  if (act == Activation::kSilu)
+    act_dx_impl<Silu>(g, x, rows, C, alpha, beta, a1, a0, s, dx);
+  else
+    act_dx_impl<Hardswish>(g, x, rows, C, alpha, beta, a1, a0, s, dx);
+}
+
 // max_pool2d's scan of a 2 x 2 window in row-major order: a later y wins if greater, or if it is
 // NaN. Returns the winning y; k is its position and xs the input v at that position.
 __attribute__((always_inline)) inline float window_max(float y0, float y1, float y2, float y3,
@@ -568,6 +705,19 @@ void affine_relu_all(const torch::Tensor& x, const torch::Tensor& r, const Norm&
     affine_relu_all<bf16>(x, r, n, out);
 }
 
+// out = act(alpha x + beta) for Hardswish or SiLU, over the threads.
+void affine_act_all(Activation act, const torch::Tensor& x, const Norm& n, torch::Tensor& out) {
+  const int64_t C = x.size(1);
+  for_each_pixels(x.numel() / C, C, [&](int64_t p, int64_t rows) {
+    if (x.scalar_type() == torch::kFloat)
+      affine_act(act, ptr<float>(x) + p * C, rows, C, n.alpha.data(), n.beta.data(),
+                 mut<float>(out) + p * C);
+    else
+      affine_act(act, ptr<bf16>(x) + p * C, rows, C, n.alpha.data(), n.beta.data(),
+                 mut<bf16>(out) + p * C);
+  });
+}
+
 struct BnReluFn : torch::autograd::Function<BnReluFn> {
   // momentum < 0: no running statistics to update; an empty residual: none.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
@@ -631,22 +781,102 @@ struct BnReluFn : torch::autograd::Function<BnReluFn> {
   }
 };
 
-// Does the fused code take this input and module? float (or bf16 where `bf16_ok`), on the CPU,
-// channels-last, more than one value per channel, affine parameters and running statistics in
-// float. Anything else runs ATen's operators.
-bool fusable(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn, bool bf16_ok) {
+// act(bn(x)) for Hardswish or SiLU: MobileNetV3's and EfficientNet's "conv, BN, activation".
+// Keeps x alone for the backward (and the affine alpha, beta): the activation's gradient is
+// recomputed from alpha x + beta.
+struct BnActFn : torch::autograd::Function<BnActFn> {
+  // momentum < 0: no running statistics to update.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                               double momentum, double eps, int64_t act) {
+    // No RECORD_FUNCTION: it runs as the operator mltrain::batch_norm_hardswish / _silu, which
+    // the dispatcher records.
+    const Norm n = batch_norm_of(x, weight, bias, running_mean, running_var, momentum, eps);
+    auto out = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+    affine_act_all(static_cast<Activation>(act), x, n, out);
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["mean"] = n.mean;
+    ctx->saved_data["invstd"] = n.invstd;
+    ctx->saved_data["alpha"] = torch::tensor(n.alpha);
+    ctx->saved_data["beta"] = torch::tensor(n.beta);
+    ctx->saved_data["act"] = act;
+    return out;
+  }
+
+  template <typename T>
+  static void backward_pass(Activation act, const torch::Tensor& g, const torch::Tensor& x,
+                            const torch::Tensor& weight, const torch::Tensor& mean,
+                            const torch::Tensor& invstd, const float* alpha, const float* beta,
+                            torch::Tensor& dx, torch::Tensor& dw, torch::Tensor& db) {
+    const int64_t C = x.size(1), M = x.numel() / C;
+    std::vector<double> sdy, dot;
+    blocked_sums(M, C, sdy, dot, [&](int64_t r0, int64_t rows, double* a, double* b) {
+      act_grad_sums(act, ptr<T>(g) + r0 * C, ptr<T>(x) + r0 * C, rows, C, alpha, beta,
+                    mean.data_ptr<double>(), a, b);
+    });
+    std::vector<float> a1, a0, sc;
+    scale_terms(sdy, dot, mean, invstd, weight, M, a1, a0, sc, dw, db);
+    for_each_pixels(M, C, [&](int64_t p, int64_t rows) {
+      act_dx(act, ptr<T>(g) + p * C, ptr<T>(x) + p * C, rows, C, alpha, beta, a1.data(), a0.data(),
+             sc.data(), mut<T>(dx) + p * C);
+    });
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1];
+    const torch::Tensor undefined;
+    const torch::autograd::variable_list none(8);
+    if (!grads[0].defined()) return none;
+    TORCH_CHECK(!grads[0].requires_grad(),
+                "mltrain's batch_norm + activation has no second derivative (create_graph=true)");
+    const torch::Tensor g = grads[0].to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast);
+    auto dx = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+    torch::Tensor dw, db;
+    const auto act = static_cast<Activation>(ctx->saved_data["act"].toInt());
+    const torch::Tensor mean = ctx->saved_data["mean"].toTensor();
+    const torch::Tensor invstd = ctx->saved_data["invstd"].toTensor();
+    const float* alpha = ctx->saved_data["alpha"].toTensor().data_ptr<float>();
+    const float* beta = ctx->saved_data["beta"].toTensor().data_ptr<float>();
+    if (x.scalar_type() == torch::kFloat)
+      backward_pass<float>(act, g, x, weight, mean, invstd, alpha, beta, dx, dw, db);
+    else
+      backward_pass<bf16>(act, g, x, weight, mean, invstd, alpha, beta, dx, dw, db);
+    return {dx, dw, db, undefined, undefined, undefined, undefined, undefined};
+  }
+};
+
+// Does the fused code take these tensors? x float (or bf16 where `bf16_ok`), on the CPU,
+// channels-last, more than one value per channel; weight and bias (aten.batch_norm's
+// affine parameters) in float, one per channel; running statistics none, or both in float.
+// Anything else runs ATen's operators.
+bool fusable(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+             const torch::Tensor& running_mean, const torch::Tensor& running_var, bool bf16_ok) {
   const auto dt = x.scalar_type();
   if (!x.is_cpu() || x.dim() != 4 || !(dt == torch::kFloat || (bf16_ok && dt == torch::kBFloat16)))
     return false;
   if (!x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(1) == 0 ||
       x.size(0) * x.size(2) * x.size(3) <= 1)
     return false;
-  if (!bn.options.affine() || bn.weight.scalar_type() != torch::kFloat ||
-      bn.bias.scalar_type() != torch::kFloat || !bn.weight.is_cpu())
-    return false;
-  if (!bn.options.track_running_stats()) return true;
-  return bn.running_mean.scalar_type() == torch::kFloat && bn.running_mean.is_contiguous() &&
-         bn.running_var.scalar_type() == torch::kFloat && bn.running_var.is_contiguous();
+  const int64_t C = x.size(1);
+  for (const auto* p : {&weight, &bias})
+    if (!p->defined() || p->scalar_type() != torch::kFloat || !p->is_cpu() || p->dim() != 1 ||
+        p->numel() != C)
+      return false;
+  if (running_mean.defined() != running_var.defined()) return false;
+  if (!running_mean.defined()) return true;
+  for (const auto* r : {&running_mean, &running_var})
+    if (r->scalar_type() != torch::kFloat || !r->is_contiguous() || !r->is_cpu() || r->numel() != C)
+      return false;
+  return true;
+}
+bool fusable(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn, bool bf16_ok) {
+  if (!bn.options.affine()) return false;
+  const bool track = bn.options.track_running_stats();
+  return fusable(x, bn.weight, bn.bias, track ? bn.running_mean : torch::Tensor(),
+                 track ? bn.running_var : torch::Tensor(), bf16_ok);
 }
 
 // Evaluation with running statistics, where no gradient is wanted: the forward alone.
@@ -728,6 +958,68 @@ torch::Tensor batchnorm_relu(const torch::Tensor& x, torch::nn::BatchNorm2dImpl&
   return BnReluFn::apply(x, bn.weight, bn.bias, momentum >= 0 ? bn.running_mean : none,
                          momentum >= 0 ? bn.running_var : none,
                          residual.defined() ? residual : none, momentum, bn.options.eps());
+}
+
+torch::Tensor batch_norm_act_aten(const torch::Tensor& x, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, const torch::Tensor& running_mean,
+                                  const torch::Tensor& running_var, bool training, double momentum,
+                                  double eps, bool cudnn_enabled, Activation act,
+                                  const torch::Tensor& residual) {
+  auto y = at::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                          cudnn_enabled);
+  if (residual.defined()) y = y + residual;
+  switch (act) {
+    case Activation::kRelu:
+      return torch::relu(y);
+    case Activation::kHardswish:
+      return torch::hardswish(y);
+    case Activation::kSilu:
+      break;
+  }
+  return torch::silu(y);
+}
+
+torch::Tensor batch_norm_act(const torch::Tensor& x, const torch::Tensor& weight,
+                             const torch::Tensor& bias, const torch::Tensor& running_mean,
+                             const torch::Tensor& running_var, bool training, double momentum,
+                             double eps, bool cudnn_enabled, Activation act,
+                             const torch::Tensor& residual) {
+  auto aten = [&] {
+    return batch_norm_act_aten(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                               cudnn_enabled, act, residual);
+  };
+  if (!fusable(x, weight, bias, running_mean, running_var, /*bf16_ok=*/true)) return aten();
+  if (residual.defined() && (act != Activation::kRelu || residual.sizes() != x.sizes() ||
+                             residual.scalar_type() != x.scalar_type() || !residual.is_cpu() ||
+                             !residual.is_contiguous(at::MemoryFormat::ChannelsLast)))
+    return aten();
+  const bool track = running_mean.defined();
+  if (!training) {
+    // Evaluation on the running statistics, the forward alone; ATen's operators where a
+    // gradient is wanted or there are no statistics to normalise with.
+    const bool grad = torch::GradMode::is_enabled() &&
+                      (x.requires_grad() || weight.requires_grad() || bias.requires_grad() ||
+                       (residual.defined() && residual.requires_grad()));
+    if (!track || grad) return aten();
+    Norm n{running_mean.to(torch::kDouble).contiguous(),
+           (running_var.to(torch::kDouble) + eps).rsqrt().contiguous(),
+           {},
+           {}};
+    set_affine(n, weight, bias);
+    auto out = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+    if (act == Activation::kRelu)
+      affine_relu_all(x, residual, n, out);
+    else
+      affine_act_all(act, x, n, out);
+    return out;
+  }
+  const torch::Tensor none = torch::empty({0}, x.options());  // apply takes no undefined tensor
+  const double m = track ? momentum : -1;
+  if (act != Activation::kRelu)
+    return BnActFn::apply(x, weight, bias, track ? running_mean : none, track ? running_var : none,
+                          m, eps, static_cast<int64_t>(act));
+  return BnReluFn::apply(x, weight, bias, track ? running_mean : none, track ? running_var : none,
+                         residual.defined() ? residual : none, m, eps);
 }
 
 }  // namespace mltrain::model

@@ -211,7 +211,8 @@ class ExportedModel : public Model {
   ExportedModel(const config::ModelConfig& c, const std::vector<int64_t>& sample_shape)
       : path_(c.path), output_key_(c.output) {
     Pt2Program p = formats::read_pt2(path_);
-    if (c.script_kernels == "mltrain") kernels_ = use_mltrain_kernels(p.graph).text();
+    if (c.script_kernels == "mltrain")
+      kernels_ = use_mltrain_kernels(p.graph, c.fused_batchnorm).text();
     try {
       load_tensors(p);
       plan(p);

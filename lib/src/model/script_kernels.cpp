@@ -24,6 +24,33 @@ at::Tensor script_relu_max_pool2d(const at::Tensor& x) {
   return mltrain::model::relu_max_pool2d(x);
 }
 
+const at::Tensor& or_none(const std::optional<at::Tensor>& t) {
+  static const at::Tensor none;
+  return t ? *t : none;
+}
+
+at::Tensor graph_batch_norm_relu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                 const std::optional<at::Tensor>& bias,
+                                 const std::optional<at::Tensor>& running_mean,
+                                 const std::optional<at::Tensor>& running_var, bool training,
+                                 double momentum, double eps, bool cudnn_enabled,
+                                 const std::optional<at::Tensor>& residual) {
+  return mltrain::model::batch_norm_act(
+      input, or_none(weight), or_none(bias), or_none(running_mean), or_none(running_var), training,
+      momentum, eps, cudnn_enabled, mltrain::model::Activation::kRelu, or_none(residual));
+}
+
+template <mltrain::model::Activation act>
+at::Tensor graph_batch_norm_act(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias,
+                                const std::optional<at::Tensor>& running_mean,
+                                const std::optional<at::Tensor>& running_var, bool training,
+                                double momentum, double eps, bool cudnn_enabled) {
+  return mltrain::model::batch_norm_act(input, or_none(weight), or_none(bias),
+                                        or_none(running_mean), or_none(running_var), training,
+                                        momentum, eps, cudnn_enabled, act);
+}
+
 }  // namespace
 
 // Composite kernels (the dispatcher's default for a plain function): autograd runs through the
@@ -31,6 +58,24 @@ at::Tensor script_relu_max_pool2d(const at::Tensor& x) {
 TORCH_LIBRARY(mltrain, m) {
   m.def("dropout(Tensor input, float p, bool train) -> Tensor", &script_dropout);
   m.def("relu_max_pool2d(Tensor input) -> Tensor", &script_relu_max_pool2d);
+  // aten.batch_norm's arguments (its names: an exported graph's nodes pass them by name), then
+  // the residual added before the ReLU. The names contain "batch_norm" and "training": the
+  // exported-program runner turns `training` off for evaluation as it does for aten.batch_norm.
+  m.def(
+      "batch_norm_relu(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
+      "Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled, "
+      "Tensor? residual=None) -> Tensor",
+      &graph_batch_norm_relu);
+  m.def(
+      "batch_norm_hardswish(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
+      "Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled) -> "
+      "Tensor",
+      &graph_batch_norm_act<mltrain::model::Activation::kHardswish>);
+  m.def(
+      "batch_norm_silu(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
+      "Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled) -> "
+      "Tensor",
+      &graph_batch_norm_act<mltrain::model::Activation::kSilu>);
 }
 
 namespace mltrain::model {
@@ -94,12 +139,15 @@ void rewrite(torch::jit::Graph& g, KernelRewrites& r) {
 }  // namespace
 
 std::string KernelRewrites::text() const {
-  if (dropout == 0 && relu_max_pool2d == 0) return "none";
   std::string out;
-  if (dropout) out += std::to_string(dropout) + " dropout";
-  if (relu_max_pool2d)
-    out += (out.empty() ? "" : ", ") + std::to_string(relu_max_pool2d) + " relu+max_pool2d";
-  return out;
+  for (const auto& [count, what] : {std::pair{dropout, "dropout"},
+                                    {relu_max_pool2d, "relu+max_pool2d"},
+                                    {batch_norm_relu, "batch_norm+relu"},
+                                    {batch_norm_add_relu, "batch_norm+add+relu"},
+                                    {batch_norm_hardswish, "batch_norm+hardswish"},
+                                    {batch_norm_silu, "batch_norm+silu"}})
+    if (count) out += (out.empty() ? "" : ", ") + std::to_string(count) + " " + what;
+  return out.empty() ? "none" : out;
 }
 
 KernelRewrites use_mltrain_kernels(torch::jit::Module& m) {
@@ -173,9 +221,52 @@ std::string single_output(const formats::Node& n) {
   return n.outputs[0].names.at(0);
 }
 
+bool is_hardswish(const formats::Node& n) {
+  return is_op(n, "hardswish.default") || is_op(n, "hardswish_.default");
+}
+
+bool is_silu(const formats::Node& n) {
+  return is_op(n, "silu.default") || is_op(n, "silu_.default");
+}
+
+// add / add_ of two tensors with alpha 1.
+bool is_add(const formats::Node& n) {
+  if (!is_op(n, "add.Tensor") && !is_op(n, "add_.Tensor")) return false;
+  const Argument* alpha = arg_of(n, "alpha", 2);
+  return !alpha || (alpha->kind == Argument::kInt && alpha->i == 1) ||
+         (alpha->kind == Argument::kFloat && alpha->f == 1.0);
+}
+
+// An add's self and other, "" where one is not a tensor.
+std::pair<std::string, std::string> add_operands(const formats::Node& n) {
+  const Argument* self = arg_of(n, "self", 0);
+  const Argument* other = arg_of(n, "other", 1);
+  auto name = [](const Argument* a) {
+    return a && a->kind == Argument::kTensor && !a->names.empty() ? a->names[0] : std::string();
+  };
+  return {name(self), name(other)};
+}
+
+// aten.batch_norm.default with its affine parameters given (the fused kernels' BatchNorm).
+bool batch_norm_2d(const formats::Node& n) {
+  if (!is_op(n, "batch_norm.default")) return false;
+  const Argument* w = arg_of(n, "weight", 1);
+  const Argument* b = arg_of(n, "bias", 2);
+  return w && b && w->kind == Argument::kTensor && b->kind == Argument::kTensor;
+}
+
+// An in-place ATen operator (its name ends in '_': add_, relu_, copy_ ...).
+bool writes_in_place(const formats::Node& n) {
+  if (n.target.rfind(kAten, 0) != 0) return false;
+  const std::string op = n.target.substr(std::string(kAten).size());
+  const auto dot = op.find('.');
+  const std::string base = op.substr(0, dot);
+  return !base.empty() && base.back() == '_';
+}
+
 }  // namespace
 
-KernelRewrites use_mltrain_kernels(formats::Graph& g) {
+KernelRewrites use_mltrain_kernels(formats::Graph& g, bool batchnorm) {
   KernelRewrites r;
   // Readers of each value (graph outputs count as readers that cannot be rewritten).
   std::map<std::string, int> readers;
@@ -194,6 +285,11 @@ KernelRewrites use_mltrain_kernels(formats::Graph& g) {
   std::map<std::string, size_t> producer;
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (const auto out = single_output(g.nodes[i]); !out.empty()) producer[out] = i;
+  std::map<std::string, size_t> sole_reader;  // the reader of each value read once
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& in : g.nodes[i].inputs)
+      for (const auto& name : in.arg.names)
+        if (readers[name] == 1) sole_reader[name] = i;
   std::vector<bool> drop(g.nodes.size(), false);
   auto fused_pool = [](formats::Node& at, const std::string& input) {
     formats::NamedArgument a;
@@ -233,7 +329,70 @@ KernelRewrites use_mltrain_kernels(formats::Graph& g) {
       n.module_stack = prev.module_stack.empty() ? n.module_stack : prev.module_stack;
       drop[producer[in]] = true;
       ++r.relu_max_pool2d;
+      continue;
     }
+    if (!batchnorm || !(is_relu(n) || is_hardswish(n) || is_silu(n))) continue;
+    // A ReLU whose output a 2 x 2 max-pool alone reads keeps the pool's rewrite (exact, and
+    // the larger win: the pool's int64 indices and zero-filled gradient go).
+    if (const auto out = single_output(n); is_relu(n) && private_to_one(out) &&
+                                           sole_reader.count(out) &&
+                                           pool_2x2(g.nodes[sole_reader[out]]))
+      continue;
+    // batch_norm -> relu / hardswish, and batch_norm -> add -> relu (the residual block): the
+    // node becomes mltrain.batch_norm_<act> with the batch_norm's arguments (and the add's other
+    // operand as the residual); the batch_norm (and the add) go.
+    const size_t at_prev = producer[in];
+    size_t at_bn = at_prev;
+    std::string residual;
+    if (is_relu(n) && is_add(prev)) {
+      const auto [self, other] = add_operands(prev);
+      // add_ writes into its self: only that operand may be the batch_norm's private output.
+      for (const auto& [mine, theirs] :
+           {std::pair{self, other},
+            is_op(prev, "add.Tensor") ? std::pair{other, self} : std::pair{std::string(), self}})
+        if (!mine.empty() && !theirs.empty() && mine != theirs && producer.count(mine) &&
+            private_to_one(mine) && !drop[producer[mine]] &&
+            batch_norm_2d(g.nodes[producer[mine]])) {
+          at_bn = producer[mine];
+          residual = theirs;
+          break;
+        }
+      if (residual.empty()) continue;
+    } else if (!batch_norm_2d(prev)) {
+      continue;
+    }
+    formats::Node& bn = g.nodes[at_bn];
+    // Nothing between the batch_norm and this node may write in place into what the fused node
+    // reads (it reads them later than the batch_norm and the add did).
+    std::set<std::string> reads;
+    for (const auto& a : bn.inputs)
+      for (const auto& name : a.arg.names) reads.insert(name);
+    if (!residual.empty()) reads.insert(residual);
+    bool clobbered = false;
+    for (size_t k = std::min(at_bn, at_prev) + 1; k < i && !clobbered; ++k)
+      clobbered = writes_in_place(g.nodes[k]) && reads.count(first_tensor(g.nodes[k]));
+    if (clobbered) continue;
+    const bool relu = is_relu(n), silu = is_silu(n);
+    std::vector<formats::NamedArgument> args;
+    for (const auto& a : bn.inputs) args.push_back(a);
+    if (!residual.empty()) {
+      formats::NamedArgument a;
+      a.name = "residual";
+      a.arg.kind = Argument::kTensor;
+      a.arg.names = {residual};
+      args.push_back(a);
+    }
+    n.inputs = std::move(args);
+    n.target = relu   ? "torch.ops.mltrain.batch_norm_relu.default"
+               : silu ? "torch.ops.mltrain.batch_norm_silu.default"
+                      : "torch.ops.mltrain.batch_norm_hardswish.default";
+    if (!bn.module_stack.empty()) n.module_stack = bn.module_stack;
+    drop[at_bn] = true;
+    drop[at_prev] = true;
+    ++(silu               ? r.batch_norm_silu
+       : !relu            ? r.batch_norm_hardswish
+       : residual.empty() ? r.batch_norm_relu
+                          : r.batch_norm_add_relu);
   }
   std::vector<formats::Node> kept;
   kept.reserve(g.nodes.size());

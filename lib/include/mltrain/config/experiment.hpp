@@ -345,6 +345,7 @@ struct ModelConfig {
   std::string path = "";
   std::string script_executor = "legacy";
   std::string script_kernels = "mltrain";
+  bool fused_batchnorm = true;
   std::string output = "";
   int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 128;
   bool bias = true;
@@ -425,6 +426,10 @@ struct ModelConfig {
             "run on mltrain's fused kernels (pytorch/examples' CNN 1.3-1.4x; the pool exact, "
             "dropout draws its own mask); aten: the graph's operators as saved",
             one_of({"mltrain", "aten"}));
+    v.field("fused_batchnorm", fused_batchnorm,
+            "exported, with script_kernels mltrain: 'batch_norm, [add,] relu' and 'batch_norm, "
+            "hardswish' run as one fused operator each (values within float rounding of ATen's, "
+            "not bit for bit); false: ATen's operators");
   }
 };
 

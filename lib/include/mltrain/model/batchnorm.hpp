@@ -37,6 +37,28 @@ torch::Tensor batchnorm_relu(const torch::Tensor& x, torch::nn::BatchNorm2dImpl&
 torch::Tensor batchnorm_relu_aten(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
                                   const torch::Tensor& residual = {});
 
+// The same on the tensors aten.batch_norm takes, for an exported program's graph
+// (model/script_kernels.hpp rewrites "batch_norm, [add_,] relu_" and "batch_norm, hardswish_ /
+// silu_"):
+// act(batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+// [+ residual]). In training the running statistics, when given, move by `momentum` as ATen's
+// (the graph counts num_batches_tracked in a node of its own); out of training they normalise.
+// Fused for float or bf16 x on the CPU, channels-last, float weight and bias (a residual with
+// ReLU only, of x's shape, dtype and layout); anything else runs ATen's operators.
+// Hardswish's and SiLU's backward recompute their input from x: only x is kept. SiLU's e^-y is a
+// polynomial within 2 ulp of expf (ATen's: Sleef's, 1 ulp).
+enum class Activation { kRelu, kHardswish, kSilu };
+torch::Tensor batch_norm_act(const torch::Tensor& x, const torch::Tensor& weight,
+                             const torch::Tensor& bias, const torch::Tensor& running_mean,
+                             const torch::Tensor& running_var, bool training, double momentum,
+                             double eps, bool cudnn_enabled, Activation act,
+                             const torch::Tensor& residual = {});
+torch::Tensor batch_norm_act_aten(const torch::Tensor& x, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, const torch::Tensor& running_mean,
+                                  const torch::Tensor& running_var, bool training, double momentum,
+                                  double eps, bool cudnn_enabled, Activation act,
+                                  const torch::Tensor& residual = {});
+
 // max_pool2d(relu(x), 2) (== relu(max_pool2d(x, 2)), gradients included) with no BatchNorm: a
 // TorchScript graph's "ReLU, 2 x 2 max-pool" (model/script_kernels.hpp). One pass each way and a
 // byte per output saved, against ATen's four passes, int64 indices and a zero-filled gradient.

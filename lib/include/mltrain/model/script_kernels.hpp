@@ -18,7 +18,15 @@
 // An exported program's graph (model.name: exported) gets the same two rewrites, on its nodes
 // before they are planned: torch.ops.aten.dropout / dropout_ (the in-place one when nothing else
 // reads its input) and relu / relu_ next to a 2 x 2 max_pool2d, in either order (they commute,
-// gradients included), the value between them read by the other alone.
+// gradients included), the value between them read by the other alone. With model.fused_batchnorm
+// also aten.batch_norm (affine) followed by relu / relu_, hardswish / hardswish_ or
+// silu / silu_, and
+// batch_norm -> add / add_ (alpha 1; the other operand is the residual) -> relu / relu_, each
+// value between them read by the next node alone, become torch.ops.mltrain.batch_norm_relu /
+// batch_norm_hardswish /
+// batch_norm_silu (model/batchnorm.hpp): one autograd node, two passes each way. Not bit
+// for bit: their sums run in double in another order than ATen's (within ATen's own float
+// rounding of a double reference, tested).
 #include <torch/script.h>
 
 #include <string>
@@ -30,15 +38,20 @@ struct Graph;
 namespace mltrain::model {
 
 struct KernelRewrites {
-  int dropout = 0;           // aten::dropout nodes now mltrain::dropout
-  int relu_max_pool2d = 0;   // relu -> max_pool2d pairs now mltrain::relu_max_pool2d
-  std::string text() const;  // "2 dropout, 1 relu+max_pool2d" (or "none")
+  int dropout = 0;               // aten::dropout nodes now mltrain::dropout
+  int relu_max_pool2d = 0;       // relu -> max_pool2d pairs now mltrain::relu_max_pool2d
+  int batch_norm_relu = 0;       // exported graphs: batch_norm -> relu
+  int batch_norm_add_relu = 0;   // batch_norm -> add (a residual) -> relu
+  int batch_norm_hardswish = 0;  // batch_norm -> hardswish
+  int batch_norm_silu = 0;       // batch_norm -> silu
+  std::string text() const;      // "2 dropout, 1 relu+max_pool2d" (or "none")
 };
 
 // Inlines every method's calls into forward and rewrites the patterns above in place.
 KernelRewrites use_mltrain_kernels(torch::jit::Module& m);
 
-// The same patterns in an exported program's nodes, rewritten in place to torch.ops.mltrain.*.
-KernelRewrites use_mltrain_kernels(formats::Graph& g);
+// The same patterns in an exported program's nodes, rewritten in place to torch.ops.mltrain.*;
+// with `batchnorm`, also the BatchNorm patterns above (model.fused_batchnorm).
+KernelRewrites use_mltrain_kernels(formats::Graph& g, bool batchnorm);
 
 }  // namespace mltrain::model
