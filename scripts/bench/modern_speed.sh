@@ -16,7 +16,8 @@
 #                                                   # same with model.script_kernels=aten (the
 #                                                   # graph's operators as exported); exb_<w>:
 #                                                   # model.fused_batchnorm=false (mltrain's
-#                                                   # dropout and pool, ATen's BatchNorm)
+#                                                   # dropout and pool, ATen's BatchNorm);
+#                                                   # exc_<w>: model.conv1x1_as_linear=false
 #
 # Columns: steady-state samples/s (tokens/s for the GPTs) of each side and mltrain's ratio to it;
 # time from exec to the end of the first optimizer step (mltrain's first_step_s; Python's import,
@@ -51,7 +52,7 @@ for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small tv_efficientnet_b0; do
   (cd scripts/bench && $PY py_train.py --model $m --save-script "$TMP/$m.pt" 2>/dev/null)
 done
 for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small tv_efficientnet_b0; do  # the same models as model.name: exported
-  if [[ " $WORKLOADS " == *" ex_$m "* || " $WORKLOADS " == *" exa_$m "* || " $WORKLOADS " == *" exb_$m "* ]]; then
+  if [[ " $WORKLOADS " == *" ex_$m "* || " $WORKLOADS " == *" exa_$m "* || " $WORKLOADS " == *" exb_$m "* || " $WORKLOADS " == *" exc_$m "* ]]; then
     (cd scripts/bench && $PY py_train.py --model $m --save-export "$TMP/$m.pt2" 2>/dev/null)
     # What a Python user pays before a step of the same program: import torch, torch.export.load.
     $PY -c "import time; t = time.time(); import torch; a = time.time() - t; m = torch.export.load('$TMP/$m.pt2').module(); print(f'python: import torch {a:.2f} s, torch.export.load + module() {time.time() - t - a:.2f} s ($m.pt2)')" 2>/dev/null | tee -a "$TMP/export_load.txt" >&2
@@ -87,6 +88,7 @@ ml_args() {
     ex_*) echo "configs/fmnist_png_folder.yaml $folder model.name=exported model.path=$TMP/${1#ex_}.pt2" ;;
     exa_*) echo "$(ml_args "ex_${1#exa_}") model.script_kernels=aten" ;;
     exb_*) echo "$(ml_args "ex_${1#exb_}") model.fused_batchnorm=false" ;;
+    exc_*) echo "$(ml_args "ex_${1#exc_}") model.conv1x1_as_linear=false" ;;
   esac
 }
 units_per_step() {
@@ -154,7 +156,7 @@ for r in $(seq "$ROUNDS"); do
   for w in $WORKLOADS; do
     for k in 0 1 2 3; do
       side=${SIDES[$(((k + r - 1) % 4))]}
-      [[ $w == ex_* || $w == exa_* || $w == exb_* ]] && [ $side != mltrain ] && continue  # its Python sides are ${w#ex*_}'s
+      [[ $w == ex_* || $w == exa_* || $w == exb_* || $w == exc_* ]] && [ $side != mltrain ] && continue  # its Python sides are ${w#ex*_}'s
       echo "== round $r/$ROUNDS: $w, $side" >&2
       if [ "$side" = mltrain ]; then run_mltrain "$w" "$r"; else run_python "$w" "$side" "$r"; fi
       tail -1 "$RESULTS" >&2
@@ -206,7 +208,7 @@ for x in rows:
     by.setdefault((x["workload"], x["side"]), []).append(x)
 # ex_<w>: the exported program's mltrain run against <w>'s Python loops, which trained the same
 # model; <w>'s own mltrain run is the TorchScript path.
-exported = lambda w: w.startswith(("ex_", "exa_", "exb_"))
+exported = lambda w: w.startswith(("ex_", "exa_", "exb_", "exc_"))
 for (w, s), xs in list(by.items()):
     if exported(w) and s == "mltrain":
         base = w.split("_", 1)[1]
@@ -237,7 +239,8 @@ for w in work:
         ts = med([x["rate"] for x in by[(w, "torchscript")]])
         print(f"{'':<22}exported .pt2 vs the TorchScript path on the same model: {rate['mltrain']:.0f} / {ts:.0f} = {rate['mltrain'] / ts:.2f}x")
     for other, what in (("exa_", "mltrain's kernels vs the graph's ATen operators (script_kernels=aten)"),
-                        ("exb_", "fused BatchNorm vs ATen's BatchNorm (fused_batchnorm=false)")):
+                        ("exb_", "fused BatchNorm vs ATen's BatchNorm (fused_batchnorm=false)"),
+                        ("exc_", "1x1 convolutions on 1x1 inputs as linear vs conv2d (conv1x1_as_linear=false)")):
         if w.startswith("ex_") and by.get((other + w[3:], "mltrain")):
             o = by[(other + w[3:], "mltrain")]
             a = med([x["rate"] for x in o])

@@ -35,11 +35,12 @@ std::string golden_dir() {
 // kernels "aten": the graph's operators as exported, so dropout draws ATen's masks as eager does.
 std::unique_ptr<model::Model> load(const std::string& file, const std::vector<int64_t>& shape = {},
                                    bool channels_last = false, const std::string& kernels = "aten",
-                                   bool fused_batchnorm = true) {
+                                   bool fused_batchnorm = true, bool conv1x1 = true) {
   config::ModelConfig c;
   c.name = "exported";
   c.script_kernels = kernels;
   c.fused_batchnorm = fused_batchnorm;
+  c.conv1x1_as_linear = conv1x1;
   c.channels_last = channels_last;  // eager PyTorch runs the exported (contiguous) layout
   c.path = golden_dir() + "/" + file;
   return model::build_model(c, shape, 0, 0);
@@ -276,9 +277,9 @@ TEST_CASE("exported: mltrain's kernels as graph rewrites give ATen's values and 
   CHECK_FALSE(torch::equal(a, b));
   // MobileNetV3's classifier drops out in place (Dropout(inplace=True): aten.dropout_) on a value
   // nothing else reads: rewritten too. ResNet-18's 3 x 3 pool is not a 2 x 2 one.
-  CHECK_THAT(load("mobilenet_v3_small.pt2", {}, false, "mltrain", false)->describe(),
+  CHECK_THAT(load("mobilenet_v3_small.pt2", {}, false, "mltrain", false, false)->describe(),
              Contains("mltrain kernels: 1 dropout)"));
-  CHECK_THAT(load("resnet18.pt2", {}, false, "mltrain", false)->describe(),
+  CHECK_THAT(load("resnet18.pt2", {}, false, "mltrain", false, false)->describe(),
              Contains("mltrain kernels: none)"));
 }
 
@@ -308,8 +309,8 @@ TEST_CASE("exported: BatchNorm rewrites are as close to eager PyTorch as ATen's 
         {"bn_silu", "2 batch_norm+silu)"}}) {
     INFO(name);
     const Golden g = golden(name);
-    auto fused = load(name + ".pt2", {}, true, "mltrain", true);
-    auto plain = load(name + ".pt2", {}, true, "mltrain", false);
+    auto fused = load(name + ".pt2", {}, true, "mltrain", true, false);
+    auto plain = load(name + ".pt2", {}, true, "mltrain", false, false);
     CHECK_THAT(fused->describe(), Contains("mltrain kernels: " + rewritten));
     CHECK_THAT(plain->describe(), !Contains("batch_norm+"));
     // Evaluation from the starting weights (the fused forward on the running statistics).
@@ -360,6 +361,50 @@ TEST_CASE("exported: BatchNorm rewrites are as close to eager PyTorch as ATen's 
       else
         CHECK(torch::equal(t, want));  // num_batches_tracked: counted by the graph's own node
     }
+  }
+  at::set_num_threads(2);
+}
+
+// model.conv1x1_as_linear (on by default with script_kernels mltrain): MobileNetV3's 1 x 1
+// convolutions on 1 x 1 activations (the squeeze-and-excitation blocks' two, and at 32 x 32
+// input the last blocks' expansions and projections: 24) run as linear. The same products
+// summed in another order (a GEMM's, not oneDNN's convolution's): the training step and
+// evaluation within float rounding of the graph on ATen's conv2d, dropout's mask the same on
+// both sides, and evaluation within 1e-5 of eager PyTorch's. ResNet-18 has no such convolution.
+TEST_CASE("exported: 1 x 1 convolutions on 1 x 1 inputs as linear, within float rounding",
+          "[exported]") {
+  at::set_num_threads(1);
+  const Golden g = golden("mobilenet_v3_small");
+  auto as_linear = load("mobilenet_v3_small.pt2", {}, true, "mltrain", false, true);
+  auto conv = load("mobilenet_v3_small.pt2", {}, true, "mltrain", false, false);
+  CHECK_THAT(as_linear->describe(),
+             Contains("mltrain kernels: 1 dropout, 24 conv2d 1x1 as linear)"));
+  CHECK_THAT(conv->describe(), !Contains("conv2d 1x1"));
+  CHECK_THAT(load("resnet18.pt2", {}, true, "mltrain", false, true)->describe(),
+             Contains("mltrain kernels: none)"));
+  // Evaluation from the starting weights first (a training forward moves the running stats).
+  for (auto* m : {as_linear.get(), conv.get()}) m->set_training(false);
+  {
+    torch::NoGradGuard no_grad;
+    const auto le = as_linear->forward(g.t.at("x0"));
+    CHECK(rel_diff(le, conv->forward(g.t.at("x0"))) < 1e-5);
+    CHECK(rel_diff(le, g.t.at("eval_out")) < 1e-5);  // and eager PyTorch's model.eval()
+  }
+  for (auto* m : {as_linear.get(), conv.get()}) m->set_training(true);
+  torch::manual_seed(1000);
+  const auto lo = as_linear->forward(g.t.at("x0"));
+  torch::manual_seed(1000);
+  const auto co = conv->forward(g.t.at("x0"));
+  CHECK(rel_diff(lo.detach(), co.detach()) < 1e-5);
+  loss_of(lo, g.t.at("y0")).backward();
+  loss_of(co, g.t.at("y0")).backward();
+  const auto cp = conv->named_parameters();
+  size_t i = 0;
+  for (const auto& [n, p] : as_linear->named_parameters()) {
+    const auto& want = cp.at(i++).second.grad();
+    INFO(n << ": relative " << rel_diff(p.grad(), want));
+    CHECK(p.grad().sizes() == want.sizes());
+    CHECK((rel_diff(p.grad(), want) < 1e-4 || (p.grad() - want).abs().max().item<double>() < 1e-6));
   }
   at::set_num_threads(2);
 }

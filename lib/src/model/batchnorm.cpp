@@ -253,55 +253,36 @@ __attribute__((always_inline)) inline void act_dx_impl(
     }
 }
 
-// One clone per ISA of each pass, for float and bf16; the activation is chosen outside the loops.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void affine_act(
-    Activation act, const float* x, int64_t rows, int64_t C, const float* alpha, const float* beta,
-    float* out) {
-  if (act == Activation::kSilu)
-    affine_act_impl<Silu>(x, rows, C, alpha, beta, out);
-  else
-    affine_act_impl<Hardswish>(x, rows, C, alpha, beta, out);
-}
-__attribute__((target_clones("avx512f", "avx2", "default"))) void affine_act(
-    Activation act, const bf16* x, int64_t rows, int64_t C, const float* alpha, const float* beta,
-    bf16* out) {
-  if (act == Activation::kSilu)
-    affine_act_impl<Silu>(x, rows, C, alpha, beta, out);
-  else
-    affine_act_impl<Hardswish>(x, rows, C, alpha, beta, out);
-}
-__attribute__((target_clones("avx512f", "avx2", "default"))) void act_grad_sums(
-    Activation act, const float* g, const float* x, int64_t rows, int64_t C, const float* alpha,
-    const float* beta, const double* mean, double* sdy, double* dot) {
-  if (act == Activation::kSilu)
-    act_grad_sums_impl<Silu>(g, x, rows, C, alpha, beta, mean, sdy, dot);
-  else
-    act_grad_sums_impl<Hardswish>(g, x, rows, C, alpha, beta, mean, sdy, dot);
-}
-__attribute__((target_clones("avx512f", "avx2", "default"))) void act_grad_sums(
-    Activation act, const bf16* g, const bf16* x, int64_t rows, int64_t C, const float* alpha,
-    const float* beta, const double* mean, double* sdy, double* dot) {
-  if (act == Activation::kSilu)
-    act_grad_sums_impl<Silu>(g, x, rows, C, alpha, beta, mean, sdy, dot);
-  else
-    act_grad_sums_impl<Hardswish>(g, x, rows, C, alpha, beta, mean, sdy, dot);
-}
-__attribute__((target_clones("avx512f", "avx2", "default"))) void act_dx(
-    Activation act, const float* g, const float* x, int64_t rows, int64_t C, const float* alpha,
-    const float* beta, const float* a1, const float* a0, const float* s, float* dx) {
-  if (act == Activation::kSilu)
-    act_dx_impl<Silu>(g, x, rows, C, alpha, beta, a1, a0, s, dx);
-  else
-    act_dx_impl<Hardswish>(g, x, rows, C, alpha, beta, a1, a0, s, dx);
-}
-__attribute__((target_clones("avx512f", "avx2", "default"))) void act_dx(
-    Activation act, const bf16* g, const bf16* x, int64_t rows, int64_t C, const float* alpha,
-    const float* beta, const float* a1, const float* a0, const float* s, bf16* dx) {
-  if (act == Activation::kSilu)
-    act_dx_impl<Silu>(g, x, rows, C, alpha, beta, a1, a0, s, dx);
-  else
-    act_dx_impl<Hardswish>(g, x, rows, C, alpha, beta, a1, a0, s, dx);
-}
+// One clone per ISA of each pass, for float and bf16 (GCC clones no template, hence the macro);
+// the activation is chosen outside the loops.
+#define MLTRAIN_ACT_PASSES(T)                                                                     \
+  __attribute__((target_clones("avx512f", "avx2", "default"))) void affine_act(                   \
+      Activation act, const T* x, int64_t rows, int64_t C, const float* alpha, const float* beta, \
+      T* out) {                                                                                   \
+    if (act == Activation::kSilu)                                                                 \
+      affine_act_impl<Silu>(x, rows, C, alpha, beta, out);                                        \
+    else                                                                                          \
+      affine_act_impl<Hardswish>(x, rows, C, alpha, beta, out);                                   \
+  }                                                                                               \
+  __attribute__((target_clones("avx512f", "avx2", "default"))) void act_grad_sums(                \
+      Activation act, const T* g, const T* x, int64_t rows, int64_t C, const float* alpha,        \
+      const float* beta, const double* mean, double* sdy, double* dot) {                          \
+    if (act == Activation::kSilu)                                                                 \
+      act_grad_sums_impl<Silu>(g, x, rows, C, alpha, beta, mean, sdy, dot);                       \
+    else                                                                                          \
+      act_grad_sums_impl<Hardswish>(g, x, rows, C, alpha, beta, mean, sdy, dot);                  \
+  }                                                                                               \
+  __attribute__((target_clones("avx512f", "avx2", "default"))) void act_dx(                       \
+      Activation act, const T* g, const T* x, int64_t rows, int64_t C, const float* alpha,        \
+      const float* beta, const float* a1, const float* a0, const float* s, T* dx) {               \
+    if (act == Activation::kSilu)                                                                 \
+      act_dx_impl<Silu>(g, x, rows, C, alpha, beta, a1, a0, s, dx);                               \
+    else                                                                                          \
+      act_dx_impl<Hardswish>(g, x, rows, C, alpha, beta, a1, a0, s, dx);                          \
+  }
+MLTRAIN_ACT_PASSES(float)
+MLTRAIN_ACT_PASSES(bf16)
+#undef MLTRAIN_ACT_PASSES
 
 // max_pool2d's scan of a 2 x 2 window in row-major order: a later y wins if greater, or if it is
 // NaN. Returns the winning y; k is its position and xs the input v at that position.

@@ -212,7 +212,7 @@ class ExportedModel : public Model {
       : path_(c.path), output_key_(c.output) {
     Pt2Program p = formats::read_pt2(path_);
     if (c.script_kernels == "mltrain")
-      kernels_ = use_mltrain_kernels(p.graph, c.fused_batchnorm).text();
+      kernels_ = use_mltrain_kernels(p.graph, c.fused_batchnorm, c.conv1x1_as_linear).text();
     try {
       load_tensors(p);
       plan(p);

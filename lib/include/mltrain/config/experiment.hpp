@@ -346,6 +346,7 @@ struct ModelConfig {
   std::string script_executor = "legacy";
   std::string script_kernels = "mltrain";
   bool fused_batchnorm = true;
+  bool conv1x1_as_linear = true;
   std::string output = "";
   int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 128;
   bool bias = true;
@@ -430,6 +431,10 @@ struct ModelConfig {
             "exported, with script_kernels mltrain: 'batch_norm, [add,] relu' and 'batch_norm, "
             "hardswish' run as one fused operator each (values within float rounding of ATen's, "
             "not bit for bit); false: ATen's operators");
+    v.field("conv1x1_as_linear", conv1x1_as_linear,
+            "exported, with script_kernels mltrain: a 1 x 1 convolution on a 1 x 1 input "
+            "(squeeze-and-excitation blocks) runs as linear, one GEMM (values within float "
+            "rounding of ATen's); false: ATen's conv2d");
   }
 };
 

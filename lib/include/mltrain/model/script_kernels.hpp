@@ -26,7 +26,10 @@
 // batch_norm_hardswish /
 // batch_norm_silu (model/batchnorm.hpp): one autograd node, two passes each way. Not bit
 // for bit: their sums run in double in another order than ATen's (within ATen's own float
-// rounding of a double reference, tested).
+// rounding of a double reference, tested). With model.conv1x1_as_linear, aten.conv2d with a
+// 1 x 1 kernel, stride 1, no padding, one group, on an input the archive records as 1 x 1
+// (after a global pool) becomes torch.ops.mltrain.conv2d_1x1: linear on [N, C], one GEMM (the
+// same products, summed in another order than oneDNN's convolution).
 #include <torch/script.h>
 
 #include <string>
@@ -44,6 +47,7 @@ struct KernelRewrites {
   int batch_norm_add_relu = 0;   // batch_norm -> add (a residual) -> relu
   int batch_norm_hardswish = 0;  // batch_norm -> hardswish
   int batch_norm_silu = 0;       // batch_norm -> silu
+  int conv2d_1x1 = 0;            // conv2d 1 x 1 on a 1 x 1 input -> mltrain::conv2d_1x1
   std::string text() const;      // "2 dropout, 1 relu+max_pool2d" (or "none")
 };
 
@@ -51,7 +55,8 @@ struct KernelRewrites {
 KernelRewrites use_mltrain_kernels(torch::jit::Module& m);
 
 // The same patterns in an exported program's nodes, rewritten in place to torch.ops.mltrain.*;
-// with `batchnorm`, also the BatchNorm patterns above (model.fused_batchnorm).
-KernelRewrites use_mltrain_kernels(formats::Graph& g, bool batchnorm);
+// with `batchnorm`, also the BatchNorm patterns above (model.fused_batchnorm); with `conv1x1`, a
+// 1 x 1 conv2d on a 1 x 1 input (squeeze-and-excitation) as linear (model.conv1x1_as_linear).
+KernelRewrites use_mltrain_kernels(formats::Graph& g, bool batchnorm, bool conv1x1);
 
 }  // namespace mltrain::model
