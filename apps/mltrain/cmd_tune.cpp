@@ -57,7 +57,7 @@ void setup_tune(CLI::App& app, Action& run) {
   folds->add_option("--run-name", fo->run_name, "the group's run name");
   folds->add_option("--log-dir", fo->log_dir, "each fold's stderr as <dir>/fold<i>.log");
   folds->add_option("command", fo->argv, "the trial's command, after --")->required();
-  sub->add_option("study", o->study, "study file (see configs/tune_*.yaml)");
+  sub->add_option("study", o->study, "study file (see configs/tune/*.yaml)");
   sub->add_option(
       "overrides", o->overrides,
       "key.path=value overrides of the study file, e.g. sampler.name=gp study.n_trials=50");

@@ -3,8 +3,10 @@
 #include "cli_support.hpp"
 
 #include <dlfcn.h>
+#include <glob.h>
 
 #include <map>
+#include <regex>
 
 TEST_CASE("--version, --help and usage errors", "[cli]") {
   auto v = run("--version");
@@ -30,6 +32,21 @@ TEST_CASE("--version, --help and usage errors", "[cli]") {
        {" 0 ok;", " 1 runtime failure;", " 2 usage or config error;", " 3 bad data or checkpoint;",
         " 4 `mltrain checklist` found a FAIL item;", " 128+N stopped cleanly"})
     CHECK_THAT(h.out, Catch::Contains(code));
+  // Every configs/ path a help text names exists in the source tree (issue #66: tune's help
+  // named configs/tune_*.yaml, the files are in configs/tune/).
+  auto all = run("--help-all");
+  REQUIRE(all.code == 0);
+  const std::regex path_re("configs/[A-Za-z0-9_./*-]*[A-Za-z0-9_*]");
+  int named = 0;
+  for (auto it = std::sregex_iterator(all.out.begin(), all.out.end(), path_re);
+       it != std::sregex_iterator(); ++it, ++named) {
+    const std::string pattern = kSrc + "/" + it->str();
+    glob_t g{};
+    INFO("--help-all names " << it->str());
+    CHECK(::glob(pattern.c_str(), 0, nullptr, &g) == 0);
+    globfree(&g);
+  }
+  CHECK(named > 0);
   CHECK(run("").code == 2);
   CHECK(run("frobnicate").code == 2);
   CHECK(run("train").code == 2);  // the config is required
