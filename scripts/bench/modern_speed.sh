@@ -52,7 +52,7 @@ for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small tv_efficientnet_b0; do
   (cd scripts/bench && $PY py_train.py --model $m --save-script "$TMP/$m.pt" 2>/dev/null)
 done
 for m in examples_cnn tv_resnet18 tv_mobilenet_v3_small tv_efficientnet_b0; do  # the same models as model.name: exported
-  if [[ " $WORKLOADS " == *" ex_$m "* || " $WORKLOADS " == *" exa_$m "* || " $WORKLOADS " == *" exb_$m "* || " $WORKLOADS " == *" exc_$m "* ]]; then
+  if [[ " $WORKLOADS " =~ " "ex[abc]?_$m" " ]]; then
     (cd scripts/bench && $PY py_train.py --model $m --save-export "$TMP/$m.pt2" 2>/dev/null)
     # What a Python user pays before a step of the same program: import torch, torch.export.load.
     $PY -c "import time; t = time.time(); import torch; a = time.time() - t; m = torch.export.load('$TMP/$m.pt2').module(); print(f'python: import torch {a:.2f} s, torch.export.load + module() {time.time() - t - a:.2f} s ($m.pt2)')" 2>/dev/null | tee -a "$TMP/export_load.txt" >&2
@@ -156,7 +156,7 @@ for r in $(seq "$ROUNDS"); do
   for w in $WORKLOADS; do
     for k in 0 1 2 3; do
       side=${SIDES[$(((k + r - 1) % 4))]}
-      [[ $w == ex_* || $w == exa_* || $w == exb_* || $w == exc_* ]] && [ $side != mltrain ] && continue  # its Python sides are ${w#ex*_}'s
+      [[ $w =~ ^ex[abc]?_ ]] && [ $side != mltrain ] && continue  # its Python sides are ${w#ex*_}'s
       echo "== round $r/$ROUNDS: $w, $side" >&2
       if [ "$side" = mltrain ]; then run_mltrain "$w" "$r"; else run_python "$w" "$side" "$r"; fi
       tail -1 "$RESULTS" >&2

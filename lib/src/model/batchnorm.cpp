@@ -502,13 +502,17 @@ Norm batch_norm_of(const torch::Tensor& x, const torch::Tensor& weight, const to
 }
 
 // Evaluation: the running statistics.
-Norm running_norm_of(const torch::nn::BatchNorm2dImpl& bn) {
-  Norm n{bn.running_mean.to(torch::kDouble).contiguous(),
-         (bn.running_var.to(torch::kDouble) + bn.options.eps()).rsqrt().contiguous(),
+Norm running_norm_of(const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                     double eps, const torch::Tensor& weight, const torch::Tensor& bias) {
+  Norm n{running_mean.to(torch::kDouble).contiguous(),
+         (running_var.to(torch::kDouble) + eps).rsqrt().contiguous(),
          {},
          {}};
-  set_affine(n, bn.weight, bn.bias);
+  set_affine(n, weight, bias);
   return n;
+}
+Norm running_norm_of(const torch::nn::BatchNorm2dImpl& bn) {
+  return running_norm_of(bn.running_mean, bn.running_var, bn.options.eps(), bn.weight, bn.bias);
 }
 
 // The backward's per-channel terms from sum_dy and dot: dx = a1 x + a0 + s dy, and the gradients
@@ -864,11 +868,21 @@ bool fusable(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn, bool 
 bool running_stats_forward(const torch::nn::BatchNorm2dImpl& bn) {
   return !bn.is_training() && bn.options.track_running_stats();
 }
+bool wants_grad(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                const torch::Tensor& r) {
+  return torch::GradMode::is_enabled() &&
+         (x.requires_grad() || weight.requires_grad() || bias.requires_grad() ||
+          (r.defined() && r.requires_grad()));
+}
 bool wants_grad(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
                 const torch::Tensor& r = {}) {
-  return torch::GradMode::is_enabled() &&
-         (x.requires_grad() || bn.weight.requires_grad() || bn.bias.requires_grad() ||
-          (r.defined() && r.requires_grad()));
+  return wants_grad(x, bn.weight, bn.bias, r);
+}
+
+// A residual the fused "BN, add, ReLU" takes: x's shape and dtype, on the CPU, channels-last.
+bool residual_fits(const torch::Tensor& x, const torch::Tensor& r) {
+  return r.sizes() == x.sizes() && r.scalar_type() == x.scalar_type() && r.is_cpu() &&
+         r.is_contiguous(at::MemoryFormat::ChannelsLast);
 }
 
 // LibTorch's BatchNorm module bookkeeping in training: count the batch and return the running
@@ -923,10 +937,7 @@ torch::Tensor batchnorm_relu_aten(const torch::Tensor& x, torch::nn::BatchNorm2d
 
 torch::Tensor batchnorm_relu(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
                              const torch::Tensor& residual) {
-  if (!fusable(x, bn, /*bf16_ok=*/true) ||
-      (residual.defined() &&
-       (residual.sizes() != x.sizes() || residual.scalar_type() != x.scalar_type() ||
-        !residual.is_cpu() || !residual.is_contiguous(at::MemoryFormat::ChannelsLast))))
+  if (!fusable(x, bn, /*bf16_ok=*/true) || (residual.defined() && !residual_fits(x, residual)))
     return batchnorm_relu_aten(x, bn, residual);
   if (running_stats_forward(bn)) {
     if (wants_grad(x, bn, residual)) return batchnorm_relu_aten(x, bn, residual);
@@ -949,15 +960,8 @@ torch::Tensor batch_norm_act_aten(const torch::Tensor& x, const torch::Tensor& w
   auto y = at::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps,
                           cudnn_enabled);
   if (residual.defined()) y = y + residual;
-  switch (act) {
-    case Activation::kRelu:
-      return torch::relu(y);
-    case Activation::kHardswish:
-      return torch::hardswish(y);
-    case Activation::kSilu:
-      break;
-  }
-  return torch::silu(y);
+  if (act == Activation::kRelu) return torch::relu(y);
+  return act == Activation::kHardswish ? torch::hardswish(y) : torch::silu(y);
 }
 
 torch::Tensor batch_norm_act(const torch::Tensor& x, const torch::Tensor& weight,
@@ -970,23 +974,14 @@ torch::Tensor batch_norm_act(const torch::Tensor& x, const torch::Tensor& weight
                                cudnn_enabled, act, residual);
   };
   if (!fusable(x, weight, bias, running_mean, running_var, /*bf16_ok=*/true)) return aten();
-  if (residual.defined() && (act != Activation::kRelu || residual.sizes() != x.sizes() ||
-                             residual.scalar_type() != x.scalar_type() || !residual.is_cpu() ||
-                             !residual.is_contiguous(at::MemoryFormat::ChannelsLast)))
+  if (residual.defined() && (act != Activation::kRelu || !residual_fits(x, residual)))
     return aten();
   const bool track = running_mean.defined();
   if (!training) {
     // Evaluation on the running statistics, the forward alone; ATen's operators where a
     // gradient is wanted or there are no statistics to normalise with.
-    const bool grad = torch::GradMode::is_enabled() &&
-                      (x.requires_grad() || weight.requires_grad() || bias.requires_grad() ||
-                       (residual.defined() && residual.requires_grad()));
-    if (!track || grad) return aten();
-    Norm n{running_mean.to(torch::kDouble).contiguous(),
-           (running_var.to(torch::kDouble) + eps).rsqrt().contiguous(),
-           {},
-           {}};
-    set_affine(n, weight, bias);
+    if (!track || wants_grad(x, weight, bias, residual)) return aten();
+    const Norm n = running_norm_of(running_mean, running_var, eps, weight, bias);
     auto out = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
     if (act == Activation::kRelu)
       affine_relu_all(x, residual, n, out);
